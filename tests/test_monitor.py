@@ -1,0 +1,389 @@
+"""The monitor's sampler and panel on the fake NVML server: readings, faults, lifecycle, bounds."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from tfgpu_magic import monitor
+from tfgpu_magic.monitor import MAX_HISTORY, THREAD_NAME, Hub, Sampler
+from tfgpu_magic.nvml import Nvml
+from tfgpu_magic.testing import FakeGpu, FakeNvml, FakeProcess, shared_server
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+ME = 4242  # this kernel's pid on the fake server
+
+
+@dataclass
+class Stats:  # the shape of tf_runtime.AllocatorStats
+    current_bytes: int
+    peak_bytes: int
+
+
+def by_key(sample):
+    return {d.key: d for d in sample.devices}
+
+
+def sampler(server=None, **kwargs) -> Sampler:
+    return Sampler(Nvml(lib=server or shared_server(ME)), ME, **kwargs)
+
+
+def monitor_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_thread():
+    yield
+    monitor._hub.stop_all()
+    assert monitor_threads() == [], "a sampler thread outlived its test"
+
+
+# -- readings ------------------------------------------------------------------------------
+def test_reads_every_gpu_total_used_and_this_kernel():
+    gpus = by_key(sampler().tick())
+    assert list(gpus) == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    assert gpus["gpu1"].label == "GPU 1 · NVIDIA A100-SXM4-80GB"
+    assert gpus["gpu1"].total_bytes == 81920 * MIB
+    assert gpus["gpu1"].used_bytes == (300 + 10240 + 4096 + 8192) * MIB
+    assert gpus["gpu1"].mine_bytes == 10240 * MIB
+    assert gpus["gpu0"].mine_bytes == 0  # listed nowhere there: a true zero
+    assert gpus["gpu0"].tf_in_use_bytes is None  # TensorFlow not started: missing, not 0
+    assert all(d.error is None for d in gpus.values())
+
+
+def test_readings_follow_the_processes():
+    server = shared_server(ME)
+    s = sampler(server)
+    before = by_key(s.tick())["gpu1"]
+    server.gpus[1].processes[0].used_mib += 512
+    after = by_key(s.tick())["gpu1"]
+    assert after.mine_bytes - before.mine_bytes == 512 * MIB
+    assert after.used_bytes - before.used_bytes == 512 * MIB
+
+
+def test_tensorflow_allocator_and_limit_join_their_gpu():
+    s = sampler(
+        tf_stats=lambda: {"GPU:0": Stats(1 * GIB, 3 * GIB), "CPU:0": Stats(5 * MIB, 9 * MIB)},
+        tf_map=lambda: {"GPU:0": 1},
+        limits=lambda: {1: 20 * GIB},
+    )
+    gpus = by_key(s.tick())
+    assert (gpus["gpu1"].tf_in_use_bytes, gpus["gpu1"].tf_peak_bytes) == (1 * GIB, 3 * GIB)
+    assert gpus["gpu1"].limit_bytes == 20 * GIB
+    assert gpus["gpu0"].limit_bytes is None
+    cpu = gpus["tf:CPU:0"]
+    assert (cpu.label, cpu.tf_in_use_bytes, cpu.total_bytes) == ("TensorFlow CPU:0", 5 * MIB, None)
+
+
+def test_only_the_visible_gpus_are_charted():
+    gpus = by_key(sampler(visible=lambda: [1, 3]).tick())
+    assert list(gpus) == ["gpu1", "gpu3"]
+
+
+# -- faults --------------------------------------------------------------------------------
+def test_a_lost_gpu_is_a_gap_with_a_message_and_the_others_go_on():
+    server = shared_server(ME)
+    s = sampler(server)
+    server.gpus[2].lost = True
+    gpus = by_key(s.tick())
+    lost = gpus["gpu2"]
+    assert (lost.total_bytes, lost.used_bytes, lost.mine_bytes) == (None, None, None)
+    assert lost.error == (
+        "GPU 2 stopped answering (GPU is lost); the chart resumes if it answers again"
+    )
+    assert gpus["gpu1"].mine_bytes == 10240 * MIB and gpus["gpu1"].error is None
+    server.gpus[2].lost = False
+    back = by_key(s.tick())["gpu2"]
+    assert back.total_bytes == 24576 * MIB and back.error is None
+
+
+def test_an_unsupported_memory_reading_is_a_gap_with_a_message():
+    server = shared_server(ME)
+    server.gpus[0].unsupported.add("memory")
+    gpu = by_key(sampler(server).tick())["gpu0"]
+    assert gpu.used_bytes is None
+    assert gpu.error == "GPU 0: memory reading failed (Not Supported)"
+
+
+def test_memory_nvml_cannot_attribute_is_missing_not_zero():
+    server = FakeNvml([FakeGpu(processes=[FakeProcess(ME, None)])])
+    gpu = by_key(sampler(server).tick())["gpu0"]
+    assert gpu.mine_bytes is None
+    assert gpu.used_bytes == 300 * MIB
+    assert gpu.error == "GPU 0: NVML cannot say how much this kernel holds"
+
+
+def test_without_nvidia_gpus_the_panel_says_so_and_still_shows_tensorflow():
+    s = sampler(FakeNvml([], driver=False), tf_stats=lambda: {"CPU:0": Stats(7 * MIB, 8 * MIB)})
+    sample = s.tick()
+    assert sample.status.startswith("No NVIDIA GPU to chart: no NVIDIA driver could be reached")
+    assert [d.key for d in sample.devices] == ["tf:CPU:0"]
+
+
+def test_a_failing_source_becomes_a_note_and_sampling_goes_on():
+    def broken():
+        raise RuntimeError("not today")
+
+    sample = sampler(tf_stats=broken, limits=broken).tick()
+    assert sample.status == (
+        "TensorFlow's allocator statistics could not be read (RuntimeError: not today); "
+        "the configured limits could not be read (RuntimeError: not today)"
+    )
+    assert by_key(sample)["gpu1"].mine_bytes == 10240 * MIB
+
+
+def test_a_broken_listener_does_not_stop_the_others():
+    s = sampler()
+    seen = []
+    s.subscribe(lambda sample: 1 / 0)
+    s.subscribe(seen.append)
+    s.tick()
+    assert len(seen) == 1
+
+
+# -- bounds --------------------------------------------------------------------------------
+def test_history_is_bounded_by_the_window():
+    clock = iter(range(10**6)).__next__
+    s = sampler(interval=0.1, keep_s=300, clock=lambda: clock() * 0.1)
+    for _ in range(5000):
+        s.tick()
+    assert len(s.history) == 3002  # 300 s at 0.1 s, and a little slack
+    assert s.history[-1].time_s == pytest.approx(499.9)
+
+
+def test_history_has_a_hard_cap_whatever_the_window():
+    s = sampler(interval=0.1, keep_s=10**6)
+    assert s.history.maxlen == MAX_HISTORY
+
+
+def test_a_longer_interval_shrinks_history_and_keeps_the_newest():
+    s = sampler(interval=0.1, keep_s=60)
+    for _ in range(700):
+        s.tick()
+    newest = s.history[-1]
+    s.interval = 1.0
+    assert s.history.maxlen == 62 and len(s.history) == 62 and s.history[-1] is newest
+
+
+@pytest.mark.parametrize("seconds", [0.05, 0, -1, float("nan")])
+def test_interval_below_the_minimum_is_refused(seconds):
+    with pytest.raises(ValueError, match=r"interval must be at least 0.1 s"):
+        sampler(interval=seconds)
+
+
+# -- lifecycle -----------------------------------------------------------------------------
+def wait_for(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+def test_one_sampler_is_shared_and_stops_with_its_last_member():
+    hub, made = Hub(), []
+
+    def make():
+        made.append(sampler(interval=0.1))
+        return made[-1]
+
+    first, second = object(), object()
+    s = hub.join(first, make, 60)
+    assert hub.join(second, make, 300) is s and len(made) == 1
+    assert s.history.maxlen == 3002  # the widest window of the members
+    wait_for(lambda: len(s.history) >= 3)
+    assert len(monitor_threads()) == 1
+    hub.leave(first)
+    assert s.running and hub.sampler is s
+    hub.leave(second)
+    assert not s.running and hub.sampler is None
+    assert monitor_threads() == []
+
+
+def test_sampling_goes_on_while_the_main_thread_is_busy():
+    s = sampler(interval=0.1)
+    s.start()
+    try:
+        before = len(s.history)
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:  # a busy cell: no sleeping, no event loop
+            sum(range(1000))
+        assert len(s.history) - before >= 3
+    finally:
+        s.stop()
+    assert not s.running
+
+
+def test_a_shorter_interval_takes_effect_without_waiting_out_the_old_one():
+    s = sampler(interval=30)
+    s.start()
+    try:
+        wait_for(lambda: len(s.history) == 1)
+        s.interval = 0.1
+        wait_for(lambda: len(s.history) >= 3, timeout=2)
+    finally:
+        s.stop()
+
+
+# -- the panel -----------------------------------------------------------------------------
+class ManualSampler(Sampler):
+    """A sampler whose thread never starts: the test ticks it, so messages are exact."""
+
+    def start(self) -> None:
+        pass
+
+
+@pytest.fixture
+def panel_on_fake():
+    widget = pytest.importorskip("tfgpu_magic.widget")
+    hub, server = Hub(), shared_server(ME)
+    made = []
+
+    def make():
+        made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5))
+        return made[-1]
+
+    def open_one(**kwargs):
+        panel = widget.MemoryPanel(hub, make, **kwargs)
+        panel.sent = []
+        panel.send = lambda content, buffers=None: panel.sent.append(content)
+        return panel
+
+    yield open_one, hub, server, made
+    hub.stop_all()
+
+
+def test_each_message_holds_only_the_new_sample(panel_on_fake):
+    open_one, hub, server, made = panel_on_fake
+    panel = open_one()
+    made[0].tick()
+    server.gpus[1].processes[0].used_mib += 512
+    made[0].tick()
+    first, second = panel.sent
+    assert first["kind"] == second["kind"] == "samples"
+    assert len(first["t"]) == len(second["t"]) == 1
+    assert second["d"]["gpu1"]["mine"] == [(10240 + 512) * MIB]
+    assert set(second["d"]["gpu1"]) == {"total", "used", "mine", "tf", "peak", "limit"}
+    assert [d["key"] for d in panel.devices] == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    panel.close()
+
+
+def test_a_view_gets_the_history_once_when_it_asks(panel_on_fake):
+    open_one, hub, server, made = panel_on_fake
+    panel = open_one()
+    for _ in range(5):
+        made[0].tick()
+    panel.sent.clear()
+    panel._on_message(panel, {"kind": "history"}, [])
+    (history,) = panel.sent
+    assert history["kind"] == "history" and len(history["t"]) == 5
+    assert len(history["d"]["gpu3"]["used"]) == 5
+    panel.close()
+
+
+def test_a_fault_reaches_the_panel_as_null_and_a_message(panel_on_fake):
+    open_one, hub, server, made = panel_on_fake
+    panel = open_one()
+    server.gpus[3].lost = True
+    made[0].tick()
+    (message,) = panel.sent
+    assert message["d"]["gpu3"]["used"] == [None]
+    assert message["errors"]["gpu3"].startswith("GPU 3 stopped answering")
+    assert message["errors"]["gpu1"] is None
+    panel.close()
+
+
+def test_panels_share_the_sampler_and_the_stop_button_of_the_last_one_ends_it(panel_on_fake):
+    open_one, hub, server, made = panel_on_fake
+    one, two = open_one(window=60), open_one(interval=0.2, window=900)
+    assert len(made) == 1 and made[0].interval == 0.2
+    made[0].tick()
+    assert len(one.sent) == len(two.sent) == 1
+    one._on_message(one, {"kind": "stop"}, [])
+    assert not one.running and hub.sampler is made[0]
+    made[0].tick()
+    assert len(one.sent) == 1 and len(two.sent) == 2  # a stopped panel gets nothing more
+    two.close()
+    assert hub.sampler is None
+
+
+def test_interval_and_window_from_the_browser_reach_the_sampler(panel_on_fake):
+    open_one, hub, server, made = panel_on_fake
+    panel = open_one(interval=0.5, window=60)
+    panel.interval = 0.1
+    panel.window = 240
+    assert made[0].interval == 0.1 and made[0].history.maxlen == 2402
+    panel.close()
+
+
+def test_open_panel_wires_a_given_nvml_and_closing_stops_the_thread():
+    pytest.importorskip("tfgpu_magic.widget")
+    panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
+    try:
+        s = monitor.active_sampler()
+        wait_for(lambda: len(s.history) >= 2)
+        assert monitor.sampler_running()
+        assert [d.key for d in s.history[-1].devices] == ["gpu0", "gpu1", "gpu2", "gpu3"]
+        assert by_key(s.history[-1])["gpu1"].mine_bytes == 10240 * MIB  # our pid on the fake
+    finally:
+        panel.close()
+    assert monitor.active_sampler() is None and not monitor.sampler_running()
+    del panel
+    gc.collect()
+
+
+def test_all_names_are_public_and_present():
+    for name in monitor.__all__:
+        assert hasattr(monitor, name), name
+
+
+# -- a real GPU ----------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_readings_follow_a_process_allocating_and_freeing_on_a_real_gpu():
+    import os
+
+    nvml = Nvml()
+    if not nvml.available():
+        pytest.skip("no NVIDIA driver reachable through NVML")
+    try:
+        import cupy as xp
+    except ImportError:
+        xp = None
+    torch = None
+    if xp is None:
+        torch = pytest.importorskip("torch", reason="needs CuPy or PyTorch to allocate GPU memory")
+    s = Sampler(nvml, os.getpid(), interval=0.1)
+
+    def mine():
+        return by_key(s.tick())["gpu0"].mine_bytes or 0
+
+    size = 2 * GIB
+    if xp is not None:
+        xp.cuda.Device(0).use()
+        warm = xp.zeros(1)  # the CUDA context alone holds a few hundred MiB
+        before = mine()
+        block = xp.empty(size, dtype=xp.uint8)
+        block.fill(1)
+        xp.cuda.Device(0).synchronize()
+        during = mine()
+        del block
+        xp.get_default_memory_pool().free_all_blocks()
+        del warm
+    else:
+        warm = torch.zeros(1, device="cuda:0")
+        before = mine()
+        block = torch.ones(size, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        during = mine()
+        del block
+        torch.cuda.empty_cache()
+        del warm
+    after = mine()
+    assert during - before >= size * 0.95
+    assert during - after >= size * 0.95

@@ -1,0 +1,34 @@
+"""tfgpu_magic: TensorFlow GPU settings, memory and sharing from inside a Jupyter notebook.
+
+Load with ``%load_ext tfgpu_magic``.  Importing the package imports neither TensorFlow nor
+pynvml (nor IPython): those load when a command needs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "load_ipython_extension", "set_device_source", "unload_ipython_extension"]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext tfgpu_magic``: register ``%gpu`` and apply an administrator's defaults."""
+    from .magics import GpuMagics, complete
+
+    magics = GpuMagics(ipython)
+    ipython.register_magics(magics)
+    ipython.set_hook("complete_command", complete, str_key="%gpu")
+    magics.session.prepare()
+    magics.apply_defaults()
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Nothing to undo that would be safe: settings already given to TensorFlow stay."""
+
+
+def set_device_source(lib: Any) -> None:
+    """Read GPUs through ``lib``, a pynvml-like object (``tfgpu_magic.testing.shared_server()``)."""
+    from .session import set_device_source as _set
+
+    _set(lib)

@@ -1,0 +1,186 @@
+"""The ``%gpu`` magic: parse, dispatch to one small handler per verb, print the answer.
+
+The logic lives in :mod:`session`, :mod:`status` and friends; this class only turns their
+errors into IPython's one-line ``UsageError``.  ``%gpu?`` shows :data:`MANUAL`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from traitlets import List, Unicode, observe
+
+from . import grammar
+from .session import Session, SessionError, get_session
+
+__all__ = ["GpuMagics", "MANUAL"]
+
+MANUAL = """TensorFlow GPU settings, memory and sharing, from inside the notebook.
+
+GPU numbers are nvidia-smi's.  Settings land before TensorFlow's first op, even when
+`import tensorflow` comes later in the same cell; once TensorFlow has started, an identical
+setting is accepted quietly and a different one is refused with the line to put at the top
+of the notebook.
+
+  %gpu, %gpu status       what was asked, what is in force, TensorFlow's stage, the GPUs
+  %gpu status --json      the same as JSON, for scripts
+  %gpu use 1              show TensorFlow only GPU 1 (also: 0,2 | all | none)
+  %gpu use auto           pick the freest GPU and claim it (auto:2, --min-free 10G, --wait 10m)
+  %gpu grow [off]         memory growth on every visible GPU
+  %gpu limit 4096         cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)
+  %gpu split 2            two logical GPUs on each visible GPU (split 4G,4G | split off)
+  %gpu allocator async    TF_GPU_ALLOCATOR=cuda_malloc_async, which returns freed memory
+  %gpu precision mixed_float16   the Keras global dtype policy (mixed_bfloat16 | float32)
+  %gpu free               Keras clear_session + garbage collection, with an honest report
+  %gpu monitor            a live memory chart (--sidebar, --interval 0.2, --window 10m)
+  %gpu trace [off]        after each cell: TensorFlow allocator peak and retained change
+  %gpu reset              forget requested settings not yet in force
+
+Sizes are binary: 4G = 4GiB = 4096 MiB; a bare number is MiB, like TensorFlow's memory_limit.
+
+Examples:
+  %gpu use 1
+  %gpu grow
+  %gpu limit 50%
+  import tensorflow as tf      # the settings above are applied here, before any op
+
+Defaults for every kernel (ipython_config.py):
+  c.GpuMagics.defaults = ["grow", "limit 50%"]
+"""
+
+
+@magics_class
+class GpuMagics(Magics):
+    defaults = List(
+        Unicode(),
+        default_value=[],
+        help="%gpu commands applied when the extension loads, e.g. ['grow', 'limit 50%'].",
+    ).tag(config=True)
+
+    def __init__(self, shell: Any = None, session: Session | None = None, **kwargs: Any) -> None:
+        self.session = session or get_session()
+        self._loaded = False  # config values set during __init__ wait for apply_defaults()
+        super().__init__(shell, **kwargs)
+        self._handlers: dict[type, Callable[[Any], str | None]] = {
+            grammar.Status: self._status,
+            grammar.Use: self._use,
+            grammar.Grow: self._configure,
+            grammar.Limit: self._configure,
+            grammar.Split: self._configure,
+            grammar.Allocator: self._configure,
+            grammar.Precision: self._configure,
+            grammar.Free: lambda _: self.session.free(),
+            grammar.Reset: lambda _: self.session.reset(),
+            grammar.Monitor: self._monitor,
+            grammar.Trace: self._trace,
+        }
+
+    @line_cell_magic
+    def gpu(self, line: str, cell: str | None = None) -> Any:
+        if cell is not None:
+            return self._cell(line, cell)
+        try:
+            command = grammar.parse(line)
+            handler = self._handlers.get(type(command))
+            if handler is None:
+                raise UsageError(f"`%gpu {line.split()[0]}` is not available in this version")
+            answer = handler(command)
+        except (grammar.GrammarError, SessionError) as err:
+            raise UsageError(str(err)) from err
+        if answer:
+            print(answer)
+
+    gpu.__doc__ = MANUAL
+
+    def _configure(self, command: Any) -> str:
+        return self.session.configure(command)
+
+    def _use(self, command: grammar.Use) -> str:
+        if not isinstance(command.gpus, grammar.Auto):
+            return self.session.configure(command)
+        from . import inventory  # the chooser and its claims
+
+        try:
+            gpus, reason = inventory.choose_gpus(self.session, command.gpus, progress=print)
+        except inventory.ChoiceError as err:
+            raise SessionError(str(err)) from err
+        answer = self.session.configure(grammar.Use(gpus))
+        return f"{reason}\n{answer}"
+
+    def _monitor(self, command: grammar.Monitor) -> None:
+        from . import monitor
+
+        monitor.open_panel(interval=command.interval, window=command.window, sidebar=command.sidebar)
+
+    def _trace(self, command: grammar.Trace) -> str:
+        from . import trace
+
+        return trace.set_tracing(self.shell, self.session, command.on)
+
+    def _cell(self, line: str, cell: str) -> Any:
+        """``%%gpu budget 2G`` and ``%%gpu on 1``: run the cell under a condition."""
+        from . import cells
+
+        try:
+            return cells.run_cell_magic(self.shell, self.session, line, cell)
+        except (grammar.GrammarError, SessionError) as err:
+            raise UsageError(str(err)) from err
+
+    def _status(self, command: grammar.Status) -> None:
+        from . import status  # not at import: keeps `%load_ext` light
+
+        report = status.build_report(self.session)
+        if command.json:
+            import json
+
+            print(json.dumps(report, indent=2))
+            return
+        from IPython.display import display
+
+        # Rich HTML in a notebook, plain text in a terminal: IPython picks from the bundle.
+        bundle = {"text/plain": status.render_text(report)}
+        if hasattr(status, "render_html"):
+            bundle["text/html"] = status.render_html(report)
+        display(bundle, raw=True)
+
+    # -- administrator defaults ---------------------------------------------------------------
+    @observe("defaults")
+    def _defaults_changed(self, change: dict[str, Any]) -> None:
+        if self._loaded:  # `%config GpuMagics.defaults = [...]` in a running kernel
+            self.apply_defaults()
+
+    def apply_defaults(self) -> None:
+        """Run the configured default commands; a bad one is reported, the rest still apply."""
+        for line in self.defaults:
+            try:
+                command = grammar.parse(line)
+                if type(command) not in (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use,
+                                         grammar.Allocator, grammar.Precision):
+                    raise grammar.GrammarError(f"{line!r} is not a setting")
+                self.session.configure(command)
+            except (grammar.GrammarError, SessionError) as err:
+                print(f"tfgpu_magic: ignored default {line!r}: {err}")
+        self.session.defaults = self.session.requested
+        self._loaded = True
+
+
+def complete(shell: Any, event: Any) -> list[str]:
+    """Tab completion: verbs after ``%gpu``, then each verb's words."""
+    words = event.line.split()
+    typing_new_word = event.line.endswith(" ")
+    if len(words) <= 1 or (len(words) == 2 and not typing_new_word):
+        return list(grammar.VERBS)
+    verb = words[1]
+    return {
+        "use": ["all", "none", "auto", "auto:2", "--min-free", "--wait"],
+        "grow": ["on", "off"],
+        "limit": ["off", "50%", "4G"],
+        "split": ["2", "off"],
+        "allocator": ["async", "default"],
+        "precision": list(grammar.PRECISIONS),
+        "status": ["--json"],
+        "monitor": ["--sidebar", "--interval", "--window"],
+        "trace": ["on", "off"],
+    }.get(verb, [])

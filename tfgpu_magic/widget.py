@@ -1,0 +1,161 @@
+"""The live memory panel of ``%gpu monitor``: an anywidget fed by the kernel's shared sampler.
+
+Each sample is sent to the browser once, as a custom message holding only the new points
+(``model.send``); the whole history is sent only when a view asks for it (a new view, or one
+re-rendered).  Sending happens on the sampler thread, which is why the chart keeps moving
+while a cell holds the kernel.  Clicks on the panel's controls, in contrast, arrive on the
+shell channel and take effect once the running cell ends; pause is handled in the browser
+alone, so it answers at once.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Callable, Iterable, Optional
+
+import anywidget
+import traitlets
+
+from .monitor import MIN_INTERVAL_S, DeviceSample, Hub, Sample, Sampler
+
+__all__ = ["MemoryPanel", "batch"]
+
+_STATIC = pathlib.Path(__file__).parent / "static"
+
+# Built by `npm run build` (esbuild, from js/), at install time by hatch-jupyter-builder.
+_MISSING_BUNDLE = """
+export default { render({ el }) {
+  el.textContent = "tfgpu_magic: the panel's front end is not built. "
+    + "Run `npm install && npm run build` in the source tree, or reinstall the package.";
+} };
+"""
+
+# The six series of every chart: wire name -> DeviceSample field (bytes).
+SERIES = {
+    "total": "total_bytes",
+    "used": "used_bytes",
+    "mine": "mine_bytes",
+    "tf": "tf_in_use_bytes",
+    "peak": "tf_peak_bytes",
+    "limit": "limit_bytes",
+}
+
+
+def batch(samples: Iterable[Sample], kind: str = "samples") -> dict[str, Any]:
+    """Samples as columns, the shape uPlot draws: times, then per device one array per series.
+
+    A device absent from a sample gets null there, so every array matches ``t``.
+    """
+    samples = list(samples)
+    keys = _device_keys(samples)
+    columns: dict[str, dict[str, list]] = {k: {s: [] for s in SERIES} for k in keys}
+    for sample in samples:
+        present = {d.key: d for d in sample.devices}
+        for key in keys:
+            device = present.get(key)
+            for wire, field in SERIES.items():
+                columns[key][wire].append(None if device is None else getattr(device, field))
+    last = samples[-1] if samples else None
+    errors = {d.key: d.error for d in last.devices} if last else {}
+    return {
+        "kind": kind,
+        "t": [s.time_s for s in samples],
+        "d": columns,
+        "errors": errors,  # the latest message per device; null clears it
+        "status": last.status if last else None,
+    }
+
+
+def _device_keys(samples: Iterable[Sample]) -> list[str]:
+    seen: dict[str, None] = {}
+    for sample in samples:
+        for device in sample.devices:
+            seen.setdefault(device.key)
+    return list(seen)
+
+
+def _describe(devices: Iterable[DeviceSample]) -> list[dict[str, Any]]:
+    return [{"key": d.key, "label": d.label, "gpu": d.key.startswith("gpu")} for d in devices]
+
+
+class MemoryPanel(anywidget.AnyWidget):
+    """Per-device memory charts that follow the kernel's sampler until stopped or closed."""
+
+    _esm = _STATIC / "widget.js" if (_STATIC / "widget.js").is_file() else _MISSING_BUNDLE
+    _css = _STATIC / "widget.css" if (_STATIC / "widget.css").is_file() else ""
+
+    interval = traitlets.Float(0.5, min=MIN_INTERVAL_S).tag(sync=True)  # seconds per sample
+    window = traitlets.Float(300.0, min=5.0).tag(sync=True)  # seconds shown
+    min_interval = traitlets.Float(MIN_INTERVAL_S, read_only=True).tag(sync=True)
+    devices = traitlets.List().tag(sync=True)  # [{key, label, gpu}], in chart order
+    running = traitlets.Bool(False).tag(sync=True)  # False once stopped: no more points come
+
+    def __init__(
+        self,
+        hub: Hub,
+        make: Callable[[], Sampler],
+        interval: float = 0.5,
+        window: float = 300.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(interval=interval, window=window, **kwargs)
+        self.sidecar: Optional[Any] = None  # set when shown in JupyterLab's side panel
+        self._hub = hub
+        self._described: list[dict[str, Any]] = []
+        self._sampler: Optional[Sampler] = hub.join(self, make, window)
+        self._sampler.interval = interval  # the newest panel's choice serves all of them
+        recent = self._sampler.snapshot()[-1:]
+        if recent:
+            self._describe_devices(recent[0])
+        self._sampler.subscribe(self._on_sample)
+        self.running = True
+        self.on_msg(self._on_message)
+        self.observe(self._on_interval, "interval")
+        self.observe(self._on_window, "window")
+
+    # -- kernel -> browser (on the sampler thread) -------------------------------------------
+    def _on_sample(self, sample: Sample) -> None:
+        self._describe_devices(sample)
+        self.send(batch([sample]))
+
+    def _describe_devices(self, sample: Sample) -> None:
+        described = _describe(sample.devices)
+        if described != self._described:  # rare: a TensorFlow device appeared, say
+            self._described = described
+            self.devices = described
+
+    def _send_history(self) -> None:
+        if self._sampler is not None:
+            self.send(batch(self._sampler.snapshot(), kind="history"))
+
+    # -- browser -> kernel ------------------------------------------------------------------
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        kind = content.get("kind") if isinstance(content, dict) else None
+        if kind == "history":
+            self._send_history()
+        elif kind == "stop":
+            self.stop()
+
+    def _on_interval(self, change: dict) -> None:
+        if self._sampler is not None:
+            self._sampler.interval = change["new"]
+
+    def _on_window(self, change: dict) -> None:
+        self._hub.set_window(self, change["new"])
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop following the sampler; the last panel to stop ends the sampler's thread."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is None:
+            return
+        sampler.unsubscribe(self._on_sample)
+        self._hub.leave(self)
+        self.running = False
+
+    def close(self) -> None:
+        self.stop()
+        if self.sidecar is not None:
+            side, self.sidecar = self.sidecar, None
+            side.close()
+        super().close()
