@@ -39,7 +39,6 @@ class Session:
         self.requested = Plan()
         self.owned_logical: set[int] = set()  # NVML indices whose logical devices we configured
         self.hook_errors: list[str] = []
-        self._hooks_installed = False
         self._lock = threading.RLock()
 
     def prepare(self) -> None:
@@ -47,7 +46,7 @@ class Session:
         if tf_runtime.stage() < Stage.ENUMERATED and self.inherited["CUDA_DEVICE_ORDER"] is None:
             self.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         if tf_runtime.stage() is Stage.NOT_IMPORTED:
-            self.install_import_hooks()
+            install_import_hooks()
 
     # -- machine facts ----------------------------------------------------------------------
     def gpu_uuids(self) -> Optional[list[Optional[str]]]:
@@ -124,6 +123,8 @@ class Session:
             stage = tf_runtime.stage()
             what = _describe_command(command)
             if stage is Stage.STARTED:
+                if plan == self.requested:  # a notebook re-run: the same request, quietly
+                    return f"{what}: already requested; nothing changed (TensorFlow has started)"
                 if isinstance(command, grammar.Precision):  # Keras policy is never frozen
                     self._apply(plan, stage)
                     self.requested = plan
@@ -192,9 +193,11 @@ class Session:
         except (tf_runtime.ApplyError, PlanError, ValueError, RuntimeError) as err:
             for name, value in saved.items():
                 _set_env(self.env, name, value)
+            if isinstance(err, (tf_runtime.ApplyError, PlanError)):
+                raise SessionError(str(err)) from None
             raise SessionError(f"TensorFlow refused it: {err}") from None
-        if not self._hooks_installed and stage is Stage.NOT_IMPORTED:
-            self.install_import_hooks()
+        if stage is Stage.NOT_IMPORTED:
+            install_import_hooks()
 
     def _set_environment(self, plan: Plan, stage: Stage) -> None:
         env = self.env
@@ -274,12 +277,15 @@ class Session:
         with self._lock:
             started = tf_runtime.stage() is Stage.STARTED
             before_tf, before_nvml = tf_runtime.allocator_stats(), self._my_device_memory()
-            tf_runtime.clear_session()
+            keras_cleared = tf_runtime.clear_session()
             policy = self.requested.precision
             if policy is not None and tf_runtime.keras_policy() not in (None, policy):
                 tf_runtime.set_keras_policy(policy)  # clear_session resets the global policy
             after_tf, after_nvml = tf_runtime.allocator_stats(), self._my_device_memory()
-            return _free_report(started, policy, before_tf, after_tf, before_nvml, after_nvml)
+            allocator = tf_runtime.in_force(self.cuda_map()).allocator if started else None
+            return _free_report(
+                keras_cleared, started, allocator, policy, before_tf, after_tf, before_nvml, after_nvml
+            )
 
     def _my_device_memory(self) -> dict[int, Optional[int]]:
         """Bytes this process holds on each GPU according to the driver (NVML)."""
@@ -296,18 +302,7 @@ class Session:
                 continue
         return mine
 
-    # -- import hooks -----------------------------------------------------------------------
-    def install_import_hooks(self) -> None:
-        """Apply the plan the moment TensorFlow (and Keras) finish importing."""
-        import wrapt
-
-        with self._lock:
-            if self._hooks_installed:
-                return
-            self._hooks_installed = True
-        wrapt.register_post_import_hook(self._on_tensorflow_import, "tensorflow")
-        wrapt.register_post_import_hook(self._on_keras_import, "keras")
-
+    # -- import hooks (registered once per process, see install_import_hooks) ---------------
     def _on_tensorflow_import(self, module: Any) -> None:
         with self._lock:
             stage = tf_runtime.stage()
@@ -361,15 +356,21 @@ def _logical_text(sizes: Optional[tuple[int, ...]]) -> str:
 
 
 def _free_report(
+    keras_cleared: bool,
     started: bool,
+    allocator: Optional[str],
     policy: Optional[str],
     before_tf: dict[str, tf_runtime.AllocatorStats],
     after_tf: dict[str, tf_runtime.AllocatorStats],
     before_nvml: dict[int, Optional[int]],
     after_nvml: dict[int, Optional[int]],
 ) -> str:
-    lines = ["Ran Keras clear_session and garbage collection."]
-    if policy is not None:
+    lines = [
+        "Ran Keras clear_session and garbage collection."
+        if keras_cleared
+        else "Ran garbage collection (Keras is not imported: no Keras session to clear)."
+    ]
+    if policy is not None and keras_cleared:
         lines[0] += f" Re-applied precision {policy} (clear_session resets it)."
     if not started:
         lines.append("TensorFlow has not started, so it holds no memory to free.")
@@ -382,24 +383,52 @@ def _free_report(
         )
     if started and not before_tf:
         lines.append("TensorFlow's allocator keeps no statistics on these devices (nothing to compare).")
-    returned = False
+    returned = 0
     for index in sorted(set(before_nvml) | set(after_nvml)):
         b_n, a_n = before_nvml.get(index), after_nvml.get(index)
         lines.append(
             f"GPU {index}  this process per the driver (NVML): {format_bytes(b_n)} -> "
             f"{format_bytes(a_n)} ({format_change(b_n, a_n)})"
         )
-        returned = returned or (b_n is not None and a_n is not None and a_n < b_n)
-    if started and not returned:
-        lines.append(
-            "No memory went back to the driver: TensorFlow keeps what it reserved until the kernel "
-            "restarts (use `%gpu allocator async` before TensorFlow starts to let it return memory)."
-        )
+        if b_n is not None and a_n is not None and a_n < b_n:
+            returned += b_n - a_n
+    if returned:
+        lines.append(f"{format_bytes(returned)} went back to the driver (NVML reading).")
+    elif started:
+        lines.append(_kept_memory_note(allocator, driver_read=bool(before_nvml)))
     return "\n".join(lines)
+
+
+def _kept_memory_note(allocator: Optional[str], driver_read: bool) -> str:
+    reading = "The driver's reading shows nothing returned" if driver_read else "No driver reading (NVML unavailable)"
+    if allocator == "async":
+        return f"{reading}; the async allocator returns freed memory as CUDA trims its pool."
+    return (
+        f"{reading}: TensorFlow keeps the memory it reserved until the kernel restarts; what "
+        "clear_session frees is reusable by this kernel only. For memory that goes back, put "
+        "`%gpu allocator async` before TensorFlow starts."
+    )
 
 
 _SESSION: Optional[Session] = None
 _SESSION_LOCK = threading.Lock()
+_HOOKS_INSTALLED = False
+
+
+def install_import_hooks() -> None:
+    """Apply the process session's plan the moment TensorFlow (and Keras) finish importing.
+
+    Hooks are process-wide and idempotent; they always act on :func:`get_session`.
+    """
+    global _HOOKS_INSTALLED
+    with _SESSION_LOCK:
+        if _HOOKS_INSTALLED:
+            return
+        _HOOKS_INSTALLED = True
+    import wrapt
+
+    wrapt.register_post_import_hook(lambda m: get_session()._on_tensorflow_import(m), "tensorflow")
+    wrapt.register_post_import_hook(lambda m: get_session()._on_keras_import(m), "keras")
 
 
 def get_session() -> Session:

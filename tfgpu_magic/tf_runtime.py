@@ -149,6 +149,11 @@ def apply_before_start(
         _apply_visible(tf, plan.visible, by_nvml)
     visible = tf.config.get_visible_devices("GPU")
     nvml_of = {g: n for n, g in by_nvml.items()}
+    for index in sorted(owned_logical):
+        device = by_nvml.get(index)
+        if device is not None and device not in visible:
+            _drop_logical_configuration(device)  # a hidden GPU's stale entry drops growth for all
+            owned_logical.discard(index)
     for position, device in enumerate(visible):
         index = nvml_of.get(device, _physical_index(device))
         sizes = planning.logical_sizes_mib(plan, position, totals_mib.get(index))
@@ -285,9 +290,11 @@ def set_keras_policy(policy: str) -> None:
     sys.modules["keras"].mixed_precision.set_global_policy(policy)
 
 
-def clear_session() -> None:
-    """Keras ``clear_session`` (which also collects garbage) or, without Keras, ``gc.collect``."""
+def clear_session() -> bool:
+    """Keras ``clear_session`` (if Keras is imported) and ``gc.collect``; True if Keras was cleared."""
     keras = sys.modules.get("keras")
-    if keras is not None and hasattr(keras, "utils"):
+    cleared = keras is not None and hasattr(keras, "utils")
+    if cleared:
         keras.utils.clear_session()
     gc.collect()
+    return cleared

@@ -1,0 +1,87 @@
+"""Shared fixtures: a fresh session on a fake shared server, inside a real IPython shell.
+
+TensorFlow's start-up is process-wide and cannot be undone, so no test may import TensorFlow
+into the pytest process: tests that need it run a fresh Python (see ``run_scenario``).  The
+guard below fails any test that breaks this rule, since it would change every later result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tfgpu_magic.nvml import Nvml
+from tfgpu_magic.session import Session
+from tfgpu_magic.testing import shared_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@pytest.fixture(autouse=True)
+def _tensorflow_stays_out(request):
+    already = "tensorflow" in sys.modules
+    yield
+    if not already and "tensorflow" in sys.modules:
+        pytest.fail(f"{request.node.nodeid} imported TensorFlow into the test process; use a subprocess")
+
+
+@pytest.fixture
+def server():
+    """A fake four-GPU shared server, this test process holding memory on GPU 1."""
+    return shared_server(my_pid=os.getpid())
+
+
+@pytest.fixture
+def session(server):
+    return Session(nvml=Nvml(lib=server), env={})
+
+
+@pytest.fixture(scope="session")
+def shell():
+    from IPython.testing.globalipapp import start_ipython
+
+    return start_ipython()
+
+
+@pytest.fixture
+def gpu(shell, session):
+    """Run ``%gpu LINE`` against a fresh session; returns what it printed."""
+    from tfgpu_magic.magics import GpuMagics
+
+    shell.register_magics(GpuMagics(shell, session=session))
+
+    def run(line: str) -> None:
+        return shell.run_line_magic("gpu", line)
+
+    run.session = session
+    return run
+
+
+def run_scenario(name: str, *args: str, env: dict | None = None, timeout: int = 240) -> dict:
+    """Run tests/scripts/<name>.py in a fresh Python and return the JSON it prints last."""
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        **(env or {}),
+    }
+    for variable in ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR"):
+        if variable not in (env or {}):
+            full_env.pop(variable, None)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, f"scenario {name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1])

@@ -1,0 +1,131 @@
+"""The %gpu command language: every form, every error message, and a property over all lines."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfgpu_magic import grammar
+from tfgpu_magic.grammar import Auto, GrammarError, Percent
+
+USE = grammar.usage("use")
+LIMIT = grammar.usage("limit")
+SPLIT = grammar.usage("split")
+
+
+@pytest.mark.parametrize(
+    "line, command",
+    [
+        ("", grammar.Status()),
+        ("status", grammar.Status()),
+        ("status --json", grammar.Status(json=True)),
+        ("use 1", grammar.Use((1,))),
+        ("use 0,2", grammar.Use((0, 2))),
+        ("use all", grammar.Use("all")),
+        ("use none", grammar.Use("none")),
+        ("USE None", grammar.Use("none")),
+        ("use auto", grammar.Use(Auto())),
+        ("use auto:2", grammar.Use(Auto(count=2))),
+        ("use auto --min-free 10G", grammar.Use(Auto(min_free_bytes=10 * 1024**3))),
+        ("use auto:2 --wait 10m --min-free 512M", grammar.Use(Auto(2, 512 * 1024**2, 600.0))),
+        ("grow", grammar.Grow(True)),
+        ("grow on", grammar.Grow(True)),
+        ("grow off", grammar.Grow(False)),
+        ("limit 4096", grammar.Limit((4096,))),
+        ("limit 4G", grammar.Limit((4096,))),
+        ("limit 4GB", grammar.Limit((4096,))),
+        ("limit 1.5GiB", grammar.Limit((1536,))),
+        ("limit 512m", grammar.Limit((512,))),
+        ("limit 50%", grammar.Limit((Percent(50.0),))),
+        ("limit 4G,8G", grammar.Limit((4096, 8192))),
+        ("limit off", grammar.Limit(None)),
+        ("split 2", grammar.Split(count=2)),
+        ("split 4G,4G", grammar.Split(sizes=(4096, 4096))),
+        ("split 1024,2048", grammar.Split(sizes=(1024, 2048))),
+        ("split off", grammar.Split()),
+        ("allocator async", grammar.Allocator("async")),
+        ("allocator default", grammar.Allocator("default")),
+        ("precision mixed_float16", grammar.Precision("mixed_float16")),
+        ("precision mixed_bfloat16", grammar.Precision("mixed_bfloat16")),
+        ("precision float32", grammar.Precision("float32")),
+        ("free", grammar.Free()),
+        ("reset", grammar.Reset()),
+        ("monitor", grammar.Monitor()),
+        ("monitor --sidebar --interval 0.2 --window 10m", grammar.Monitor(True, 0.2, 600.0)),
+        ("trace", grammar.Trace(True)),
+        ("trace off", grammar.Trace(False)),
+    ],
+)
+def test_valid_forms(line, command):
+    assert grammar.parse(line) == command
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("bogus", f"unknown subcommand 'bogus'; {grammar.usage()}"),
+        ("use", f"`%gpu use` needs GPUs; {USE}"),
+        ("use -1", f"'-1' is not a GPU number or a comma list of them; {USE}"),
+        ("use 1,1", f"'1,1' names a GPU twice; {USE}"),
+        ("use 1,", f"'1,' is not a GPU number or a comma list of them; {USE}"),
+        ("use 1 2", f"unexpected '2'; {USE}"),
+        ("use auto:0", f"'auto:0': auto:N needs a whole number N of at least 1; {USE}"),
+        ("use auto --min-free", f"--min-free needs a value; {USE}"),
+        ("use auto --min-free 10%", f"'10%': a percentage is not allowed here; {USE}"),
+        ("use auto --fast", f"unexpected '--fast'; {USE}"),
+        ("limit", f"`%gpu limit` needs an argument; {LIMIT}"),
+        ("limit -5", f"'-5' is not a size; {LIMIT}"),
+        ("limit 0", f"'0': a size must be at least 1 MiB; {LIMIT}"),
+        ("limit 12abc", f"'12abc' is not a size; {LIMIT}"),
+        ("limit 101%", f"'101%': a percentage must be above 0 and at most 100; {LIMIT}"),
+        ("limit 0%", f"'0%': a percentage must be above 0 and at most 100; {LIMIT}"),
+        ("limit 1.5", f"'1.5': a bare number is whole MiB; {LIMIT}"),
+        ("limit 4G,,8G", f"'4G,,8G' has an empty entry; {LIMIT}"),
+        ("limit 4G extra", f"unexpected 'extra'; {LIMIT}"),
+        ("split 0", f"'0': the number of logical GPUs must be 1 to 16; {SPLIT}"),
+        ("split 2.5", f"'2.5' is neither a count nor a list of sizes; {SPLIT}"),
+        ("split 50%,50%", f"'50%': a percentage is not allowed here; {SPLIT}"),
+        ("precision fp8", f"unknown precision 'fp8'; {grammar.usage('precision')}"),
+        ("allocator fast", f"unknown allocator 'fast'; {grammar.usage('allocator')}"),
+        ("grow maybe", f"unexpected 'maybe'; {grammar.usage('grow')}"),
+        ("free now", f"unexpected 'now'; {grammar.usage('free')}"),
+        ("status --xml", f"unexpected '--xml'; {grammar.usage('status')}"),
+        ("monitor --interval 0.01", f"--interval must be 0.1 s to 60 s; {grammar.usage('monitor')}"),
+        ("use 'unclosed", "cannot read \"use 'unclosed\" (No closing quotation); " + grammar.usage()),
+    ],
+)
+def test_errors_name_the_valid_forms(line, message):
+    with pytest.raises(GrammarError) as info:
+        grammar.parse(line)
+    assert str(info.value) == message
+    assert "\n" not in message
+
+
+def test_usage_lists_every_verb():
+    assert grammar.usage().count("%gpu") == len(grammar.FORMS)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+def test_any_text_is_a_command_or_a_grammar_error(line):
+    try:
+        grammar.parse(line)
+    except GrammarError as err:
+        assert "valid" in str(err)
+
+
+words = st.sampled_from(
+    ["use", "grow", "limit", "split", "precision", "allocator", "status", "free", "reset", "trace",
+     "monitor", "off", "on", "all", "none", "auto", "auto:2", "1", "0,2", "1,1", "-1", "4G", "50%",
+     "101%", "0", "12abc", "--json", "--wait", "10m", "--min-free", "--sidebar", "mixed_float16"]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(words, max_size=5))
+def test_any_sequence_of_keywords_is_a_command_or_a_grammar_error(tokens):
+    try:
+        grammar.parse(" ".join(tokens))
+    except GrammarError as err:
+        assert "valid" in str(err)

@@ -1,0 +1,62 @@
+"""The NVML reader against a fake pynvml that behaves like a shared server."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfgpu_magic.nvml import GpuLost, Nvml, NvmlUnavailable
+from tfgpu_magic.testing import FakeNvml, shared_server
+
+MIB = 1024 * 1024
+
+
+def test_readings_are_typed_with_units(server):
+    nvml = Nvml(lib=server)
+    gpu = nvml.gpu(1)
+    assert gpu.name == "NVIDIA A100-SXM4-80GB"
+    assert gpu.memory.total_bytes == 81920 * MIB
+    assert gpu.memory.used_bytes == (300 + 10240 + 4096 + 8192) * MIB
+    assert gpu.memory.free_bytes == gpu.memory.total_bytes - gpu.memory.used_bytes
+    assert gpu.utilization_percent == 35
+    assert gpu.compute_capability == (8, 0)
+    assert gpu.mig_enabled is False
+    assert gpu.pci_bus_id.startswith("00000000:")
+
+
+def test_unsupported_reading_is_missing_not_zero(server):
+    assert Nvml(lib=server).gpu(3).utilization_percent is None
+
+
+def test_lost_gpu_is_marked_and_others_still_read(server):
+    nvml = Nvml(lib=server)
+    server.gpus[2].lost = True
+    assert nvml.gpu(2).lost and nvml.gpu(2).memory is None
+    assert nvml.gpu(1).memory is not None
+    with pytest.raises(GpuLost):
+        nvml.memory(2)
+
+
+def test_processes_with_missing_memory(server):
+    server.gpus[1].processes[1].used_mib = None
+    procs = {p.pid: p for p in Nvml(lib=server).processes(1)}
+    assert procs[41002].used_memory_bytes is None
+    assert procs[41003].used_memory_bytes == 8192 * MIB
+
+
+def test_no_driver_degrades_to_one_clear_message():
+    nvml = Nvml(lib=FakeNvml([], driver=False))
+    assert nvml.available() is False
+    with pytest.raises(NvmlUnavailable, match="no NVIDIA driver could be reached through NVML"):
+        nvml.device_count()
+
+
+def test_starts_once_lazily():
+    server = shared_server()
+    nvml = Nvml(lib=server)
+    assert server.init_calls == 0
+    nvml.gpus()
+    nvml.gpus()
+    assert server.init_calls == 1
+    nvml.shutdown()
+    assert server.initialized is False
+
