@@ -298,3 +298,140 @@ def clear_session() -> bool:
         keras.utils.clear_session()
     gc.collect()
     return cleared
+
+
+# -- per-cell memory: peaks, device scopes, out-of-memory errors ----------------------------------
+# These serve `%gpu trace`, `%%gpu budget`, `%%gpu on`, the OOM explanation and the Keras callback.
+# TensorFlow keeps one peak per device, and `reset_memory_stats` is global, so nested measurements
+# (a traced cell holding a budget holding a training run with MemoryCallback) would destroy each
+# other's peaks.  :class:`PeakWindow` solves it: before any reset through here, the peak about to be
+# lost is folded into every open window.
+
+import weakref  # noqa: E402  (kept with the code that uses it: this section is appended)
+
+CPU_STATS_ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # read when TensorFlow creates its CPU allocator
+CPU_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU BFC allocator's cap; TensorFlow's default below
+CPU_DEFAULT_LIMIT_MIB = 1 << 16
+
+__all__ += [
+    "CPU_STATS_ENV",
+    "PeakWindow",
+    "device_scope",
+    "enumerate_devices",
+    "is_oom_error",
+    "memory_devices",
+    "memory_info",
+    "oom_error_type",
+    "open_peak_window",
+    "write_scalars",
+]
+
+_memory_devices: Optional[tuple[str, ...]] = None  # fixed once the runtime has started
+_open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
+
+
+def memory_devices() -> tuple[str, ...]:
+    """Devices whose allocator keeps statistics: the GPUs, or ``CPU:0`` where no GPU is visible.
+
+    Empty before start-up (never starts TensorFlow) and where no allocator keeps statistics (the
+    default CPU allocator; see ``TF_CPU_ALLOCATOR_USE_BFC``).  Computed once: devices freeze at start.
+    """
+    global _memory_devices
+    if _memory_devices is not None:
+        return _memory_devices
+    if stage() < Stage.STARTED:
+        return ()
+    names = tuple(allocator_stats())
+    gpus = tuple(n for n in names if n.startswith("GPU:"))
+    _memory_devices = gpus or tuple(n for n in names if n == "CPU:0")
+    return _memory_devices
+
+
+def memory_info(device: str) -> Optional[AllocatorStats]:
+    """One device's allocator reading, or None without statistics or before start-up."""
+    if stage() < Stage.STARTED:
+        return None
+    try:
+        info = _tf().config.experimental.get_memory_info(device)
+    except (ValueError, RuntimeError):
+        return None
+    return AllocatorStats(int(info["current"]), int(info["peak"]))
+
+
+class PeakWindow:
+    """The allocator peak of each device between :func:`open_peak_window` and :meth:`read`.
+
+    A window opened before TensorFlow started counts from zero (the allocator did not exist).
+    """
+
+    def __init__(self, start: dict[str, int]) -> None:
+        self.start = start  # bytes in use per device when the window opened
+        self.folded: dict[str, int] = {}  # peaks lost to resets made by nested windows
+
+    def read(self) -> dict[str, tuple[int, AllocatorStats]]:
+        """``device -> (bytes in use at the start, AllocatorStats(now, peak in the window))``."""
+        result: dict[str, tuple[int, AllocatorStats]] = {}
+        for device in memory_devices():
+            info = memory_info(device)
+            if info is None:
+                continue
+            peak = max(info.peak_bytes, self.folded.get(device, 0))
+            result[device] = (self.start.get(device, 0), AllocatorStats(info.current_bytes, peak))
+        return result
+
+    def close(self) -> None:
+        _open_windows.discard(self)
+
+
+def open_peak_window() -> PeakWindow:
+    """Reset TensorFlow's peaks (keeping open windows whole) and start measuring from now."""
+    start: dict[str, int] = {}
+    for device in memory_devices():
+        info = memory_info(device)
+        if info is None:
+            continue
+        for window in list(_open_windows):
+            window.folded[device] = max(window.folded.get(device, 0), info.peak_bytes)
+        try:
+            _tf().config.experimental.reset_memory_stats(device)
+        except (ValueError, RuntimeError):
+            continue
+        start[device] = info.current_bytes
+    window = PeakWindow(start)
+    _open_windows.add(window)
+    return window
+
+
+def enumerate_devices() -> None:
+    """List TensorFlow's devices (stage ENUMERATED) so GPU numbering is known; no op runs."""
+    if stage() is Stage.IMPORTED:
+        _tf().config.list_physical_devices()
+
+
+def device_scope(name: str) -> Any:
+    """``tf.device("/GPU:0")``: ops created inside run on that device (starts the runtime)."""
+    return _tf().device(f"/{name}")
+
+
+def oom_error_type() -> Optional[type]:
+    """``tf.errors.ResourceExhaustedError``, or None while TensorFlow is not imported."""
+    tf = sys.modules.get("tensorflow")
+    errors = getattr(tf, "errors", None)
+    return getattr(errors, "ResourceExhaustedError", None)
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    error_type = oom_error_type()
+    return error_type is not None and isinstance(exc, error_type)
+
+
+def write_scalars(log_dir: str, writers: dict[str, Any], values: dict[str, float], step: int) -> None:
+    """TensorBoard scalars through ``tf.summary``; ``writers`` caches one writer per directory."""
+    tf = _tf()
+    writer = writers.get(log_dir)
+    if writer is None:
+        writer = writers[log_dir] = tf.summary.create_file_writer(log_dir)
+    with writer.as_default():
+        for tag, value in values.items():
+            tf.summary.scalar(tag, value, step=step)
+    writer.flush()
