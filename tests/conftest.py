@@ -23,6 +23,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need a real NVIDIA GPU and driver: skip them where NVML cannot start."""
+    if not any("gpu" in item.keywords for item in items):
+        return
+    if Nvml().available():
+        return
+    skip = pytest.mark.skip(reason="needs a real NVIDIA GPU and driver (NVML is unavailable here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _tensorflow_stays_out(request):
     already = "tensorflow" in sys.modules
