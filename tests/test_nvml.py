@@ -60,3 +60,13 @@ def test_starts_once_lazily():
     nvml.shutdown()
     assert server.initialized is False
 
+
+
+def test_static_facts_are_read_once(server):
+    nvml = Nvml(lib=server)
+    assert nvml.uuid(2) == server.gpus[2].uuid
+    assert nvml.total_bytes(2) == 24576 * MIB
+    calls = server.calls
+    for _ in range(5):
+        nvml.uuid(2), nvml.total_bytes(2)
+    assert server.calls == calls

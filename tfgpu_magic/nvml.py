@@ -85,6 +85,7 @@ class Nvml:
         self._failure: Optional[NvmlUnavailable] = None
         self._handles: dict[int, Any] = {}
         self._count = 0
+        self._static: dict[int, tuple[Optional[str], Optional[int]]] = {}  # uuid, total bytes
 
     # -- start and stop -------------------------------------------------------------------
     def _ensure_started(self) -> Any:
@@ -148,6 +149,23 @@ class Nvml:
         handle = self._handle(index)
         info = self._call(index, lib.nvmlDeviceGetMemoryInfo, handle)
         return MemoryInfo(int(info.total), int(info.used), int(info.free))
+
+    def uuid(self, index: int) -> Optional[str]:
+        """The GPU's UUID (cached: it never changes); None if unreadable or lost."""
+        return self._static_facts(index)[0]
+
+    def total_bytes(self, index: int) -> Optional[int]:
+        """The GPU's total memory in bytes (cached: it never changes); None if unreadable or lost."""
+        return self._static_facts(index)[1]
+
+    def _static_facts(self, index: int) -> tuple[Optional[str], Optional[int]]:
+        facts = self._static.get(index)
+        if facts is None:
+            gpu = self.gpu(index)
+            facts = (gpu.uuid, gpu.memory.total_bytes if gpu.memory else None)
+            if not gpu.lost:
+                self._static[index] = facts
+        return facts
 
     def gpu(self, index: int) -> GpuInfo:
         """Everything we show about one GPU; a lost GPU comes back with ``lost=True``."""

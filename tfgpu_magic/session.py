@@ -53,7 +53,7 @@ class Session:
         """Every GPU's UUID in NVML order, or None without NVML."""
         if not self.nvml.available():
             return None
-        return [self.nvml.gpu(i).uuid for i in range(self.nvml.device_count())]
+        return [self.nvml.uuid(i) for i in range(self.nvml.device_count())]
 
     def cuda_map(self) -> list[int]:
         """NVML index of each CUDA device (TensorFlow's physical GPU k is entry k)."""
@@ -70,8 +70,8 @@ class Session:
             return {}
         totals: dict[int, Optional[int]] = {}
         for i in range(self.nvml.device_count()):
-            memory = self.nvml.gpu(i).memory
-            totals[i] = memory.total_bytes // MIB if memory else None
+            total = self.nvml.total_bytes(i)
+            totals[i] = None if total is None else total // MIB
         return totals
 
     def planned_visible(self, plan: Optional[Plan] = None) -> Optional[list[int]]:
