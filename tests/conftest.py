@@ -43,6 +43,16 @@ def _tensorflow_stays_out(request):
         pytest.fail(f"{request.node.nodeid} imported TensorFlow into the test process; use a subprocess")
 
 
+@pytest.fixture(autouse=True)
+def _private_claims(tmp_path, monkeypatch):
+    """GPU claims go to a folder of the test's own, never the machine's shared one."""
+    from tfgpu_magic import claims
+
+    monkeypatch.setenv("TFGPU_MAGIC_CLAIM_DIR", str(tmp_path / "claims"))
+    yield
+    claims.release_all()
+
+
 @pytest.fixture
 def server():
     """A fake four-GPU shared server, this test process holding memory on GPU 1."""

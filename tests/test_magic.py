@@ -180,3 +180,24 @@ def test_an_error_never_changes_the_request(server, lines):
             session.configure(grammar.parse(line))
         except (grammar.GrammarError, ValueError):
             assert session.requested == plan and session.env == env
+
+
+def test_use_auto_gives_its_claim_back_when_the_session_refuses(gpu, server):
+    from tfgpu_magic import claims
+
+    gpu("use 1")
+    gpu("limit 30G")  # fits GPU 1 (80 GiB)
+    server.gpus[1].processes[2].used_mib = 60000  # now GPU 2 (24 GiB) is the freest
+    with pytest.raises(UsageError, match="^GPU 2 has 24576 MiB; 30720 MiB does not fit"):
+        gpu("use auto")
+    assert claims.held() == set()
+    assert gpu.session.requested.visible == (1,)
+
+
+def test_reset_releases_claims(gpu):
+    from tfgpu_magic import claims
+
+    gpu("use auto")
+    assert claims.held()
+    gpu("reset")
+    assert claims.held() == set()

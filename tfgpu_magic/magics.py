@@ -106,7 +106,11 @@ class GpuMagics(Magics):
             gpus, reason = inventory.choose_gpus(self.session, command.gpus, progress=print)
         except inventory.ChoiceError as err:
             raise SessionError(str(err)) from err
-        answer = self.session.configure(grammar.Use(gpus))
+        try:
+            answer = self.session.configure(grammar.Use(gpus))
+        except SessionError:
+            inventory.release_claims(self.session, gpus)  # chosen but not used: let others have them
+            raise
         return f"{reason}\n{answer}"
 
     def _monitor(self, command: grammar.Monitor) -> None:

@@ -195,16 +195,27 @@ class Nvml:
     def gpus(self) -> list[GpuInfo]:
         return [self.gpu(i) for i in range(self.device_count())]
 
+    @property
+    def lib(self) -> Any:
+        """The injected pynvml-like library (None until the real one is first needed)."""
+        return self._lib
+
     def processes(self, index: int) -> list[GpuProcess]:
-        """Compute and graphics processes on one GPU; a process listed in both counts once."""
+        """Compute and graphics processes on one GPU; a process listed in both counts once.
+
+        If the compute listing itself fails (not supported, no permission) this raises the
+        NVML error: an unknown listing must not look like an idle GPU.  A failing graphics
+        listing is only skipped (compute-only GPUs often refuse it).
+        """
         lib = self._ensure_started()
         handle = self._handle(index)
         found: dict[int, GpuProcess] = {}
-        for kind, query in (
-            ("compute", lib.nvmlDeviceGetComputeRunningProcesses),
-            ("graphics", lib.nvmlDeviceGetGraphicsRunningProcesses),
-        ):
-            for proc in self._optional(index, lambda: query(handle)) or []:
+        listings = (
+            ("compute", self._call(index, lib.nvmlDeviceGetComputeRunningProcesses, handle)),
+            ("graphics", self._optional(index, lambda: lib.nvmlDeviceGetGraphicsRunningProcesses(handle))),
+        )
+        for kind, listing in listings:
+            for proc in listing or []:
                 used = getattr(proc, "usedGpuMemory", None)
                 pid = int(proc.pid)
                 if pid not in found:

@@ -268,6 +268,9 @@ class Session:
             dropped = self.requested.describe()
             self._apply(self.defaults, stage)
             self.requested = self.defaults
+            from . import claims  # GPUs claimed by `%gpu use auto` go back to the pool
+
+            claims.release_all()
             if not dropped:
                 return "nothing was requested"
             return "forgot: " + "; ".join(dropped)

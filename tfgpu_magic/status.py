@@ -1,23 +1,50 @@
-"""``%gpu status``: what was asked, what is in force, TensorFlow's stage, and the GPUs.
+"""``%gpu status``: what was asked, what is in force, TensorFlow's stage, and who holds what.
 
-The report is plain data (JSON-ready) built by :func:`build_report`; renderers turn it into
-text.  Reading it never starts TensorFlow.
+The report is plain data (JSON-ready) built by :func:`build_report`; :func:`render_text` and
+:func:`render_html` turn it into a terminal table or a notebook card.  For each GPU: memory
+split into this kernel, my other processes, other users and the unattributed rest; the
+processes with owner and memory; claims by ``%gpu use auto``; TensorFlow's allocator once it
+has started.  Reading it never starts TensorFlow.  A missing reading is ``None`` (n/a), never 0.
 """
 
 from __future__ import annotations
 
+import html
+import os
 from typing import Any, Optional
 
-from . import tf_runtime
+from . import claims, inventory, tf_runtime
 from .nvml import GpuInfo, NvmlUnavailable
 from .session import Session
 from .tf_runtime import Stage
 from .units import format_bytes
 
-__all__ = ["build_report", "render_text"]
+__all__ = ["build_report", "render_html", "render_text"]
+
+BAR_WIDTH = 40  # characters of the text bar
+SEGMENTS = (  # report key, label, text bar character, HTML colour (JupyterLab variable, fallback)
+    ("this_kernel_bytes", "this kernel", "#", "var(--jp-brand-color1, #1976d2)"),
+    ("my_other_bytes", "my other processes", "=", "var(--jp-success-color1, #388e3c)"),
+    ("others_bytes", "other users", "x", "var(--jp-warn-color1, #f57c00)"),
+    ("unattributed_bytes", "unattributed", ":", "var(--jp-layout-color4, #9e9e9e)"),
+    ("free_bytes", "free", ".", "transparent"),
+)
 
 
-def build_report(session: Session) -> dict[str, Any]:
+# -- the report ---------------------------------------------------------------------------------
+def build_report(
+    session: Session,
+    *,
+    process_table: Optional[inventory.ProcessTable] = None,
+    my_pid: Optional[int] = None,
+    viewer: str = "this kernel",
+) -> dict[str, Any]:
+    """Everything ``%gpu status`` shows, as JSON-ready data.
+
+    ``process_table`` gives owners and commands (default: the device source's own, else
+    psutil); ``my_pid`` is the process whose memory counts as "this kernel" (default: this
+    one); ``viewer`` names it in the rendering (the CLI says "this process").
+    """
     stage = tf_runtime.stage()
     report: dict[str, Any] = {
         "tensorflow": {"stage": stage.name.lower(), "description": stage.describe()},
@@ -26,6 +53,8 @@ def build_report(session: Session) -> dict[str, Any]:
         "gpus": [],
         "nvml_error": None,
         "notes": list(session.hook_errors),
+        "me": {"pid": os.getpid() if my_pid is None else my_pid, "user": None, "label": viewer},
+        "visible_gpus": None,
     }
     if stage is Stage.STARTED:
         report["tensorflow"]["allocator"] = {
@@ -33,12 +62,28 @@ def build_report(session: Session) -> dict[str, Any]:
             for device, s in tf_runtime.allocator_stats().items()
         }
     try:
-        visible = session.visible_gpus()
-        tf_names = _tf_names(session)
-        report["gpus"] = [_gpu_entry(g, visible, tf_names) for g in session.nvml.gpus()]
+        _add_gpus(report, session, process_table)
     except NvmlUnavailable as err:
         report["nvml_error"] = str(err)
     return report
+
+
+def _add_gpus(report: dict[str, Any], session: Session, table: Optional[inventory.ProcessTable]) -> None:
+    me = report["me"]
+    table = table or inventory.process_table_for(session.nvml, me["pid"])
+    me["user"] = table.current_user()
+    gpus = session.nvml.gpus()  # raises NvmlUnavailable before anything else is read
+    visible = session.visible_gpus()
+    report["visible_gpus"] = visible
+    tf_names = _tf_names(session)
+    tf_stats = _tf_by_gpu(report["tensorflow"].get("allocator", {}), tf_names)
+    holders = _holders(gpus, report["notes"])
+    for gpu in gpus:
+        in_use = tf_stats.get(gpu.index, {}).get("current_bytes")
+        usage = inventory.attribute(session.nvml, gpu, table, me["pid"], me["user"], in_use)
+        entry = _gpu_entry(gpu, visible, tf_names)
+        entry.update(_detail(gpu, usage, holders.get(gpu.index), tf_stats.get(gpu.index)))
+        report["gpus"].append(entry)
 
 
 def _in_force(session: Session, stage: Stage) -> list[str]:
@@ -70,6 +115,29 @@ def _tf_names(session: Session) -> dict[int, list[str]]:
     return names
 
 
+def _tf_by_gpu(allocator: dict[str, dict[str, int]], tf_names: dict[int, list[str]]) -> dict[int, dict[str, int]]:
+    """TensorFlow's allocator summed over the logical GPUs on each physical GPU."""
+    result: dict[int, dict[str, int]] = {}
+    for index, names in tf_names.items():
+        stats = [allocator[n] for n in names if n in allocator]
+        if stats:
+            result[index] = {
+                "current_bytes": sum(s["current_bytes"] for s in stats),
+                "peak_bytes": sum(s["peak_bytes"] for s in stats),
+            }
+    return result
+
+
+def _holders(gpus: list[GpuInfo], notes: list[str]) -> dict[int, Optional[claims.Holder]]:
+    live = [g for g in gpus if not g.lost]
+    try:
+        found = claims.holders([inventory.claim_key(g) for g in live])
+    except (claims.ClaimError, OSError) as err:
+        notes.append(f"claims could not be read: {err}")
+        return {}
+    return {g.index: found.get(inventory.claim_key(g)) for g in live}
+
+
 def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]], tf_names: dict[int, list[str]]) -> dict[str, Any]:
     memory = gpu.memory
     return {
@@ -85,6 +153,50 @@ def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]], tf_names: dict[int, l
     }
 
 
+def _detail(
+    gpu: GpuInfo,
+    usage: inventory.GpuUsage,
+    holder: Optional[claims.Holder],
+    tf: Optional[dict[str, int]],
+) -> dict[str, Any]:
+    memory = gpu.memory
+    return {
+        "pci_bus_id": gpu.pci_bus_id,
+        "memory_free_bytes": memory.free_bytes if memory else None,
+        "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
+        "mig_enabled": gpu.mig_enabled,
+        "usage": {
+            "this_kernel_bytes": usage.this_kernel_bytes,
+            "this_kernel_source": usage.this_kernel_source,
+            "my_other_bytes": usage.my_other_bytes,
+            "others_bytes": usage.others_bytes,
+            "unattributed_bytes": usage.unattributed_bytes,
+            "free_bytes": memory.free_bytes if memory else None,
+        },
+        "processes": None if usage.processes is None else [_process(p) for p in usage.processes],
+        "claim": None if holder is None else {
+            "pid": holder.pid, "user": holder.user, "since": holder.since, "this_kernel": holder.this_process,
+        },
+        "tensorflow_in_use_bytes": tf["current_bytes"] if tf else None,
+        "tensorflow_peak_bytes": tf["peak_bytes"] if tf else None,
+        "notes": list(usage.notes),
+    }
+
+
+def _process(p: inventory.ProcessEntry) -> dict[str, Any]:
+    return {
+        "pid": p.pid,
+        "user": p.user,
+        "command": p.command,
+        "used_memory_bytes": p.used_memory_bytes,
+        "kind": p.kind,
+        "alive": p.alive,
+        "whose": p.whose,
+        "note": p.note,
+    }
+
+
+# -- text ---------------------------------------------------------------------------------------
 def render_text(report: dict[str, Any]) -> str:
     lines = [
         "Requested:  " + ("; ".join(report["requested"]) or "nothing (TensorFlow's defaults)"),
@@ -96,12 +208,31 @@ def render_text(report: dict[str, Any]) -> str:
             f"  {device} TensorFlow allocator: {format_bytes(stats['current_bytes'])} in use, "
             f"peak {format_bytes(stats['peak_bytes'])}"
         )
+    if "me" in report:
+        lines.append(_me_line(report))
     if report["nvml_error"]:
         lines.append(f"GPUs:       {report['nvml_error']}")
+    label = report.get("me", {}).get("label", "this kernel")
+    if any(g.get("usage") for g in report["gpus"]):
+        names = [label if key == "this_kernel_bytes" else name for key, name, *_ in SEGMENTS]
+        lines.append("Bars:       " + "  ".join(f"{s[2]} {n}" for s, n in zip(SEGMENTS, names)))
     for gpu in report["gpus"]:
         lines.append(_gpu_line(gpu))
+        lines.extend("  " + line for line in _gpu_details(gpu, label))
     lines.extend(f"Note: {note}" for note in report["notes"])
     return "\n".join(lines)
+
+
+def _me_line(report: dict[str, Any]) -> str:
+    me = report["me"]
+    label = me["label"][0].upper() + me["label"][1:]
+    user = me["user"] or "n/a"
+    visible = report.get("visible_gpus")
+    if visible is None:
+        sees = "GPUs seen: unknown" if report["nvml_error"] else "sees every GPU"
+    else:
+        sees = f"sees GPU {','.join(map(str, visible))}" if visible else "sees no GPU"
+    return f"{label + ':':<11} pid {me['pid']}, user {user}; {sees}"
 
 
 def _gpu_line(gpu: dict[str, Any]) -> str:
@@ -116,3 +247,202 @@ def _gpu_line(gpu: dict[str, Any]) -> str:
         f"{format_bytes(gpu['memory_used_bytes'])} / {format_bytes(gpu['memory_total_bytes'])} used (driver)  "
         f"util {'n/a' if util is None else f'{util}%'}  {seen}"
     )
+
+
+def _gpu_details(gpu: dict[str, Any], label: str) -> list[str]:
+    if "usage" not in gpu or gpu["lost"]:
+        return []
+    usage = gpu["usage"]
+    lines = [f"[{_text_bar(usage, gpu['memory_total_bytes'])}] " + _legend(usage, label)]
+    if gpu.get("tensorflow_in_use_bytes") is not None:
+        lines.append(
+            f"TensorFlow allocator: {format_bytes(gpu['tensorflow_in_use_bytes'])} in use, "
+            f"peak {format_bytes(gpu['tensorflow_peak_bytes'])}"
+        )
+    if gpu["processes"] is None:
+        lines.append("processes: n/a")
+    for proc in gpu["processes"] or []:
+        lines.append(_process_line(proc, label))
+    if gpu.get("claim"):
+        lines.append("claimed by " + _claim_text(gpu["claim"], label))
+    lines.extend(f"note: {note}" for note in gpu.get("notes", []))
+    return lines
+
+
+def _legend(usage: dict[str, Any], label: str) -> str:
+    parts = []
+    for key, name, _ch, _colour in SEGMENTS:
+        if usage[key] == 0 and key in ("my_other_bytes", "others_bytes", "unattributed_bytes"):
+            continue  # a true zero; the JSON and the HTML legend still carry it
+        name = label if key == "this_kernel_bytes" else name
+        text = f"{name} {format_bytes(usage[key])}"
+        if key == "this_kernel_bytes" and usage["this_kernel_source"] == "tensorflow":
+            text += " (TensorFlow allocator)"
+        parts.append(text)
+    return " · ".join(parts)
+
+
+def _widths(usage: dict[str, Any], total: Optional[int], width: int) -> list[int]:
+    """Characters per segment: proportional, at least one for any non-zero share."""
+    if not total:
+        return [0] * len(SEGMENTS)
+    raw = [max(0, usage[key] or 0) * width / total for key, *_ in SEGMENTS]
+    cells = [max(1, round(r)) if r > 0 else 0 for r in raw]
+    largest = max(range(len(cells)), key=lambda i: cells[i])
+    cells[largest] += width - sum(cells)  # rounding drift goes to the widest segment
+    return cells
+
+
+def _text_bar(usage: dict[str, Any], total: Optional[int]) -> str:
+    if not total:
+        return " " * BAR_WIDTH
+    cells = _widths(usage, total, BAR_WIDTH)
+    return "".join(ch * n for (_k, _l, ch, _c), n in zip(SEGMENTS, cells))
+
+
+def _process_line(proc: dict[str, Any], label: str) -> str:
+    tag = {"this kernel": f"  ({label})", "unknown": "  (exited)"}.get(proc["whose"], "")
+    if proc["note"] and proc["whose"] != "unknown":
+        tag += f"  ({proc['note']})"
+    command = _short(proc["command"] or "n/a", 48)
+    return (
+        f"pid {proc['pid']:<8} {proc['user'] or 'n/a':<10} {format_bytes(proc['used_memory_bytes']):>10}  "
+        f"{command}{tag}"
+    )
+
+
+def _claim_text(claim: dict[str, Any], label: str) -> str:
+    if claim["this_kernel"]:
+        return label + " (`%gpu use auto`)"
+    who = f"pid {claim['pid']}" if claim["pid"] is not None else "another process"
+    return f"{who} ({claim['user']})" if claim["user"] else who
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+_BOX = (
+    "font-family: var(--jp-ui-font-family, system-ui, sans-serif); font-size: var(--jp-ui-font-size1, 13px); "
+    "color: var(--jp-ui-font-color1, inherit); line-height: 1.4"
+)
+_MUTED = "color: var(--jp-ui-font-color2, #757575)"
+_CARD = (
+    "border: 1px solid var(--jp-border-color2, #e0e0e0); border-radius: 4px; padding: 6px 8px; margin: 6px 0; "
+    "background: var(--jp-layout-color0, transparent)"
+)
+_CELL = (  # tables inherit no font in some hosts (quirks mode, old notebook CSS): say it explicitly
+    "padding: 1px 10px 1px 0; text-align: left; border: none; background: transparent; "
+    "color: inherit; font-family: inherit; font-size: inherit"
+)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """A self-contained card (inline styles, JupyterLab theme variables with fallbacks)."""
+    parts = [f'<div class="tfgpu-status" style="{_BOX}">', _summary_html(report)]
+    if report["nvml_error"]:
+        parts.append(f'<div style="{_MUTED}">GPUs: {_e(report["nvml_error"])}</div>')
+    parts.extend(_gpu_html(gpu, report.get("me", {}).get("label", "this kernel")) for gpu in report["gpus"])
+    parts.extend(f'<div style="{_MUTED}">Note: {_e(note)}</div>' for note in report["notes"])
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _summary_html(report: dict[str, Any]) -> str:
+    rows = [
+        ("Requested", "; ".join(report["requested"]) or "nothing (TensorFlow's defaults)"),
+        ("In force", "; ".join(report["in_force"]) or "TensorFlow's defaults"),
+        ("TensorFlow", report["tensorflow"]["description"]),
+    ]
+    for device, stats in report["tensorflow"].get("allocator", {}).items():
+        rows.append((
+            f"{device} allocator",
+            f"{format_bytes(stats['current_bytes'])} in use, peak {format_bytes(stats['peak_bytes'])}",
+        ))
+    if "me" in report:
+        label, _, rest = _me_line(report).partition(":")
+        rows.append((label, rest.strip()))
+    body = "".join(
+        f'<tr><th style="{_CELL}; font-weight: 600">{_e(k)}</th><td style="{_CELL}">{_e(v)}</td></tr>'
+        for k, v in rows
+    )
+    return f'<table style="border-collapse: collapse; margin: 0; color: inherit">{body}</table>'
+
+
+def _gpu_html(gpu: dict[str, Any], label: str) -> str:
+    head = f'<div style="font-weight: 600">{_e(_gpu_line(gpu))}</div>'
+    if gpu["lost"] or "usage" not in gpu:
+        return f'<div style="{_CARD}">{head}</div>'
+    parts = [head, _bar_html(gpu["usage"], gpu["memory_total_bytes"], label)]
+    if gpu.get("tensorflow_in_use_bytes") is not None:
+        parts.append(
+            f"<div>TensorFlow allocator: {_e(format_bytes(gpu['tensorflow_in_use_bytes']))} in use, "
+            f"peak {_e(format_bytes(gpu['tensorflow_peak_bytes']))}</div>"
+        )
+    parts.append(_processes_html(gpu["processes"], label))
+    if gpu.get("claim"):
+        parts.append(f"<div>Claimed by {_e(_claim_text(gpu['claim'], label))}</div>")
+    parts.extend(f'<div style="{_MUTED}">Note: {_e(n)}</div>' for n in gpu.get("notes", []))
+    return f'<div style="{_CARD}">{"".join(parts)}</div>'
+
+
+def _bar_html(usage: dict[str, Any], total: Optional[int], label: str) -> str:
+    segments = []
+    for key, name, _ch, colour in SEGMENTS[:-1]:  # free is the empty track behind them
+        value = usage[key]
+        if total and value:
+            title = f"{label if key == 'this_kernel_bytes' else name}: {format_bytes(value)}"
+            segments.append(
+                f'<div title="{_e(title)}" style="width: {100 * value / total:.2f}%; background: {colour}"></div>'
+            )
+    bar = (
+        '<div style="display: flex; height: 12px; margin: 4px 0; border-radius: 2px; overflow: hidden; '
+        'background: var(--jp-layout-color2, #eeeeee); border: 1px solid var(--jp-border-color1, #bdbdbd)">'
+        + "".join(segments) + "</div>"
+    )
+    return bar + _legend_html(usage, label)
+
+
+def _legend_html(usage: dict[str, Any], label: str) -> str:
+    items = []
+    for key, name, _ch, colour in SEGMENTS:
+        name = label if key == "this_kernel_bytes" else name
+        if key == "free_bytes":
+            colour = "var(--jp-layout-color2, #eeeeee)"
+        text = f"{name} {format_bytes(usage[key])}"
+        if key == "this_kernel_bytes" and usage["this_kernel_source"] == "tensorflow":
+            text += " (TensorFlow allocator)"
+        items.append(
+            f'<span style="margin-right: 12px; white-space: nowrap"><span style="display: inline-block; '
+            f"width: 9px; height: 9px; margin-right: 4px; background: {colour}; "
+            f'border: 1px solid var(--jp-border-color1, #bdbdbd)"></span>{_e(text)}</span>'
+        )
+    return f'<div style="{_MUTED}">{"".join(items)}</div>'
+
+
+def _processes_html(processes: Optional[list[dict[str, Any]]], label: str) -> str:
+    if processes is None:
+        return f'<div style="{_MUTED}">processes: n/a</div>'
+    if not processes:
+        return f'<div style="{_MUTED}">no processes</div>'
+    head = "".join(f'<th style="{_CELL}; font-weight: 600">{h}</th>' for h in ("pid", "user", "memory", "command", ""))
+    rows = []
+    for proc in processes:
+        tag = {"this kernel": label, "unknown": "exited"}.get(proc["whose"], "")
+        if proc["note"] and proc["whose"] != "unknown":
+            tag = f"{tag}; {proc['note']}" if tag else proc["note"]
+        cells = (
+            str(proc["pid"]),
+            proc["user"] or "n/a",
+            format_bytes(proc["used_memory_bytes"]),
+            _short(proc["command"] or "n/a", 60),
+            tag,
+        )
+        weight = "; font-weight: 600" if proc["whose"] == "this kernel" else ""
+        rows.append("<tr>" + "".join(f'<td style="{_CELL}{weight}">{_e(c)}</td>' for c in cells) + "</tr>")
+    return f'<table style="border-collapse: collapse; margin: 2px 0; color: inherit"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)

@@ -42,6 +42,7 @@ class NVMLError(Exception):
     def __str__(self) -> str:
         return {
             NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+            NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
             NVML_ERROR_GPU_IS_LOST: "GPU is lost",
             NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
             NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
@@ -226,3 +227,40 @@ def shared_server(my_pid: Optional[int] = None, me: str = "me") -> FakeNvml:
             ),
         ]
     )
+
+
+# -- additions for the inventory, claims and status tests (tfgpu_magic.inventory) -------------------
+def fake_process_table(server: FakeNvml, me: str = "me", my_pid: Optional[int] = None):
+    """The fake server's process table (``owner_of``) as an ``inventory.ProcessTable``."""
+    from .inventory import OwnerLookupTable  # not at import: testing stays importable alone
+
+    return OwnerLookupTable(server.owner_of, me=me, my_pid=my_pid)
+
+
+def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40, me: str = "me") -> FakeNvml:
+    """A larger shared server (default 8 GPUs, 40 processes of five users, this process among them).
+
+    Sizes alternate 80/40/24 GiB; one GPU lacks a utilization reading and one process has
+    exited, so the slow paths (missing readings, notes) are part of every benchmark run.
+    """
+    my_pid = os.getpid() if my_pid is None else my_pid
+    users = [me, "alice", "bob", "carol", "dave"]
+    sizes = [81920, 40960, 24576]
+    server = FakeNvml(
+        [
+            FakeGpu(
+                name=f"NVIDIA Fake {sizes[i % 3] // 1024}GB",
+                total_mib=sizes[i % 3],
+                utilization=(i * 17) % 100,
+                unsupported={"utilization"} if i == gpus - 1 else set(),
+            )
+            for i in range(gpus)
+        ]
+    )
+    for n in range(processes):
+        gpu = server.gpus[n % gpus]
+        pid = my_pid if n == 0 else 50000 + n
+        gpu.processes.append(
+            FakeProcess(pid, 256 + 64 * n, users[n % len(users)], f"python job_{n}.py", alive=n != processes - 1)
+        )
+    return server

@@ -1,0 +1,283 @@
+"""`%gpu status`: the report as data, as text and as HTML, on the fake shared server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from tfgpu_magic import claims, grammar, status
+from tfgpu_magic.inventory import choose_gpus
+from tfgpu_magic.nvml import Nvml
+from tfgpu_magic.session import Session
+from tfgpu_magic.testing import FakeGpu, FakeNvml, FakeProcess, busy_server, shared_server
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 1024 * 1024
+ME = 4242
+
+EXPECTED_TEXT = """\
+Requested:  nothing (TensorFlow's defaults)
+In force:   TensorFlow's defaults
+TensorFlow: not imported
+This kernel: pid 4242, user me; sees GPU 0,1,2,3
+Bars:       # this kernel  = my other processes  x other users  : unattributed  . free
+GPU 0  NVIDIA A100-SXM4-40GB  30.3 GiB / 40.0 GiB used (driver)  util 97%  visible
+  [xxxxxxxxxxxxxxxxxxxxxxxxxxxxx:..........] this kernel 0 MiB · other users 30.0 GiB · unattributed 300 MiB · free 9,940 MiB
+  pid 41001    alice        30.0 GiB  python train_resnet.py
+GPU 1  NVIDIA A100-SXM4-80GB  22.3 GiB / 80.0 GiB used (driver)  util 35%  visible
+  [#####==xxxx:............................] this kernel 10.0 GiB · my other processes 4,096 MiB · other users 8,192 MiB · unattributed 300 MiB · free 57.7 GiB
+  pid 4242     me           10.0 GiB  python -m ipykernel_launcher  (this kernel)
+  pid 41002    me          4,096 MiB  python -m ipykernel_launcher
+  pid 41003    bob         8,192 MiB  python finetune.py
+GPU 2  NVIDIA RTX A5000  300 MiB / 24.0 GiB used (driver)  util 0%  visible
+  [:.......................................] this kernel 0 MiB · unattributed 300 MiB · free 23.7 GiB
+GPU 3  Tesla T4  2,348 MiB / 15.0 GiB used (driver)  util n/a  visible
+  [::::::..................................] this kernel 0 MiB · unattributed 2,348 MiB · free 12.7 GiB
+  pid 41004    n/a         2,048 MiB  n/a  (exited)
+  note: pid 41004: exited, but NVML still lists it (or it lives in another pid namespace); counted as unattributed"""
+
+
+@pytest.fixture(autouse=True)
+def claim_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(claims.ENV_DIR, str(tmp_path / "claims"))
+    yield
+    claims.release_all()
+
+
+def report_for(server: FakeNvml, **kwargs) -> dict:
+    return status.build_report(Session(nvml=Nvml(lib=server), env={}), my_pid=ME, **kwargs)
+
+
+# -- data ---------------------------------------------------------------------------------------
+def test_report_keeps_its_keys_and_adds_the_inventory():
+    report = report_for(shared_server(ME))
+    assert set(report) == {"tensorflow", "requested", "in_force", "gpus", "nvml_error", "notes", "me", "visible_gpus"}
+    assert report["me"] == {"pid": ME, "user": "me", "label": "this kernel"}
+    gpu = report["gpus"][1]
+    assert {k: gpu[k] for k in ("index", "name", "lost", "visible", "tensorflow_names")} == {
+        "index": 1, "name": "NVIDIA A100-SXM4-80GB", "lost": False, "visible": True, "tensorflow_names": [],
+    }
+    assert gpu["memory_total_bytes"] == 81920 * MIB and gpu["memory_free_bytes"] == (81920 - 22828) * MIB
+    assert gpu["compute_capability"] == [8, 0] and gpu["mig_enabled"] is False
+    assert gpu["pci_bus_id"] == "00000000:27:00.0"
+    assert gpu["usage"] == {
+        "this_kernel_bytes": 10240 * MIB,
+        "this_kernel_source": "nvml",
+        "my_other_bytes": 4096 * MIB,
+        "others_bytes": 8192 * MIB,
+        "unattributed_bytes": 300 * MIB,
+        "free_bytes": (81920 - 22828) * MIB,
+    }
+    assert gpu["processes"][2] == {
+        "pid": 41003, "user": "bob", "command": "python finetune.py", "used_memory_bytes": 8192 * MIB,
+        "kind": "compute", "alive": True, "whose": "others", "note": None,
+    }
+    assert gpu["claim"] is None and gpu["tensorflow_in_use_bytes"] is None
+    assert json.loads(json.dumps(report)) == report  # JSON-ready as it is
+
+
+def test_unsupported_readings_are_missing_never_zero():
+    server = shared_server(ME)
+    server.gpus[2].unsupported = {"memory", "utilization", "name", "compute_capability", "mig"}
+    gpu = report_for(server)["gpus"][2]
+    assert (gpu["name"], gpu["memory_total_bytes"], gpu["utilization_percent"], gpu["compute_capability"]) == (
+        None, None, None, None,
+    )
+    assert gpu["usage"]["unattributed_bytes"] is None and gpu["usage"]["free_bytes"] is None
+    line = status.render_text(report_for(server)).splitlines()[13]
+    assert line == "GPU 2  n/a  n/a / n/a used (driver)  util n/a  visible"
+
+
+def test_a_lost_gpu_is_one_line_and_the_rest_still_shows():
+    server = shared_server(ME)
+    server.gpus[1].lost = True
+    report = report_for(server)
+    assert report["gpus"][1]["lost"] is True and report["gpus"][1]["processes"] is None
+    text = status.render_text(report)
+    assert "GPU 1  lost: the GPU stopped answering\nGPU 2  NVIDIA RTX A5000" in text
+    assert "GPU 1" in status.render_html(report) and "GPU 3  Tesla T4" in text
+
+
+def test_without_a_driver_the_report_says_so():
+    report = report_for(FakeNvml([], driver=False))
+    assert report["gpus"] == [] and report["visible_gpus"] is None
+    assert report["nvml_error"].startswith("no NVIDIA driver could be reached through NVML (Driver Not Loaded)")
+    assert "This kernel: pid 4242, user n/a; GPUs seen: unknown" in status.render_text(report)
+
+
+def test_hidden_gpus_are_marked():
+    session = Session(nvml=Nvml(lib=shared_server(ME)), env={})
+    session.configure(grammar.Use((1, 2)))
+    report = status.build_report(session, my_pid=ME)
+    assert report["visible_gpus"] == [1, 2]
+    assert [g["visible"] for g in report["gpus"]] == [False, True, True, False]
+    assert "This kernel: pid 4242, user me; sees GPU 1,2" in status.render_text(report)
+
+
+def test_claims_are_shown_for_this_kernel_and_others():
+    server = shared_server(ME)
+    session = Session(nvml=Nvml(lib=server), env={})
+    choose_gpus(session, grammar.Auto(), print)
+    other = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(
+            """
+            import sys
+            from tfgpu_magic import claims
+            with claims.choosing():
+                claims.claim(sys.argv[1])
+            print("claimed", flush=True)
+            sys.stdin.read()
+            """
+        ), server.gpus[2].uuid],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert other.stdout.readline().strip() == "claimed"
+        report = status.build_report(session, my_pid=ME)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=30)
+        other.stdout.close()
+    assert report["gpus"][1]["claim"]["this_kernel"] is True
+    assert report["gpus"][2]["claim"]["pid"] == other.pid
+    text = status.render_text(report)
+    assert "  claimed by this kernel (`%gpu use auto`)\n" in text
+    assert f"  claimed by pid {other.pid} (" in text
+
+
+# -- text ---------------------------------------------------------------------------------------
+def test_text_shows_bars_processes_and_notes():
+    assert status.render_text(report_for(shared_server(ME))) == EXPECTED_TEXT
+
+
+def test_text_names_the_tensorflow_fallback():
+    report = report_for(shared_server(ME))
+    usage = report["gpus"][1]["usage"]
+    usage.update(this_kernel_bytes=6 * 1024 * MIB, this_kernel_source="tensorflow")
+    assert "this kernel 6,144 MiB (TensorFlow allocator)" in status.render_text(report)
+    assert "this kernel 6,144 MiB (TensorFlow allocator)" in status.render_html(report)
+
+
+def test_bars_are_always_full_width():
+    for gpu in report_for(busy_server(ME))["gpus"]:
+        bar = status._text_bar(gpu["usage"], gpu["memory_total_bytes"])
+        assert len(bar) == status.BAR_WIDTH
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+class _Checker(HTMLParser):
+    """Fails on unbalanced tags; collects text and style attributes."""
+
+    VOID = {"br", "img", "hr"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.text: list[str] = []
+        self.styles: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.styles += [v for k, v in attrs if k == "style"]
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack.pop() == tag, f"unbalanced </{tag}>"
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_is_balanced_self_contained_and_themed():
+    server = shared_server(ME)
+    server.gpus[0].processes[0].command = "python <script>alert(1)</script>.py"
+    checker = _Checker()
+    page = status.render_html(report_for(server))
+    checker.feed(page)
+    assert checker.stack == []
+    assert "<script" not in page and "&lt;script&gt;" in page  # commands are escaped
+    assert "<style" not in page and "class=" in page  # inline styles only
+    assert all("var(--jp-" not in s or "," in s for s in checker.styles)  # every theme variable has a fallback
+    text = " ".join(checker.text)
+    for fragment in ("GPU 1  NVIDIA A100-SXM4-80GB", "this kernel 10.0 GiB", "other users 8,192 MiB", "bob", "exited"):
+        assert fragment in text
+
+
+def test_html_bar_widths_follow_memory():
+    page = status.render_html(report_for(shared_server(ME)))
+    assert 'title="this kernel: 10.0 GiB" style="width: 12.50%' in page  # 10 GiB of 80 GiB
+    assert 'title="other users: 30.0 GiB" style="width: 75.00%' in page  # alice on the 40 GiB GPU
+
+
+# -- through the magic ----------------------------------------------------------------------------
+def test_magic_displays_text_and_html(gpu):
+    with capture_output() as captured:
+        gpu("status")
+    (output,) = captured.outputs
+    assert output.data["text/plain"].startswith("Requested:  nothing (TensorFlow's defaults)\n")
+    assert f"This kernel: pid {os.getpid()}, user me; sees GPU 0,1,2,3" in output.data["text/plain"]
+    assert output.data["text/html"].startswith('<div class="tfgpu-status"')
+
+
+def test_magic_json_is_the_report(gpu, capsys):
+    gpu("status --json")
+    report = json.loads(capsys.readouterr().out)
+    assert report["me"]["pid"] == os.getpid()
+    assert report["gpus"][1]["usage"]["this_kernel_bytes"] == 10240 * MIB
+
+
+def test_status_never_starts_tensorflow():
+    script = textwrap.dedent(
+        """
+        import json
+        from tfgpu_magic import status, tf_runtime
+        from tfgpu_magic.nvml import Nvml
+        from tfgpu_magic.session import Session
+        from tfgpu_magic.testing import shared_server
+        import tensorflow
+        report = status.build_report(Session(nvml=Nvml(lib=shared_server()), env={}))
+        status.render_text(report), status.render_html(report)
+        print(json.dumps([tf_runtime.stage().name, report["tensorflow"]["stage"]]))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["IMPORTED", "imported"]
+
+
+def test_many_gpus_and_processes_render(gpu):
+    report = report_for(busy_server(ME))
+    assert len(report["gpus"]) == 8 and sum(len(g["processes"]) for g in report["gpus"]) == 40
+    assert report["gpus"][7]["utilization_percent"] is None
+    status.render_text(report), status.render_html(report)
+
+
+def test_a_process_of_unknown_owner_counts_as_others():
+    server = FakeNvml([FakeGpu(processes=[FakeProcess(7, 1024, user=None, command=None)])])  # psutil: AccessDenied
+    gpu = report_for(server)["gpus"][0]
+    assert gpu["processes"][0]["user"] is None and gpu["processes"][0]["whose"] == "others"
+    assert gpu["usage"]["others_bytes"] == 1024 * MIB
+
+
+def test_all_is_honest_and_the_package_import_stays_light():
+    import tfgpu_magic.__main__ as cli
+    from tfgpu_magic import inventory
+
+    for module in (claims, inventory, status, cli):
+        assert all(hasattr(module, name) for name in module.__all__), module.__name__
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, tfgpu_magic; "
+         "print(sorted(m for m in ('psutil', 'pynvml', 'tensorflow', 'IPython') if m in sys.modules))"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60,
+    )
+    assert probe.stdout.strip() == "[]"

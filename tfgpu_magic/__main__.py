@@ -1,0 +1,52 @@
+"""``python -m tfgpu_magic`` / ``tfgpu``: the ``%gpu status`` picture in a terminal.
+
+Needs neither IPython nor TensorFlow.  Exit status: 0 with GPU readings, 1 when NVML cannot be
+reached (the report still prints, saying why), 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfgpu",
+        description="Who holds what on this machine's GPUs: memory by owner, processes, claims.",
+        epilog="In a notebook: %load_ext tfgpu_magic, then %gpu status (or %gpu use auto to claim a GPU).",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="read a simulated four-GPU shared server instead of the driver (to try the output)",
+    )
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    from . import status  # after parsing: `tfgpu --help` stays instant
+    from .nvml import Nvml
+    from .session import Session
+
+    lib = None
+    if args.demo:
+        from .testing import shared_server
+
+        lib = shared_server()
+    report = status.build_report(Session(nvml=Nvml(lib=lib)), viewer="this process")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(status.render_text(report))
+    return 1 if report["nvml_error"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
