@@ -53,6 +53,7 @@ SPLIT = grammar.usage("split")
         ("reset", grammar.Reset()),
         ("monitor", grammar.Monitor()),
         ("monitor --sidebar --interval 0.2 --window 10m", grammar.Monitor(True, 0.2, 600.0)),
+        ("monitor off", grammar.Monitor(off=True)),
         ("trace", grammar.Trace(True)),
         ("trace off", grammar.Trace(False)),
     ],

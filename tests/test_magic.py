@@ -201,3 +201,10 @@ def test_reset_releases_claims(gpu):
     assert claims.held()
     gpu("reset")
     assert claims.held() == set()
+
+
+def test_monitor_off_without_a_panel_says_so(gpu, capsys):
+    gpu("monitor off")
+    assert capsys.readouterr().out == "No memory panel is running in this kernel.\n"
+    with pytest.raises(UsageError, match="unexpected 'now'"):
+        gpu("monitor off now")

@@ -338,6 +338,22 @@ def test_open_panel_wires_a_given_nvml_and_closing_stops_the_thread():
     gc.collect()
 
 
+def test_monitor_off_stops_every_panel_and_the_thread():
+    pytest.importorskip("tfgpu_magic.widget")
+    fake = Nvml(lib=shared_server())
+    panels = [monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False) for _ in range(2)]
+    try:
+        wait_for(monitor.sampler_running)
+        answer = monitor.stop_panels()
+        assert answer.startswith("Stopped 2 memory panels; the sampling thread has ended.")
+        assert not monitor.sampler_running() and monitor.active_sampler() is None
+        assert [p.running for p in panels] == [False, False]  # the browser shows them as stopped
+        assert monitor.stop_panels() == "No memory panel is running in this kernel."
+    finally:
+        for panel in panels:
+            panel.close()
+
+
 def test_all_names_are_public_and_present():
     for name in monitor.__all__:
         assert hasattr(monitor, name), name

@@ -121,6 +121,7 @@ class Monitor:
     sidebar: bool = False
     interval: float = 0.5  # seconds between samples
     window: float = 300.0  # seconds of history shown
+    off: bool = False  # `%gpu monitor off`: stop every panel of this kernel and its sampler
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,11 @@ FORMS: dict[str, tuple[str, ...]] = {
     "allocator": ("%gpu allocator async", "%gpu allocator default"),
     "precision": tuple(f"%gpu precision {p}" for p in PRECISIONS),
     "free": ("%gpu free",),
-    "monitor": ("%gpu monitor", "%gpu monitor --sidebar --interval 0.2 --window 10m"),
+    "monitor": (
+        "%gpu monitor",
+        "%gpu monitor --sidebar --interval 0.2 --window 10m",
+        "%gpu monitor off",
+    ),
     "trace": ("%gpu trace", "%gpu trace off"),
     "reset": ("%gpu reset",),
 }
@@ -355,6 +360,9 @@ def _status(tokens: list[str]) -> Status:
 
 
 def _monitor(tokens: list[str]) -> Monitor:
+    if tokens and tokens[0].lower() == "off":
+        _no_more("monitor", tokens[1:])
+        return Monitor(off=True)
     opts = _options(
         "monitor",
         tokens,

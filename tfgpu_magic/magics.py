@@ -35,6 +35,9 @@ of the notebook.
   %gpu precision mixed_float16   the Keras global dtype policy (mixed_bfloat16 | float32)
   %gpu free               Keras clear_session + garbage collection, with an honest report
   %gpu monitor            a live memory chart (--sidebar, --interval 0.2, --window 10m)
+  %gpu monitor off        stop every panel of this kernel and its sampling thread
+  %%gpu budget 2G         run the cell; fail it if TensorFlow's peak exceeds 2 GiB
+  %%gpu on 1              run the cell with TensorFlow's ops placed on GPU 1
   %gpu trace [off]        after each cell: TensorFlow allocator peak and retained change
   %gpu reset              forget requested settings not yet in force
 
@@ -79,6 +82,7 @@ class GpuMagics(Magics):
 
     @line_cell_magic
     def gpu(self, line: str, cell: str | None = None) -> Any:
+        __tracebackhide__ = True  # an error in the user's cell should not show this frame
         if cell is not None:
             return self._cell(line, cell)
         try:
@@ -113,10 +117,13 @@ class GpuMagics(Magics):
             raise
         return f"{reason}\n{answer}"
 
-    def _monitor(self, command: grammar.Monitor) -> None:
+    def _monitor(self, command: grammar.Monitor) -> str | None:
         from . import monitor
 
+        if command.off:
+            return monitor.stop_panels()
         monitor.open_panel(interval=command.interval, window=command.window, sidebar=command.sidebar)
+        return None  # the panel displays itself; returning it would show it twice
 
     def _trace(self, command: grammar.Trace) -> str:
         from . import trace
@@ -125,6 +132,7 @@ class GpuMagics(Magics):
 
     def _cell(self, line: str, cell: str) -> Any:
         """``%%gpu budget 2G`` and ``%%gpu on 1``: run the cell under a condition."""
+        __tracebackhide__ = True
         from . import cells
 
         try:
@@ -185,6 +193,6 @@ def complete(shell: Any, event: Any) -> list[str]:
         "allocator": ["async", "default"],
         "precision": list(grammar.PRECISIONS),
         "status": ["--json"],
-        "monitor": ["--sidebar", "--interval", "--window"],
+        "monitor": ["--sidebar", "--interval", "--window", "off"],
         "trace": ["on", "off"],
     }.get(verb, [])

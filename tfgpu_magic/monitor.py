@@ -31,6 +31,7 @@ __all__ = [
     "active_sampler",
     "open_panel",
     "sampler_running",
+    "stop_panels",
 ]
 
 MIN_INTERVAL_S = 0.1  # NVML itself refreshes memory readings about this often
@@ -310,6 +311,7 @@ class Hub:
         self._lock = threading.Lock()
         self._sampler: Optional[Sampler] = None
         self._members: dict[int, float] = {}  # id(panel) -> that panel's window, seconds
+        self._panels: dict[int, Any] = {}  # id(panel) -> panel, for `%gpu monitor off`
 
     @property
     def sampler(self) -> Optional[Sampler]:
@@ -320,6 +322,7 @@ class Hub:
             if self._sampler is None:
                 self._sampler = make()
             self._members[id(member)] = window_s
+            self._panels[id(member)] = member
             self._sampler.keep(max(self._members.values()))
             self._sampler.start()
             return self._sampler
@@ -333,14 +336,20 @@ class Hub:
     def leave(self, member: object) -> None:
         with self._lock:
             self._members.pop(id(member), None)
+            self._panels.pop(id(member), None)
             if self._members or self._sampler is None:
                 return
             sampler, self._sampler = self._sampler, None
         sampler.stop()  # outside the lock: the thread may be calling a panel that leaves
 
+    def members(self) -> list[Any]:
+        with self._lock:
+            return list(self._panels.values())
+
     def stop_all(self) -> None:
         with self._lock:
             self._members.clear()
+            self._panels.clear()
             sampler, self._sampler = self._sampler, None
         if sampler is not None:
             sampler.stop()
@@ -355,6 +364,20 @@ def active_sampler() -> Optional[Sampler]:
     return _hub.sampler
 
 
+def stop_panels() -> str:
+    """``%gpu monitor off``: stop every panel of this kernel; the sampler's thread ends with them."""
+    panels = _hub.members()
+    for panel in panels:
+        stop = getattr(panel, "stop", None)
+        if stop is not None:
+            stop()  # a panel leaves the hub; its chart stays on screen, frozen
+    _hub.stop_all()  # members that are not panels (tests) go too
+    if not panels:
+        return "No memory panel is running in this kernel."
+    count = "1 memory panel" if len(panels) == 1 else f"{len(panels)} memory panels"
+    return f"Stopped {count}; the sampling thread has ended. `%gpu monitor` starts a new one."
+
+
 def sampler_running() -> bool:
     """True while this kernel's sampler thread is alive (any thread of that name counts)."""
     return any(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
@@ -367,19 +390,24 @@ def open_panel(
     *,
     nvml: Optional[Nvml] = None,
     display: bool = True,
+    **sources: Callable[[], Any],
 ) -> Any:
     """Show a live memory panel (what ``%gpu monitor`` runs) and return it.
 
-    ``nvml`` replaces the kernel's NVML reader (a fake one in tests and tutorials).  The first
-    open panel's sources and interval serve every panel while the sampler runs.
+    ``nvml`` replaces the kernel's NVML reader (a fake one in tests and tutorials), and
+    ``sources`` any of the other readers (``tf_stats``, ``tf_map``, ``limits``, ``visible``;
+    see :class:`Sampler`).  The first panel's sources serve every panel while the sampler
+    runs; the newest panel's interval applies to all of them.
     """
+    unknown = set(sources) - {"tf_stats", "tf_map", "limits", "visible"}
+    if unknown:
+        raise TypeError(f"open_panel() got unknown sources: {', '.join(sorted(unknown))}")
     from .widget import MemoryPanel  # IPython, ipywidgets and anywidget only when a panel opens
 
     _checked_interval(interval)
 
     def make() -> Sampler:  # called only when no sampler runs yet
-        sources = _kernel_sources(nvml)
-        return Sampler(interval=interval, keep_s=window, **sources)
+        return Sampler(interval=interval, keep_s=window, **{**_kernel_sources(nvml), **sources})
 
     panel = MemoryPanel(_hub, make, interval=interval, window=window)
     if display:

@@ -1,0 +1,493 @@
+// Front end of `%gpu monitor`: one uPlot chart per device, fed by the kernel's sampler.
+//
+// The kernel sends each sample once, as a custom message holding only the new points
+// ({kind: "samples"}); a view asks for the whole history once when it is rendered
+// ({kind: "history"}).  Arrays are trimmed to the time window, so memory stays bounded
+// however long the panel runs.  Pause is handled here alone: the kernel may be busy with a
+// cell and would only see the click when the cell ends.
+import uPlot from "uplot";
+import "uplot/dist/uPlot.min.css";
+import "./widget.css";
+
+const GIB = 2 ** 30;
+const MAX_POINTS = 20000; // per series, whatever the window: bounds memory at 0.1 s x 30 min
+const SLACK = 1.1; // trim when 10% over the window, not on every sample
+const CHART_HEIGHT = 130; // px, plot and axes; the legend comes below
+const MIN_WIDTH = 240; // px
+const PX_PER_POINT = 2; // finer than this is not visible, and drawing cost grows with points
+
+function maxPoints(chartWidth) {
+  return Math.max(Math.floor(chartWidth / PX_PER_POINT), 50);
+}
+
+// Wire names from the kernel (tfgpu_magic/widget.py SERIES), in drawing order.
+const SERIES = [
+  { key: "total", label: "Total", color: "--jp-ui-font-color2", width: 1.5 },
+  { key: "used", label: "Used (all)", color: "--jp-warn-color1", fill: 0.12 },
+  { key: "mine", label: "This kernel", color: "--jp-brand-color1", fill: 0.3 },
+  { key: "tf", label: "TF in use", color: "--jp-success-color1", width: 2 },
+  { key: "peak", label: "TF peak", color: "--jp-success-color1", dash: [2, 3] },
+  { key: "limit", label: "Limit", color: "--jp-error-color1", dash: [6, 4], width: 1.5 },
+];
+const FALLBACK = {
+  "--jp-ui-font-color1": "#212121",
+  "--jp-ui-font-color2": "#616161",
+  "--jp-border-color2": "#e0e0e0",
+  "--jp-warn-color1": "#f57c00",
+  "--jp-brand-color1": "#1976d2",
+  "--jp-success-color1": "#388e3c",
+  "--jp-error-color1": "#d32f2f",
+  "--jp-ui-font-family": "system-ui, sans-serif",
+};
+
+// ---------------------------------------------------------------------------------------
+// Data: one time axis, and per device one array per series (GiB, null = gap).
+
+export function createStore() {
+  return { t: [], dev: new Map(), errors: {}, status: null, received: 0 };
+}
+
+function deviceColumns(store, key) {
+  let cols = store.dev.get(key);
+  if (!cols) {
+    // A device seen for the first time: null before it existed, so arrays stay aligned.
+    cols = {};
+    for (const s of SERIES) cols[s.key] = new Array(store.t.length).fill(null);
+    store.dev.set(key, cols);
+  }
+  return cols;
+}
+
+function toGiB(v) {
+  return v == null ? null : v / GIB;
+}
+
+/** Append a batch of new samples (the kernel never resends old ones). */
+export function ingest(store, msg) {
+  const n = msg.t.length;
+  const start = store.t.length;
+  for (const key of Object.keys(msg.d)) deviceColumns(store, key);
+  for (let i = 0; i < n; i++) store.t.push(msg.t[i]);
+  for (const [key, cols] of store.dev) {
+    const incoming = msg.d[key];
+    for (const s of SERIES) {
+      const col = cols[s.key];
+      col.length = start; // a device absent from this batch: nulls below
+      for (let i = 0; i < n; i++) col.push(incoming ? toGiB(incoming[s.key][i]) : null);
+    }
+  }
+  if (n > 0) {
+    store.errors = msg.errors || {};
+    store.status = msg.status ?? null;
+  }
+  store.received += n;
+}
+
+/** Replace with the kernel's history, keeping points that arrived after it was taken. */
+export function replaceWithHistory(store, msg) {
+  const last = msg.t.length ? msg.t[msg.t.length - 1] : -Infinity;
+  const later = store.t.findIndex((t) => t > last);
+  const fresh = createStore();
+  ingest(fresh, msg);
+  if (later >= 0) {
+    const tail = { t: store.t.slice(later), d: {}, errors: store.errors, status: store.status };
+    for (const [key, cols] of store.dev) {
+      tail.d[key] = {};
+      for (const s of SERIES) tail.d[key][s.key] = cols[s.key].slice(later).map((v) => (v == null ? null : v * GIB));
+    }
+    ingest(fresh, tail);
+  }
+  store.t = fresh.t;
+  store.dev = fresh.dev;
+  store.errors = fresh.errors;
+  store.status = fresh.status;
+}
+
+/** Drop points older than the window (with some slack, so trimming is not per sample). */
+export function trim(store, windowS) {
+  const n = store.t.length;
+  if (n === 0) return;
+  const oldest = store.t[n - 1] - windowS;
+  const overTime = store.t[0] < oldest - windowS * (SLACK - 1);
+  if (!overTime && n <= MAX_POINTS) return;
+  let cut = 0;
+  while (cut < n && store.t[cut] < oldest) cut++;
+  cut = Math.max(cut, n - MAX_POINTS);
+  store.t.splice(0, cut);
+  for (const cols of store.dev.values()) for (const s of SERIES) cols[s.key].splice(0, cut);
+}
+
+// ---------------------------------------------------------------------------------------
+// Colours follow JupyterLab's theme through its --jp-* variables.
+
+function themeColors(el) {
+  const style = getComputedStyle(el);
+  const colors = {};
+  for (const name of Object.keys(FALLBACK)) {
+    colors[name] = style.getPropertyValue(name).trim() || FALLBACK[name];
+  }
+  return colors;
+}
+
+const probe = document.createElement("canvas").getContext("2d");
+
+function withAlpha(color, alpha) {
+  probe.fillStyle = "#000";
+  probe.fillStyle = color; // the canvas normalises any CSS colour to #rrggbb or rgba()
+  const c = probe.fillStyle;
+  if (c.startsWith("#")) {
+    const [r, g, b] = [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16));
+    return `rgba(${r},${g},${b},${alpha})`;
+  }
+  return c.replace(/rgba?\(([^)]+?)(,\s*[\d.]+)?\)/, `rgba($1,${alpha})`);
+}
+
+function gib(v) {
+  return v == null ? "—" : `${v.toFixed(v < 10 ? 2 : 1)} GiB`;
+}
+
+// ---------------------------------------------------------------------------------------
+// Charts
+
+function chartOptions(panel, width) {
+  const c = panel.colors;
+  const font = `11px ${c["--jp-ui-font-family"]}`;
+  const axis = {
+    stroke: c["--jp-ui-font-color2"],
+    grid: { stroke: c["--jp-border-color2"], width: 1 },
+    ticks: { stroke: c["--jp-border-color2"], width: 1 },
+    font,
+  };
+  return {
+    width,
+    height: CHART_HEIGHT,
+    cursor: { sync: { key: panel.syncKey }, drag: { x: false, y: false } },
+    legend: { live: true },
+    scales: {
+      // A strip chart: always the whole window, newest point at the right edge.
+      x: { time: true, range: (u, min, max) => [max - panel.windowS, max] },
+      y: { range: (u, min, max) => [0, Math.max(max || 0, 0.001) * 1.08] },
+    },
+    axes: [
+      { ...axis, space: 70, size: 24, values: (u, splits) => splits.map((v) => clock(new Date(v * 1000))) },
+      { ...axis, size: 56, values: (u, splits) => splits.map((v) => `${+v.toFixed(2)} GiB`) },
+    ],
+    series: [
+      { label: "Time", value: (u, v, si, idx) => clockAt(idx == null ? lastValue(u.data[0]) : v) },
+      ...SERIES.map((s, i) => ({
+        label: s.label,
+        stroke: c[s.color],
+        width: s.width ?? 1.5,
+        dash: s.dash,
+        fill: s.fill ? withAlpha(c[s.color], s.fill) : undefined,
+        points: { show: false },
+        // Not hovering: show the latest reading, as nvidia-smi would.
+        value: (u, v, si, idx) => gib(idx == null ? lastValue(u.data[i + 1]) : v),
+      })),
+    ],
+  };
+}
+
+const clock = uPlot.fmtDate("{H}:{mm}:{ss}");
+
+function clockAt(seconds) {
+  return seconds == null ? "—" : clock(new Date(seconds * 1000));
+}
+
+function lastValue(arr) {
+  return arr && arr.length ? arr[arr.length - 1] : null;
+}
+
+function seriesData(store, key, maxPoints = Infinity) {
+  const cols = store.dev.get(key);
+  const data = [store.t, ...SERIES.map((s) => (cols ? cols[s.key] : []))];
+  return store.t.length > maxPoints ? decimate(data, maxPoints) : data;
+}
+
+/**
+ * More points than the plot has room for: one point per bucket, at the bucket's last time,
+ * holding each series' highest value (memory peaks must not vanish), or null if the bucket
+ * holds a gap (a failed reading must stay visible).  Keeps drawing cost bounded by the
+ * chart's width, not by the interval and window.
+ */
+export function decimate(data, buckets) {
+  const n = data[0].length;
+  const size = Math.ceil(n / buckets);
+  const out = data.map(() => []);
+  for (let start = 0; start < n; start += size) {
+    const end = Math.min(start + size, n);
+    out[0].push(data[0][end - 1]);
+    for (let s = 1; s < data.length; s++) {
+      const col = data[s];
+      let high = -Infinity;
+      for (let i = start; i < end; i++) {
+        const v = col[i];
+        if (v == null) {
+          high = null;
+          break;
+        }
+        if (v > high) high = v;
+      }
+      out[s].push(high);
+    }
+  }
+  return out;
+}
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text != null) node.textContent = text;
+  return node;
+}
+
+// ---------------------------------------------------------------------------------------
+// The panel: header with controls, then one card per device.
+
+const INTERVALS = [0.1, 0.2, 0.5, 1, 2, 5];
+const WINDOWS = [
+  [60, "1 min"],
+  [300, "5 min"],
+  [900, "15 min"],
+  [3600, "1 h"],
+];
+
+export class Panel {
+  constructor(root, model) {
+    this.model = model;
+    this.root = root;
+    this.store = createStore();
+    this.cards = new Map(); // key -> {card, title, error, chart}
+    this.paused = false;
+    this.pending = false;
+    this.draws = 0;
+    this.syncKey = `tfgpu-${Math.random().toString(36).slice(2)}`;
+    this.windowS = model.get("window");
+    this.colors = themeColors(root);
+    this.build();
+  }
+
+  build() {
+    const r = this.root;
+    r.classList.add("tfgpu-monitor");
+    const head = el("div", "tfgpu-head");
+    head.append(el("span", "tfgpu-title", "GPU memory"));
+    this.stateText = el("span", "tfgpu-state", "waiting for the first sample…");
+    head.append(this.stateText);
+    const controls = el("span", "tfgpu-controls");
+    this.intervalSelect = this.select("Sample every", INTERVALS.map((v) => [v, `${v} s`]), this.model.get("interval"));
+    this.windowSelect = this.select("Window", WINDOWS, this.model.get("window"));
+    this.pauseButton = el("button", "tfgpu-button tfgpu-pause", "Pause");
+    this.stopButton = el("button", "tfgpu-button tfgpu-stop", "Stop");
+    this.pauseButton.title = "Freeze the chart (sampling goes on); hover to read values";
+    this.stopButton.title = "Stop sampling for this panel; the last panel stops the sampler";
+    controls.append(this.intervalSelect.label, this.windowSelect.label, this.pauseButton, this.stopButton);
+    head.append(controls);
+    this.statusText = el("div", "tfgpu-status");
+    this.body = el("div", "tfgpu-devices");
+    r.append(head, this.statusText, this.body);
+
+    this.intervalSelect.select.addEventListener("change", () => {
+      this.model.set("interval", Number(this.intervalSelect.select.value));
+      this.model.save_changes();
+    });
+    this.windowSelect.select.addEventListener("change", () => {
+      this.model.set("window", Number(this.windowSelect.select.value));
+      this.model.save_changes();
+    });
+    this.pauseButton.addEventListener("click", () => this.setPaused(!this.paused));
+    this.stopButton.addEventListener("click", () => {
+      this.model.send({ kind: "stop" });
+      this.showStopped();
+    });
+    this.syncDevices();
+    this.showRunning();
+  }
+
+  select(text, options, current) {
+    const label = el("label", "tfgpu-field", `${text} `);
+    const select = el("select", "tfgpu-select");
+    const values = options.map(([v]) => v);
+    if (!values.includes(current)) options = [...options, [current, `${current} s`]];
+    for (const [value, name] of options) {
+      const option = el("option", null, name);
+      option.value = String(value);
+      option.selected = value === current;
+      select.append(option);
+    }
+    label.append(select);
+    return { label, select };
+  }
+
+  setPaused(paused) {
+    this.paused = paused;
+    this.pauseButton.textContent = paused ? "Resume" : "Pause";
+    this.root.classList.toggle("tfgpu-paused", paused);
+    if (!paused) this.schedule();
+    this.updateText();
+  }
+
+  showRunning() {
+    if (!this.model.get("running")) this.showStopped();
+  }
+
+  showStopped() {
+    this.stopped = true;
+    for (const node of [this.intervalSelect.select, this.windowSelect.select, this.pauseButton, this.stopButton]) {
+      node.disabled = true;
+    }
+    this.root.classList.add("tfgpu-stopped");
+    this.updateText();
+  }
+
+  // -- devices ---------------------------------------------------------------------------
+  syncDevices() {
+    const described = this.model.get("devices") || [];
+    for (const d of described) this.card(d.key, d.label);
+    this.updateText();
+  }
+
+  card(key, label) {
+    let entry = this.cards.get(key);
+    if (!entry) {
+      const card = el("div", "tfgpu-device");
+      card.dataset.key = key;
+      const title = el("div", "tfgpu-device-title", label || key);
+      const error = el("div", "tfgpu-device-error");
+      const plot = el("div", "tfgpu-plot");
+      card.append(title, error, plot);
+      this.body.append(card);
+      entry = { card, title, error, plot, chart: null };
+      this.cards.set(key, entry);
+      this.makeChart(entry, key);
+    } else if (label && entry.title.textContent !== label) {
+      entry.title.textContent = label;
+    }
+    return entry;
+  }
+
+  makeChart(entry, key) {
+    if (entry.chart) entry.chart.destroy();
+    const width = Math.max(entry.plot.clientWidth || this.root.clientWidth || 600, MIN_WIDTH);
+    entry.chart = new uPlot(chartOptions(this, width), seriesData(this.store, key, maxPoints(width)), entry.plot);
+  }
+
+  rethemed() {
+    this.colors = themeColors(this.root);
+    for (const [key, entry] of this.cards) this.makeChart(entry, key);
+  }
+
+  resized() {
+    // Cards sit in a grid (two columns on a wide panel): each chart takes its card's width.
+    for (const entry of this.cards.values()) {
+      const width = Math.max(entry.plot.clientWidth, MIN_WIDTH);
+      if (entry.chart && entry.chart.width !== width) entry.chart.setSize({ width, height: CHART_HEIGHT });
+    }
+  }
+
+  // -- data --------------------------------------------------------------------------------
+  receive(msg) {
+    if (msg.kind === "history") replaceWithHistory(this.store, msg);
+    else if (msg.kind === "samples") ingest(this.store, msg);
+    else return;
+    trim(this.store, this.windowS);
+    this.root.dataset.received = String(this.store.received);
+    this.schedule();
+  }
+
+  setWindow(seconds) {
+    this.windowS = seconds;
+    trim(this.store, seconds);
+    this.schedule();
+  }
+
+  schedule() {
+    if (this.paused || this.pending) return;
+    this.pending = true;
+    // One draw per frame however many messages came in; none while the tab is hidden.
+    requestAnimationFrame(() => {
+      this.pending = false;
+      if (!this.paused) this.draw();
+    });
+  }
+
+  /** Redraw every chart from the store (exported for the draw-time benchmark). */
+  draw() {
+    for (const key of this.store.dev.keys()) {
+      const entry = this.card(key);
+      const limit = maxPoints(entry.chart.width);
+      entry.chart.batch(() => entry.chart.setData(seriesData(this.store, key, limit)));
+      const error = this.store.errors[key] || "";
+      if (entry.error.textContent !== error) {
+        entry.error.textContent = error; // only on change: a DOM write costs a style pass
+        entry.card.classList.toggle("tfgpu-has-error", Boolean(error));
+      }
+    }
+    this.draws += 1;
+    this.root.dataset.points = String(this.store.t.length);
+    this.root.dataset.draws = String(this.draws);
+    this.updateText();
+  }
+
+  updateText() {
+    const n = this.store.t.length;
+    let state;
+    if (this.stopped) state = "stopped: no new samples (run %gpu monitor for a new panel)";
+    else if (this.paused) state = "paused: sampling goes on; resume to catch up";
+    else if (n === 0) state = "waiting for the first sample…";
+    else state = `last sample ${new Date(this.store.t[n - 1] * 1000).toLocaleTimeString()}`;
+    this.stateText.textContent = state;
+    const status = this.store.status;
+    const noDevices = n > 0 && this.store.dev.size === 0;
+    this.statusText.textContent =
+      status || (noDevices ? "Nothing to chart: no NVIDIA GPU and no TensorFlow allocator statistics." : "");
+    this.statusText.hidden = !this.statusText.textContent;
+  }
+
+  destroy() {
+    for (const entry of this.cards.values()) entry.chart?.destroy();
+    this.cards.clear();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// anywidget entry point
+
+function render({ model, el: root }) {
+  const panel = new Panel(root, model);
+  root.__tfgpuPanel = panel; // for the browser test and the draw-time benchmark
+  const onMessage = (msg) => panel.receive(msg);
+  const onDevices = () => panel.syncDevices();
+  const onWindow = () => panel.setWindow(model.get("window"));
+  const onRunning = () => panel.showRunning();
+  model.on("msg:custom", onMessage);
+  model.on("change:devices", onDevices);
+  model.on("change:window", onWindow);
+  model.on("change:running", onRunning);
+  model.send({ kind: "history" });
+
+  const resize = new ResizeObserver(() => panel.resized());
+  resize.observe(root);
+  // JupyterLab marks its theme on <body>; the canvas colours must be re-read when it changes.
+  // The new theme's stylesheet may land after the attribute changes: read again shortly after.
+  let retheme = null;
+  const theme = new MutationObserver(() => {
+    panel.rethemed();
+    clearTimeout(retheme);
+    retheme = setTimeout(() => panel.rethemed(), 500);
+  });
+  theme.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-name", "data-jp-theme-light"] });
+
+  return () => {
+    model.off("msg:custom", onMessage);
+    model.off("change:devices", onDevices);
+    model.off("change:window", onWindow);
+    model.off("change:running", onRunning);
+    resize.disconnect();
+    theme.disconnect();
+    clearTimeout(retheme);
+    panel.destroy();
+  };
+}
+
+export default { render };
