@@ -20,6 +20,9 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(magics)
     ipython.set_hook("complete_command", complete, str_key="%gpu")
     magics.session.prepare()
+    from .oom import install as explain_out_of_memory  # hooks in when TensorFlow is imported
+
+    explain_out_of_memory(ipython, magics.session)
     magics.apply_defaults()
 
 

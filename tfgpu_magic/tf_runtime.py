@@ -392,14 +392,19 @@ def open_peak_window() -> PeakWindow:
             continue
         for window in list(_open_windows):
             window.folded[device] = max(window.folded.get(device, 0), info.peak_bytes)
-        try:
-            _tf().config.experimental.reset_memory_stats(device)
-        except (ValueError, RuntimeError):
-            continue
-        start[device] = info.current_bytes
+        if _reset_peak(device):
+            start[device] = info.current_bytes
     window = PeakWindow(start)
     _open_windows.add(window)
     return window
+
+
+def _reset_peak(device: str) -> bool:
+    try:
+        _tf().config.experimental.reset_memory_stats(device)
+    except (ValueError, RuntimeError):
+        return False
+    return True
 
 
 def enumerate_devices() -> None:
@@ -426,12 +431,18 @@ def is_oom_error(exc: BaseException) -> bool:
 
 
 def write_scalars(log_dir: str, writers: dict[str, Any], values: dict[str, float], step: int) -> None:
-    """TensorBoard scalars through ``tf.summary``; ``writers`` caches one writer per directory."""
+    """TensorBoard scalars; ``writers`` caches one writer per directory.
+
+    ``tf.summary.scalar`` lives in the tensorboard package, which TensorFlow does not require; this
+    writes what it writes (a float32 tensor tagged for the "scalars" plugin) with core TensorFlow.
+    """
     tf = _tf()
     writer = writers.get(log_dir)
     if writer is None:
         writer = writers[log_dir] = tf.summary.create_file_writer(log_dir)
+    metadata = tf.compat.v1.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
     with writer.as_default():
         for tag, value in values.items():
-            tf.summary.scalar(tag, value, step=step)
+            tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
     writer.flush()

@@ -1,0 +1,214 @@
+"""`%gpu trace`: a real kernel on the CPU build (fresh process), then the hooks' edge cases in-process."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import run_scenario
+from tfgpu_magic import tf_runtime, trace
+from tfgpu_magic.testing import FakeNvml
+from tfgpu_magic.tf_runtime import AllocatorStats, Stage
+
+MIB = 1024 * 1024
+SOON = "tracing on: after each cell once TensorFlow has started, its allocator peak and retained change"
+
+
+def lines(outcome: dict) -> list[str]:
+    """The trace lines a cell printed, durations masked."""
+    found = [line for line in outcome["out"].splitlines() if line.startswith("[gpu trace]")]
+    return [re.sub(r", \d+\.\d\d s$", ", T s", line) for line in found]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return run_scenario("trace_scenario")
+
+
+@pytest.mark.slow
+def test_before_tensorflow_starts_it_turns_on_the_cpu_allocator_statistics(kernel):
+    assert kernel["env_before"] is None
+    assert kernel["on"]["out"] == (
+        SOON + "; no GPU will be visible, so TF_CPU_ALLOCATOR_USE_BFC=true is now set for "
+        "TensorFlow's CPU allocator to keep statistics\n"
+    )
+    assert kernel["env_after"] == "true"
+    assert kernel["again"]["out"] == (
+        "tracing is already on: after each cell once TensorFlow has started, its allocator peak and "
+        "retained change; no GPU will be visible, so the CPU allocator is traced "
+        "(TF_CPU_ALLOCATOR_USE_BFC=true is set)\n"
+    )
+    assert kernel["before_tf"]["out"] == ""  # silent until TensorFlow has started
+
+
+@pytest.mark.slow
+def test_lines_match_the_tensors_the_cells_allocate(kernel):
+    assert lines(kernel["import"]) == ["[gpu trace] CPU:0: peak 4 MiB (+4 MiB in this cell), retained +4 MiB, T s"]
+    assert lines(kernel["alloc"]) == ["[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, T s"]
+    assert lines(kernel["temporary"]) == [
+        "[gpu trace] CPU:0: peak 100 MiB (+32 MiB in this cell), retained unchanged, T s"
+    ]
+    assert lines(kernel["free"]) == ["[gpu trace] CPU:0: peak 68 MiB (+0 B in this cell), retained -64 MiB, T s"]
+    assert lines(kernel["python_only"]) == ["[gpu trace] CPU:0: peak 4 MiB (+0 B in this cell), retained unchanged, T s"]
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_traced_after_its_traceback(kernel):
+    error = kernel["error"]
+    assert not error["ok"] and error["error"] == "ValueError: boom"
+    assert error["out"].index("ValueError: boom") < error["out"].index("[gpu trace]")
+    assert lines(error) == ["[gpu trace] CPU:0: peak 20 MiB (+16 MiB in this cell), retained +16 MiB, T s"]
+
+
+@pytest.mark.slow
+def test_a_nested_peak_reset_does_not_hide_the_cells_peak(kernel):
+    # The reset came after the 32 MiB temporary was freed; without folding the peak would be +0 B.
+    # (The BFC allocator may hand out a larger free chunk than asked, so the rise is at least 32 MiB.)
+    (line,) = lines(kernel["nested_reset"])
+    rise = re.search(r"\(\+(\d+) MiB in this cell\), retained unchanged, T s$", line)
+    assert rise and int(rise.group(1)) >= 32, line
+
+
+@pytest.mark.slow
+def test_after_start_it_names_the_devices_and_off_stops_the_lines(kernel):
+    assert kernel["on_when_started"]["out"].splitlines()[0] == (
+        "tracing is already on: after each cell, TensorFlow's allocator peak and retained change on CPU:0"
+    )
+    assert kernel["off"]["out"] == "tracing off\n"
+    assert kernel["after_off"]["out"] == ""
+    assert kernel["off_again"]["out"] == "tracing is already off\n"
+
+
+# -- in-process: no TensorFlow here, its readings are simulated --------------------------------
+@pytest.fixture
+def tracing(shell, session):
+    yield lambda on: trace.set_tracing(shell, session, on)
+    trace.set_tracing(shell, session, False)
+
+
+def run(shell, capsys, code: str) -> tuple[bool, str, str]:
+    outcome = shell.run_cell(code)
+    captured = capsys.readouterr()
+    return outcome.success, captured.out, captured.err
+
+
+def started_with(monkeypatch, devices: tuple[str, ...], stats: dict[str, AllocatorStats]) -> None:
+    monkeypatch.setattr(tf_runtime, "stage", lambda: Stage.STARTED)
+    monkeypatch.setattr(tf_runtime, "memory_devices", lambda: devices)
+    monkeypatch.setattr(tf_runtime, "memory_info", lambda device: stats.get(device))
+    monkeypatch.setattr(tf_runtime, "_reset_peak", lambda device: True)
+
+
+def test_gpus_expected_so_the_cpu_allocator_is_left_alone(tracing, session):
+    assert tracing(True) == SOON  # the fake server shows four GPUs
+    assert tf_runtime.CPU_STATS_ENV not in session.env
+
+
+def test_no_gpu_and_not_started_sets_the_variable_in_the_sessions_environment(tracing, session):
+    session.nvml = type(session.nvml)(lib=FakeNvml([]))
+    assert tracing(True).endswith("TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics")
+    assert session.env[tf_runtime.CPU_STATS_ENV] == "true"
+
+
+def test_silent_while_tensorflow_is_not_started(tracing, shell, capsys):
+    tracing(True)
+    capsys.readouterr()
+    assert run(shell, capsys, "x = 1") == (True, "", "")
+
+
+def test_started_without_statistics_says_how_to_get_them_once(tracing, shell, capsys, monkeypatch):
+    started_with(monkeypatch, (), {})
+    assert tracing(True) == "tracing on: " + trace.NO_STATS
+    assert trace.NO_STATS == (
+        "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
+        "started without TF_CPU_ALLOCATOR_USE_BFC=true. Restart the kernel and run `%gpu trace` before "
+        "`import tensorflow` (it sets the variable), or set it in the kernel's environment"
+    )
+    assert run(shell, capsys, "x = 1") == (True, f"[gpu trace] {trace.NO_STATS}\n", "")
+    assert run(shell, capsys, "x = 2") == (True, "", "")
+
+
+def test_gpu_lines_use_nvidia_smi_numbers(tracing, shell, capsys, monkeypatch):
+    stats = {"GPU:0": AllocatorStats(10 * MIB, 10 * MIB), "GPU:1": AllocatorStats(0, 0)}
+    started_with(monkeypatch, ("GPU:0", "GPU:1"), stats)
+    monkeypatch.setattr(tf_runtime, "tf_gpu_to_nvml", lambda cuda_map: {"GPU:0": 1, "GPU:1": 3})
+    assert tracing(True) == (
+        "tracing on: after each cell, TensorFlow's allocator peak and retained change on "
+        "GPU 1 (TF GPU:0), GPU 3 (TF GPU:1)"
+    )
+    capsys.readouterr()
+    shell.user_ns.update(stats=stats, AllocatorStats=AllocatorStats, MIB=MIB)
+    ok, out, _ = run(shell, capsys, "stats['GPU:0'] = AllocatorStats(3 * MIB, 12 * MIB)")
+    assert ok
+    assert [re.sub(r", \d+\.\d\d s$", ", T s", line) for line in out.splitlines()] == [
+        "[gpu trace] GPU 1 (TF GPU:0): peak 12 MiB (+2 MiB in this cell), retained -7 MiB, T s",
+        "[gpu trace] GPU 3 (TF GPU:1): peak 0 B (+0 B in this cell), retained unchanged, T s",
+    ]
+
+
+def test_a_failing_hook_never_breaks_the_cell_and_says_so_once(tracing, shell, capsys, monkeypatch):
+    def broken():
+        raise RuntimeError("allocator gone")
+
+    monkeypatch.setattr(tf_runtime, "open_peak_window", broken)
+    tracing(True)
+    capsys.readouterr()
+    ok, out, err = run(shell, capsys, "y = 41 + 1")
+    assert (ok, out, shell.user_ns["y"]) == (True, "", 42)
+    assert err == (
+        "tfgpu_magic: `%gpu trace` could not read TensorFlow's allocator "
+        "(RuntimeError('allocator gone')); the cell itself is unaffected\n"
+    )
+    assert run(shell, capsys, "y = 43") == (True, "", "")
+
+
+def test_hooks_take_ipythons_event_arguments(session):
+    events = []
+
+    class Shell:
+        class events:  # noqa: N801  (IPython's attribute name)
+            register = staticmethod(lambda name, f: events.append(name))
+            unregister = staticmethod(lambda name, f: events.remove(name))
+
+    tracer = trace.Tracer(Shell(), session)
+    tracer.start()
+    tracer.pre_run_cell(object())  # ExecutionInfo
+    tracer.post_run_cell(object())  # ExecutionResult
+    tracer.stop()
+    assert events == []
+
+
+def test_peak_windows_survive_nested_resets(monkeypatch):
+    """An inner window's reset must not lose the outer window's earlier peak."""
+    state = {"current": 10, "peak": 10}
+    started_with(monkeypatch, ("CPU:0",), {})
+    monkeypatch.setattr(tf_runtime, "memory_info", lambda d: AllocatorStats(state["current"], state["peak"]))
+
+    def reset(device):
+        state["peak"] = state["current"]
+        return True
+
+    monkeypatch.setattr(tf_runtime, "_reset_peak", reset)
+    outer = tf_runtime.open_peak_window()
+    state.update(current=15, peak=50)  # a temporary of 40 then 5 kept
+    inner = tf_runtime.open_peak_window()
+    state.update(current=25, peak=30)
+    assert inner.read() == {"CPU:0": (15, AllocatorStats(25, 30))}
+    inner.close()
+    assert outer.read() == {"CPU:0": (10, AllocatorStats(25, 50))}
+    outer.close()
+
+
+@pytest.mark.parametrize(
+    "start, stats, expected",
+    [
+        (0, AllocatorStats(0, 0), "peak 0 B (+0 B in this cell), retained unchanged"),
+        (0, AllocatorStats(512, 768), "peak 768 B (+768 B in this cell), retained +512 B"),
+        (MIB, AllocatorStats(MIB + 3072, MIB + 4096), "peak 1 MiB (+4 KiB in this cell), retained +3 KiB"),
+        (12 * 1024 * MIB, AllocatorStats(11 * 1024 * MIB, 13 * 1024 * MIB),
+         "peak 13.0 GiB (+1,024 MiB in this cell), retained -1,024 MiB"),
+    ],
+)
+def test_format_line(start, stats, expected):
+    assert trace.format_line("CPU:0", start, stats, 1.234) == f"[gpu trace] CPU:0: {expected}, 1.23 s"

@@ -1,0 +1,178 @@
+"""``%%gpu budget 2G`` and ``%%gpu on 1``: run one cell under a memory budget or on one GPU.
+
+Both may share a line (``%%gpu on 1 budget 2G``).  The cell body runs in the user's namespace as
+``%%time`` runs it: IPython's input transformations apply, the value of a final expression is
+the cell's result, and exceptions (an out-of-memory error included) reach IPython unchanged.
+
+A budget is checked after the cell has run, against TensorFlow's allocator: the cell's peak is
+the most it held above what was in use when the cell started, per device.  Over budget, the cell
+fails with :class:`BudgetExceeded` (its variables are kept).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from . import grammar, tf_runtime, trace
+from .session import SessionError
+from .tf_runtime import Stage
+from .units import MIB
+
+__all__ = ["BudgetExceeded", "CELL_FORMS", "CellCommand", "check_budget", "execute", "parse_cell_line", "run_cell_magic"]
+
+CELL_FORMS = ("%%gpu budget 2G", "%%gpu on 1")
+USAGE = "valid: " + " | ".join(CELL_FORMS)
+
+
+class BudgetExceeded(RuntimeError):
+    """A cell's peak went over its ``%%gpu budget``; shown as one line, without a traceback."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [f"BudgetExceeded: {self}"]
+
+
+@dataclass(frozen=True)
+class CellCommand:
+    budget_bytes: Optional[int] = None
+    gpu: Optional[int] = None  # NVML index, as nvidia-smi and `%gpu use` number GPUs
+
+
+# -- the line ------------------------------------------------------------------------------------
+def parse_cell_line(line: str) -> CellCommand:
+    """``budget 2G``, ``on 1``, or both, in any order; raises GrammarError naming the forms."""
+    tokens = line.split()
+    if not tokens:
+        raise _fail("`%%gpu` needs `budget SIZE` or `on GPU`")
+    found: dict[str, Any] = {}
+    while tokens:
+        word, tokens = tokens[0].lower(), tokens[1:]
+        if word not in ("budget", "on"):
+            raise _fail(f"unknown cell subcommand {word!r}")
+        if word in found:
+            raise _fail(f"`{word}` given twice")
+        if not tokens:
+            raise _fail(f"`%%gpu {word}` needs {'a size' if word == 'budget' else 'a GPU number'}")
+        value, tokens = tokens[0], tokens[1:]
+        found[word] = _budget_bytes(value) if word == "budget" else _gpu_number(value)
+    return CellCommand(found.get("budget"), found.get("on"))
+
+
+def _fail(what: str) -> grammar.GrammarError:
+    return grammar.GrammarError(f"{what}; {USAGE}")
+
+
+def _budget_bytes(text: str) -> int:
+    try:
+        mib = grammar.parse_size(text, "limit", percent=False)
+    except grammar.GrammarError:
+        raise _fail(f"{text!r} is not a size (like 512M, 2G or 1.5GiB; a bare number is MiB)") from None
+    return int(mib) * MIB
+
+
+def _gpu_number(text: str) -> int:
+    if not text.isdigit():
+        raise _fail(f"{text!r} is not a GPU number (as nvidia-smi shows them)")
+    return int(text)
+
+
+# -- running --------------------------------------------------------------------------------------
+def run_cell_magic(shell: Any, session: Any, line: str, cell: str) -> Any:
+    """Parse, check, run the cell, check its budget; returns the value of its last expression."""
+    __tracebackhide__ = True  # tracebacks of the user's code skip these frames
+    command = parse_cell_line(line)
+    scope = _gpu_scope(session, command.gpu) if command.gpu is not None else contextlib.nullcontext()
+    if command.budget_bytes is None:
+        with scope:
+            return execute(shell, cell)
+    return _run_with_budget(shell, session, command.budget_bytes, scope, cell)
+
+
+def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: str) -> Any:
+    __tracebackhide__ = True
+    if tf_runtime.stage() is Stage.STARTED and not tf_runtime.memory_devices():
+        raise SessionError(f"cannot check a budget: {trace.NO_STATS}")
+    if trace.enable_cpu_stats(session):
+        print(f"tfgpu_magic: no GPU will be visible, so {tf_runtime.CPU_STATS_ENV}=true is now set "
+              "for TensorFlow's CPU allocator to keep the statistics a budget needs")
+    window = tf_runtime.open_peak_window()
+    try:
+        with scope:
+            value = execute(shell, cell)
+        readings = window.read()
+    finally:
+        window.close()
+    if tf_runtime.stage() is Stage.STARTED and not readings:
+        raise SessionError(f"the budget could not be checked: {trace.NO_STATS}")
+    labels = {device: trace.device_label(device, session) for device in readings}
+    check_budget(budget, {labels[d]: (start, stats.peak_bytes) for d, (start, stats) in readings.items()})
+    return value
+
+
+def check_budget(budget: int, peaks: dict[str, tuple[int, int]]) -> None:
+    """Raise BudgetExceeded when a device's rise (peak minus start, bytes) is over ``budget``."""
+    for label, (start, peak) in peaks.items():
+        rise = peak - start
+        if rise > budget:
+            shown_rise, shown_budget = _distinct_sizes(rise, budget)
+            raise BudgetExceeded(
+                f"{label}: the cell's peak was {shown_rise}, over its budget of {shown_budget} "
+                f"(TensorFlow's allocator held {trace.format_size(start)} when the cell started "
+                f"and {trace.format_size(peak)} at the peak)"
+            )
+
+
+def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
+    """Two sizes as text; in bytes when rounding would show them equal ("64 MiB over 64 MiB")."""
+    shown = trace.format_size(a), trace.format_size(b)
+    if shown[0] != shown[1]:
+        return shown
+    return f"{a:,} bytes", f"{b:,} bytes"
+
+
+@contextlib.contextmanager
+def _gpu_scope(session: Any, gpu: int) -> Iterator[None]:
+    """``tf.device`` for the GPU nvidia-smi numbers ``gpu``; SessionError when TensorFlow lacks it."""
+    __tracebackhide__ = True
+    if tf_runtime.stage() is Stage.NOT_IMPORTED:
+        raise SessionError(
+            "`%%gpu on` runs the cell under TensorFlow's tf.device, and TensorFlow is not imported: "
+            "run `import tensorflow as tf` in an earlier cell"
+        )
+    tf_runtime.enumerate_devices()
+    names = tf_runtime.tf_gpu_to_nvml(session.cuda_map())
+    name = next((n for n, index in names.items() if index == gpu), None)
+    if name is None:
+        raise SessionError(_not_visible(gpu, sorted(set(names.values()))))
+    with tf_runtime.device_scope(name):
+        yield
+
+
+def _not_visible(gpu: int, visible: list[int]) -> str:
+    if not visible:
+        return f"GPU {gpu} is not visible to TensorFlow: it sees no GPU; {USAGE}"
+    shown = ", ".join(map(str, visible))
+    return f"GPU {gpu} is not visible to TensorFlow (visible: GPU {shown}, as nvidia-smi numbers them); {USAGE}"
+
+
+def execute(shell: Any, cell: str) -> Any:
+    """Run ``cell`` in the user's namespace; the value of a final expression is returned."""
+    __tracebackhide__ = True
+    source = shell.transform_cell(cell)
+    name = shell.compile.cache(source, shell.execution_count, raw_code=cell)  # tracebacks show its lines
+    tree = shell.transform_ast(shell.compile.ast_parse(source, filename=name))
+    last: Optional[ast.Expression] = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(shell.compile(tree, name, "exec"), shell.user_global_ns, shell.user_ns)
+    if last is None:
+        return None
+    value = eval(shell.compile(last, name, "eval"), shell.user_global_ns, shell.user_ns)
+    return None if _ends_with_semicolon(shell, source) else value  # `x;` shows nothing
+
+
+def _ends_with_semicolon(shell: Any, source: str) -> bool:
+    quiet = getattr(type(shell.displayhook), "semicolon_at_end_of_expression", None)
+    return bool(quiet(source)) if quiet is not None else source.rstrip().endswith(";")

@@ -1,0 +1,279 @@
+"""An explanation under TensorFlow's out-of-memory error: which device, how full, who else, what next.
+
+:func:`install` (called when the extension loads) hooks IPython's ``set_custom_exc`` for
+``tf.errors.ResourceExhaustedError``.  TensorFlow is not imported for it: when TensorFlow is not
+imported yet, the hook is installed the moment it is.  The handler shows IPython's normal
+traceback first, so the original error stays as it was (also in ``sys.last_value``), then the
+explanation.  If the explanation itself fails, only the traceback is shown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import tf_runtime
+from .trace import format_size
+from .units import MIB
+
+__all__ = ["Facts", "OomSite", "explain", "gather", "install", "next_steps", "parse_message", "render"]
+
+_installed: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+# "OOM when allocating tensor with shape[268435456] and type float on
+#  /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu_bfc"
+_OOM = re.compile(
+    r"OOM when allocating tensor with shape\[(?P<shape>[\d,\s]*)\] and type (?P<dtype>\w+)"
+    r" on \S*?device:(?P<device>[A-Z_]+:\d+)(?: by allocator (?P<allocator>\S+))?"
+)
+_DEVICE = re.compile(r"device:(?P<device>(?:GPU|CPU):\d+)")
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
+    "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16,
+}
+
+
+# -- installing -----------------------------------------------------------------------------------
+def install(shell: Any, session: Any) -> None:
+    """Explain TensorFlow's out-of-memory errors in ``shell`` from now on (idempotent)."""
+    if shell in _installed:
+        return
+    _installed.add(shell)
+    if tf_runtime.oom_error_type() is not None:
+        _hook(shell, session)
+        return
+    import wrapt
+
+    wrapt.register_post_import_hook(lambda module: _hook_quietly(shell, session), "tensorflow")
+
+
+def _hook_quietly(shell: Any, session: Any) -> None:
+    try:
+        _hook(shell, session)
+    except Exception as err:  # never break the user's `import tensorflow`
+        print(f"tfgpu_magic: out-of-memory explanations are off ({err!r})", file=sys.stderr)
+
+
+def _hook(shell: Any, session: Any) -> None:
+    """Add ResourceExhaustedError to IPython's custom exceptions, keeping any handler already set."""
+    oom_type = tf_runtime.oom_error_type()
+    previous_types = tuple(shell.custom_exceptions)
+    previous = shell.CustomTB if previous_types else None
+    if oom_type is None or oom_type in previous_types:
+        return
+
+    def handler(self: Any, etype: type, value: BaseException, tb: Any, tb_offset: Optional[int] = None) -> None:
+        if previous is not None and isinstance(value, previous_types):
+            previous(etype, value, tb, tb_offset=tb_offset)  # theirs shows the traceback
+        else:
+            self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        if isinstance(value, oom_type):
+            _print_explanation(session, value)
+
+    shell.set_custom_exc(previous_types + (oom_type,), handler)
+
+
+def _print_explanation(session: Any, error: BaseException) -> None:
+    try:
+        text = render(gather(session, error))
+    except Exception as err:  # the traceback is already shown; say why nothing follows
+        text = f"tfgpu_magic: no out-of-memory explanation ({err!r})"
+    print(text)
+
+
+# -- facts ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OomSite:
+    """What TensorFlow's message says about the failed allocation."""
+
+    device: Optional[str]  # "GPU:0" (TensorFlow's numbering) or "CPU:0"; None when not named
+    request_bytes: Optional[int]
+    request_text: Optional[str]  # "float tensor of shape [268435456]"
+    allocator: Optional[str]  # TensorFlow's allocator name, e.g. "GPU_0_bfc"
+
+
+@dataclass
+class Facts:
+    site: OomSite
+    label: str  # "GPU 1 (TF GPU:0, NVIDIA A100-SXM4-80GB)" or "CPU:0"
+    gpu: Optional[int] = None  # NVML index
+    in_use_bytes: Optional[int] = None  # TensorFlow's allocator, right after the failure
+    limit_text: str = "unknown"
+    gpu_used_bytes: Optional[int] = None  # all processes, per the driver
+    gpu_total_bytes: Optional[int] = None
+    others: list[str] = field(default_factory=list)  # one line per other process
+    others_note: Optional[str] = None
+    better_gpu: Optional[tuple[int, int]] = None  # (NVML index, free bytes) of a freer GPU
+    precision: Optional[str] = None
+
+
+def parse_message(message: str) -> OomSite:
+    match = _OOM.search(message)
+    if match is None:
+        found = _DEVICE.search(message)
+        return OomSite(found.group("device") if found else None, None, None, None)
+    dims = [int(d) for d in match.group("shape").replace(" ", "").split(",") if d]
+    dtype = match.group("dtype")
+    count = 1
+    for d in dims:
+        count *= d
+    size = _DTYPE_BYTES.get(dtype)
+    text = f"{dtype} tensor of shape [{','.join(map(str, dims))}]"
+    return OomSite(match.group("device"), count * size if size else None, text, match.group("allocator"))
+
+
+def gather(session: Any, error: BaseException) -> Facts:
+    """Everything the explanation says, read now (the allocator right after the failure)."""
+    site = parse_message(str(error))
+    device = site.device or (tf_runtime.memory_devices() or ("CPU:0",))[0]
+    site = OomSite(device, site.request_bytes, site.request_text, site.allocator)
+    facts = Facts(site, device, precision=getattr(session.requested, "precision", None))
+    stats = tf_runtime.memory_info(device)
+    if stats is not None:
+        facts.in_use_bytes = stats.current_bytes
+    if device.startswith("GPU:"):
+        _gpu_facts(session, facts, device)
+    else:
+        facts.limit_text = _cpu_limit_text()
+    return facts
+
+
+def _cpu_limit_text() -> str:
+    if os.environ.get(tf_runtime.CPU_STATS_ENV, "").lower() != "true":
+        return "none of TensorFlow's own (the default CPU allocator takes what the system gives)"
+    raw = os.environ.get(tf_runtime.CPU_LIMIT_ENV)
+    if raw and raw.isdigit():
+        return f"{format_size(int(raw) * MIB)} ({tf_runtime.CPU_LIMIT_ENV}={raw})"
+    return f"{format_size(tf_runtime.CPU_DEFAULT_LIMIT_MIB * MIB)} (TensorFlow's default for the CPU BFC allocator)"
+
+
+def _gpu_facts(session: Any, facts: Facts, device: str) -> None:
+    index = tf_runtime.tf_gpu_to_nvml(session.cuda_map()).get(device)
+    facts.gpu = index
+    if index is None:
+        facts.limit_text = "unknown (TensorFlow's GPU numbering could not be mapped to nvidia-smi's)"
+        return
+    cap = session.limit_bytes_by_gpu().get(index)
+    nvml = session.nvml
+    info = nvml.gpu(index) if nvml.available() else None
+    memory = info.memory if info is not None else None
+    name = f", {info.name}" if info is not None and info.name else ""
+    facts.label = f"GPU {index} (TF {device}{name})"
+    if memory is not None:
+        facts.gpu_used_bytes, facts.gpu_total_bytes = memory.used_bytes, memory.total_bytes
+    if cap is not None:
+        facts.limit_text = f"{format_size(cap)} (`%gpu limit`)"
+    elif memory is not None:
+        facts.limit_text = f"none set (TensorFlow may take most of the GPU's {format_size(memory.total_bytes)})"
+    else:
+        facts.limit_text = "none set"
+    if nvml.available():
+        facts.others, facts.others_note = _other_processes(session, info)
+        facts.better_gpu = _freer_gpu(nvml, index, memory)
+
+
+def _other_processes(session: Any, info: Any) -> tuple[list[str], Optional[str]]:
+    """Other processes on the GPU with owners, largest first (the inventory's attribution)."""
+    try:
+        from . import inventory
+    except ImportError:  # an older tree without the inventory: pids and memory only
+        procs = [p for p in session.nvml.processes(info.index) if p.pid != os.getpid()]
+        return [f"pid {p.pid}: {format_size(p.used_memory_bytes or 0)}" for p in procs], None
+    table = inventory.process_table_for(session.nvml)
+    usage = inventory.attribute(session.nvml, info, table, os.getpid(), table.current_user())
+    if usage.processes is None:
+        return [], "; ".join(usage.notes) or "NVML could not list the processes"
+    others = sorted(
+        (e for e in usage.processes if e.whose != inventory.THIS_KERNEL),
+        key=lambda e: -(e.used_memory_bytes or 0),
+    )
+    return [_process_line(e) for e in others], None
+
+
+def _process_line(entry: Any) -> str:
+    used = "memory n/a" if entry.used_memory_bytes is None else format_size(entry.used_memory_bytes)
+    if not entry.alive:
+        return f"pid {entry.pid}: {used} (exited, but the driver still lists it)"
+    user = entry.user or "unknown user"
+    command = f", {entry.command}" if entry.command else ""
+    return f"pid {entry.pid}: {used} ({user}{command})"
+
+
+def _freer_gpu(nvml: Any, index: int, memory: Any) -> Optional[tuple[int, int]]:
+    here = memory.free_bytes if memory is not None else 0
+    best: Optional[tuple[int, int]] = None
+    for gpu in nvml.gpus():
+        if gpu.index == index or gpu.memory is None or gpu.lost:
+            continue
+        free = gpu.memory.free_bytes
+        if free > here and (best is None or free > best[1]):
+            best = (gpu.index, free)
+    return best
+
+
+# -- the text -------------------------------------------------------------------------------------
+def explain(session: Any, error: BaseException) -> str:
+    return render(gather(session, error))
+
+
+def render(facts: Facts) -> str:
+    site = facts.site
+    lines = [f"tfgpu_magic: TensorFlow ran out of memory on {facts.label}."]
+    if site.request_text:
+        size = f" = {format_size(site.request_bytes)}" if site.request_bytes is not None else ""
+        by = f", allocator {site.allocator}" if site.allocator else ""
+        lines.append(f"  Failed request: {site.request_text}{size}{by}")
+    if facts.in_use_bytes is not None:
+        lines.append(f"  TensorFlow's allocator: {format_size(facts.in_use_bytes)} in use; limit: {facts.limit_text}")
+    else:
+        lines.append(f"  TensorFlow's allocator keeps no statistics here; limit: {facts.limit_text}")
+    if facts.gpu_used_bytes is not None and facts.gpu_total_bytes is not None:
+        lines.append(
+            f"  GPU {facts.gpu}: {format_size(facts.gpu_used_bytes)} of {format_size(facts.gpu_total_bytes)} "
+            "in use by all processes (nvidia-smi's view)"
+        )
+    lines.extend(_others_lines(facts))
+    lines.append("  Next steps:")
+    lines.extend(f"    - {step}" for step in next_steps(facts))
+    return "\n".join(lines)
+
+
+def _others_lines(facts: Facts) -> list[str]:
+    if not facts.site.device or not facts.site.device.startswith("GPU:") or facts.gpu is None:
+        return []
+    if facts.others_note:
+        return [f"  Other processes on GPU {facts.gpu}: unknown ({facts.others_note})"]
+    if not facts.others:
+        return [f"  Other processes on GPU {facts.gpu}: none"]
+    return [f"  Other processes on GPU {facts.gpu}:"] + [f"    {line}" for line in facts.others]
+
+
+def next_steps(facts: Facts) -> list[str]:
+    steps = [
+        "`%gpu free`: drop Keras models and tensors left by earlier cells (their memory returns to "
+        "TensorFlow's pool), then run the cell again",
+        "a smaller batch size (halve it until the cell fits)",
+    ]
+    on_gpu = facts.site.device is not None and facts.site.device.startswith("GPU:")
+    if on_gpu and facts.precision != "mixed_float16":
+        steps.append(
+            "`%gpu precision mixed_float16`, then rebuild the model: float16 activations take half the memory"
+        )
+    if on_gpu and facts.better_gpu is not None:
+        index, free = facts.better_gpu
+        steps.append(
+            f"another GPU: `%gpu use {index}` ({format_size(free)} free) or a higher `%gpu limit`, "
+            "at the top of the notebook, then restart the kernel"
+        )
+    elif on_gpu:
+        steps.append("a higher `%gpu limit`, at the top of the notebook, then restart the kernel")
+    else:
+        steps.append(
+            f"a higher {tf_runtime.CPU_LIMIT_ENV} (MiB) in the kernel's environment before TensorFlow "
+            "starts, or a GPU"
+        )
+    return steps

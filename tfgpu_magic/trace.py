@@ -1,0 +1,205 @@
+"""``%gpu trace``: after each cell, TensorFlow's allocator peak and retained change per device.
+
+The readings are TensorFlow's own allocator statistics (``get_memory_info``), so they are exact
+for this kernel and blind to other processes.  Tracing never starts TensorFlow and stays silent
+until TensorFlow has started.  Where no GPU is visible the CPU allocator is traced, which keeps
+statistics only when ``TF_CPU_ALLOCATOR_USE_BFC=true`` was set before TensorFlow's first op;
+``%gpu trace`` sets it itself when it is early enough and no GPU will be visible.
+
+The hooks take IPython's event signatures (``pre_run_cell(info)``, ``post_run_cell(result)``)
+and never break a cell: a failure is reported once on stderr and tracing goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+from typing import Any, Optional
+
+from . import tf_runtime
+from .tf_runtime import AllocatorStats, PeakWindow, Stage
+from .units import MIB, format_bytes
+
+__all__ = [
+    "NO_STATS",
+    "Tracer",
+    "device_label",
+    "enable_cpu_stats",
+    "format_line",
+    "format_size",
+    "set_tracing",
+]
+
+PREFIX = "[gpu trace]"
+NO_STATS = (
+    "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
+    f"started without {tf_runtime.CPU_STATS_ENV}=true. Restart the kernel and run `%gpu trace` "
+    "before `import tensorflow` (it sets the variable), or set it in the kernel's environment"
+)
+
+_tracers: "weakref.WeakKeyDictionary[Any, Tracer]" = weakref.WeakKeyDictionary()
+
+
+def set_tracing(shell: Any, session: Any, on: bool) -> str:
+    """``%gpu trace`` / ``%gpu trace off``: install or remove the hooks; returns the answer."""
+    tracer = _tracers.get(shell)
+    if not on:
+        if tracer is None or not tracer.active:
+            return "tracing is already off"
+        tracer.stop()
+        return "tracing off"
+    if tracer is None:
+        tracer = _tracers[shell] = Tracer(shell, session)
+    was_active = tracer.active
+    tracer.start()
+    return ("tracing is already on" if was_active else "tracing on") + ": " + _what_is_traced(session)
+
+
+def _what_is_traced(session: Any) -> str:
+    """What the trace will show, and what the user must do if it cannot show anything."""
+    if tf_runtime.stage() is Stage.STARTED:
+        devices = tf_runtime.memory_devices()
+        if not devices:
+            return NO_STATS
+        names = ", ".join(device_label(d, session) for d in devices)
+        return f"after each cell, TensorFlow's allocator peak and retained change on {names}"
+    text = "after each cell once TensorFlow has started, its allocator peak and retained change"
+    changed = enable_cpu_stats(session)
+    if changed is None:
+        return text
+    name = tf_runtime.CPU_STATS_ENV
+    if changed:
+        return (
+            f"{text}; no GPU will be visible, so {name}=true is now set for TensorFlow's CPU "
+            "allocator to keep statistics"
+        )
+    return f"{text}; no GPU will be visible, so the CPU allocator is traced ({name}=true is set)"
+
+
+def enable_cpu_stats(session: Any) -> Optional[bool]:
+    """Before start-up with no GPU to be visible: turn on the CPU allocator's statistics.
+
+    True when it set ``TF_CPU_ALLOCATOR_USE_BFC=true`` now, False when it was set already, None
+    when it does not apply (GPUs will be traced, or TensorFlow has started: too late).
+    """
+    if tf_runtime.stage() is Stage.STARTED or _gpus_expected(session):
+        return None
+    name = tf_runtime.CPU_STATS_ENV
+    if session.env.get(name, "").lower() == "true":
+        return False
+    session.env[name] = "true"  # the session's environment is the process's, except in tests
+    return True
+
+
+def _gpus_expected(session: Any) -> bool:
+    try:
+        visible = session.visible_gpus()
+    except Exception:  # no reading: assume GPUs rather than change the CPU allocator uninvited
+        return True
+    return bool(visible)  # None: no NVML, so no NVIDIA driver and no GPU for TensorFlow
+
+
+class Tracer:
+    """The pair of IPython hooks for one shell."""
+
+    def __init__(self, shell: Any, session: Any, out: Any = None) -> None:
+        self.shell = shell
+        self.session = session
+        self.out = out  # None: sys.stdout at the time of printing (IPython swaps it)
+        self.active = False
+        self._window: Optional[PeakWindow] = None
+        self._started_at: Optional[float] = None
+        self._warned: set[str] = set()
+
+    def start(self) -> None:
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        self.active = True
+
+    def stop(self) -> None:
+        self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
+        self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        self.active = False
+        self._close()
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        try:
+            self._close()
+            self._window = tf_runtime.open_peak_window()
+            self._started_at = time.perf_counter()
+        except Exception as err:  # never break the user's cell
+            self._failed(err)
+
+    def post_run_cell(self, result: Any = None) -> None:
+        if self._started_at is None:  # the cell that turned tracing on had no pre_run_cell
+            return
+        try:
+            seconds = time.perf_counter() - self._started_at
+            lines = self.lines(seconds)
+            if lines:
+                print("\n".join(lines), file=self.out or sys.stdout)
+        except Exception as err:
+            self._failed(err)
+        finally:
+            self._close()
+
+    def lines(self, seconds: float) -> list[str]:
+        """The report for the cell that just ran (empty until TensorFlow has started)."""
+        if tf_runtime.stage() is not Stage.STARTED or self._window is None:
+            return []
+        readings = self._window.read()
+        if not readings:
+            return self._once("no-stats", f"{PREFIX} {NO_STATS}")
+        return [
+            format_line(device_label(device, self.session), start, stats, seconds)
+            for device, (start, stats) in readings.items()
+        ]
+
+    def _once(self, key: str, line: str) -> list[str]:
+        if key in self._warned:
+            return []
+        self._warned.add(key)
+        return [line]
+
+    def _close(self) -> None:
+        if self._window is not None:
+            self._window.close()
+        self._window, self._started_at = None, None
+
+    def _failed(self, err: Exception) -> None:
+        if "failed" not in self._warned:
+            self._warned.add("failed")
+            print(f"tfgpu_magic: `%gpu trace` could not read TensorFlow's allocator ({err!r}); "
+                  "the cell itself is unaffected", file=sys.stderr)
+
+
+def device_label(device: str, session: Any) -> str:
+    """``CPU:0``, or ``GPU 1 (TF GPU:0)``: nvidia-smi's number first, as everywhere in %gpu."""
+    if not device.startswith("GPU:"):
+        return device
+    try:
+        index = tf_runtime.tf_gpu_to_nvml(session.cuda_map()).get(device)
+    except Exception:
+        index = None
+    return device if index is None else f"GPU {index} (TF {device})"
+
+
+def format_line(label: str, start: int, stats: AllocatorStats, seconds: float) -> str:
+    """``[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, 0.31 s``."""
+    rise = stats.peak_bytes - start
+    change = stats.current_bytes - start
+    retained = "unchanged" if change == 0 else ("+" if change > 0 else "-") + format_size(abs(change))
+    return (
+        f"{PREFIX} {label}: peak {format_size(stats.peak_bytes)} (+{format_size(rise)} in this cell), "
+        f"retained {retained}, {seconds:.2f} s"
+    )
+
+
+def format_size(value: int) -> str:
+    """Like :func:`units.format_bytes`, with small sizes that do not round to ``0 MiB``."""
+    if value < 1024:
+        return f"{value} B"
+    if value < MIB:
+        return f"{value / 1024:.0f} KiB"
+    return format_bytes(value)
