@@ -44,12 +44,13 @@ def _tensorflow_stays_out(request):
 
 
 @pytest.fixture(autouse=True)
-def _private_claims(tmp_path, monkeypatch):
+def claim_dir(tmp_path, monkeypatch):
     """GPU claims go to a folder of the test's own, never the machine's shared one."""
     from tfgpu_magic import claims
 
-    monkeypatch.setenv("TFGPU_MAGIC_CLAIM_DIR", str(tmp_path / "claims"))
-    yield
+    directory = tmp_path / "claims"
+    monkeypatch.setenv(claims.ENV_DIR, str(directory))
+    yield directory
     claims.release_all()
 
 

@@ -30,14 +30,6 @@ HOLDER = textwrap.dedent(
 )
 
 
-@pytest.fixture(autouse=True)
-def claim_dir(tmp_path, monkeypatch):
-    directory = tmp_path / "claims"
-    monkeypatch.setenv(claims.ENV_DIR, str(directory))
-    yield directory
-    claims.release_all()
-
-
 def start_holder(key: str, script: str = HOLDER) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-c", script, key],

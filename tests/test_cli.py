@@ -10,16 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tfgpu_magic import claims
 from tfgpu_magic.__main__ import main
 from tfgpu_magic.nvml import Nvml
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True)
-def claim_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(claims.ENV_DIR, str(tmp_path / "claims"))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

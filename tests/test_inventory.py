@@ -37,14 +37,6 @@ CHOSE_1 = (
 )
 
 
-@pytest.fixture(autouse=True)
-def claim_dir(tmp_path, monkeypatch):
-    directory = tmp_path / "claims"
-    monkeypatch.setenv(claims.ENV_DIR, str(directory))
-    yield directory
-    claims.release_all()
-
-
 def choose(session, progress=None, **auto):
     said = []
     result = choose_gpus(session, grammar.Auto(**auto), progress or said.append, poll_s=0.01)

@@ -392,7 +392,7 @@ def test_readings_follow_a_process_allocating_and_freeing_on_a_real_gpu():
         xp.get_default_memory_pool().free_all_blocks()
         del warm
     else:
-        warm = torch.zeros(1, device="cuda:0")
+        warm = torch.zeros(1, device="cuda:0")  # noqa: F841  the CUDA context, held through the test
         before = mine()
         block = torch.ones(size, dtype=torch.uint8, device="cuda:0")
         torch.cuda.synchronize()

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Optional
 
 from . import grammar, numbering, tf_runtime
-from .nvml import Nvml, NvmlUnavailable
+from .nvml import Nvml
 from .plan import Plan, PlanError, limit_mib, logical_sizes_mib
 from .tf_runtime import Stage
 from .units import MIB, format_bytes, format_change
