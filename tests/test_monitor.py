@@ -338,6 +338,17 @@ def test_open_panel_wires_a_given_nvml_and_closing_stops_the_thread():
     gc.collect()
 
 
+def test_the_front_end_closing_the_panel_stops_the_sampler():
+    pytest.importorskip("tfgpu_magic.widget")
+    panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
+    try:
+        wait_for(monitor.sampler_running)
+        panel.comm.handle_close({"content": {"comm_id": panel.comm.comm_id, "data": {}}})
+        assert not panel.running and not monitor.sampler_running()
+    finally:
+        panel.close()
+
+
 def test_monitor_off_stops_every_panel_and_the_thread():
     pytest.importorskip("tfgpu_magic.widget")
     fake = Nvml(lib=shared_server())

@@ -110,6 +110,8 @@ class MemoryPanel(anywidget.AnyWidget):
         self._sampler.subscribe(self._on_sample)
         self.running = True
         self.on_msg(self._on_message)
+        if self.comm is not None:  # the front end closed the model (or the page went with it)
+            self.comm.on_close(lambda _msg: self.stop())
         self.observe(self._on_interval, "interval")
         self.observe(self._on_window, "window")
 
