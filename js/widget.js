@@ -319,6 +319,17 @@ export class Panel {
     return { label, select };
   }
 
+  /** The kernel's sampler serves every panel: show the interval another panel chose. */
+  showInterval(seconds) {
+    const select = this.intervalSelect.select;
+    if (![...select.options].some((o) => Number(o.value) === seconds)) {
+      const option = el("option", null, `${seconds} s`);
+      option.value = String(seconds);
+      select.append(option);
+    }
+    select.value = [...select.options].find((o) => Number(o.value) === seconds).value;
+  }
+
   setPaused(paused) {
     this.paused = paused;
     this.pauseButton.textContent = paused ? "Resume" : "Pause";
@@ -459,10 +470,12 @@ function render({ model, el: root }) {
   const onMessage = (msg) => panel.receive(msg);
   const onDevices = () => panel.syncDevices();
   const onWindow = () => panel.setWindow(model.get("window"));
+  const onInterval = () => panel.showInterval(model.get("interval"));
   const onRunning = () => panel.showRunning();
   model.on("msg:custom", onMessage);
   model.on("change:devices", onDevices);
   model.on("change:window", onWindow);
+  model.on("change:interval", onInterval);
   model.on("change:running", onRunning);
   model.send({ kind: "history" });
 
@@ -482,6 +495,7 @@ function render({ model, el: root }) {
     model.off("msg:custom", onMessage);
     model.off("change:devices", onDevices);
     model.off("change:window", onWindow);
+    model.off("change:interval", onInterval);
     model.off("change:running", onRunning);
     resize.disconnect();
     theme.disconnect();

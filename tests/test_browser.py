@@ -65,6 +65,7 @@ sources = dict(tf_stats=lambda: {"GPU:0": tf}, tf_map=lambda: {"GPU:0": 1}, limi
 """.replace("REPO", repr(str(REPO)), 1)
 OPEN = "panel = monitor.open_panel(interval=0.2, window=60, nvml=Nvml(lib=server), **sources)"
 OPEN_SIDEBAR = OPEN.replace("window=60", "window=60, sidebar=True")
+SECOND = "second = monitor.open_panel(interval=1, window=60)  # in the notebook; shares the sampler"
 BUSY = """\
 for k in range(40):  # ten seconds that hold the kernel, like model.fit
     server.gpus[1].processes[0].used_mib += 512
@@ -103,7 +104,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     home = tmp_path_factory.mktemp("lab-home")
     (root / "monitor.ipynb").write_text(notebook(SETUP, OPEN, BUSY, CHECK))
-    (root / "sidebar.ipynb").write_text(notebook(SETUP, OPEN_SIDEBAR, CHECK))
+    (root / "sidebar.ipynb").write_text(notebook(SETUP, OPEN_SIDEBAR, SECOND, CHECK))
     port, token = free_port(), secrets.token_hex(16)
     env = dict(
         os.environ,
@@ -344,8 +345,17 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     assert panel.locator(".tfgpu-device").count() == 4
     assert page.locator(".jp-Notebook .tfgpu-monitor").count() == 0  # not in the notebook
     page.evaluate("() => window.dispatchEvent(new Event('resize'))")
+
+    # A second panel in the notebook shares the sampler: the sidebar's control follows its interval.
     run_cell(page, 2)
-    assert wait_for_output(page, 2, "sampler running:").startswith("sampler running: True")
+    page.locator(".jp-Notebook .tfgpu-monitor").wait_for(timeout=30_000)
+    interval = panel.locator(".tfgpu-select").first
+    page.wait_for_function(
+        "el => el.value === '1'", arg=interval.element_handle(), timeout=15_000
+    )
+    shot(page, "monitor-two-panels.png")
+    run_cell(page, 3)
+    assert wait_for_output(page, 3, "sampler running:").startswith("sampler running: True")
 
 
 def switch_theme(page, name: str) -> None:

@@ -303,6 +303,9 @@ def test_panels_share_the_sampler_and_the_stop_button_of_the_last_one_ends_it(pa
     open_one, hub, server, made = panel_on_fake
     one, two = open_one(window=60), open_one(interval=0.2, window=900)
     assert len(made) == 1 and made[0].interval == 0.2
+    assert one.interval == 0.2  # every panel's control shows the shared sampler's interval
+    two.interval = 1.0  # from the browser
+    assert made[0].interval == one.interval == 1.0
     made[0].tick()
     assert len(one.sent) == len(two.sent) == 1
     one._on_message(one, {"kind": "stop"}, [])

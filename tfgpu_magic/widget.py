@@ -103,7 +103,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._hub = hub
         self._described: list[dict[str, Any]] = []
         self._sampler: Optional[Sampler] = hub.join(self, make, window)
-        self._sampler.interval = interval  # the newest panel's choice serves all of them
+        self._share_interval(interval)  # the newest panel's choice serves all of them
         recent = self._sampler.snapshot()[-1:]
         if recent:
             self._describe_devices(recent[0])
@@ -140,7 +140,14 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def _on_interval(self, change: dict) -> None:
         if self._sampler is not None:
-            self._sampler.interval = change["new"]
+            self._share_interval(change["new"])
+
+    def _share_interval(self, seconds: float) -> None:
+        """One sampler serves every panel, so every panel's control shows its interval."""
+        self._sampler.interval = seconds
+        for panel in self._hub.members():
+            if panel is not self and getattr(panel, "interval", seconds) != seconds:
+                panel.interval = seconds  # its observer finds the sampler already set
 
     def _on_window(self, change: dict) -> None:
         self._hub.set_window(self, change["new"])
