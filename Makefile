@@ -6,10 +6,14 @@ BIN := $(VENV)/bin
 
 .PHONY: setup test bench
 
+# System packages: Chromium for the browser tests, Node and npm to build the panel's front end.
+APT_NEEDS := $(if $(shell command -v chromium),,chromium) $(if $(shell command -v npm),,nodejs npm)
+
 setup:
-	@if ! command -v chromium >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
-	  else echo "Chromium missing and not root: browser tests will be skipped (apt-get install chromium)"; fi; \
+	@if [ -n "$(strip $(APT_NEEDS))" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $(APT_NEEDS); \
+	  else echo "Not root, so not installing: $(APT_NEEDS) (sudo apt-get install -y $(APT_NEEDS));" \
+	    "without Chromium the browser tests skip, without npm the panel cannot be built"; fi; \
 	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
