@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 from . import grammar, tf_runtime, trace
 from .session import SessionError
 from .tf_runtime import Stage
-from .units import MIB
+from .units import MIB, format_size
 
 __all__ = ["BudgetExceeded", "CELL_FORMS", "CellCommand", "check_budget", "execute", "parse_cell_line", "run_cell_magic"]
 
@@ -119,14 +119,14 @@ def check_budget(budget: int, peaks: dict[str, tuple[int, int]]) -> None:
             shown_rise, shown_budget = _distinct_sizes(rise, budget)
             raise BudgetExceeded(
                 f"{label}: the cell's peak was {shown_rise}, over its budget of {shown_budget} "
-                f"(TensorFlow's allocator held {trace.format_size(start)} when the cell started "
-                f"and {trace.format_size(peak)} at the peak)"
+                f"(TensorFlow's allocator held {format_size(start)} when the cell started "
+                f"and {format_size(peak)} at the peak)"
             )
 
 
 def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
     """Two sizes as text; in bytes when rounding would show them equal ("64 MiB over 64 MiB")."""
-    shown = trace.format_size(a), trace.format_size(b)
+    shown = format_size(a), format_size(b)
     if shown[0] != shown[1]:
         return shown
     return f"{a:,} bytes", f"{b:,} bytes"

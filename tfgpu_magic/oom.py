@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import tf_runtime
-from .trace import format_size
-from .units import MIB
+from .units import MIB, format_size
 
 __all__ = ["Facts", "OomSite", "explain", "gather", "install", "next_steps", "parse_message", "render"]
 

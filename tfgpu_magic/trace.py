@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from . import tf_runtime
 from .tf_runtime import AllocatorStats, PeakWindow, Stage
-from .units import MIB, format_bytes
+from .units import format_change, format_size
 
 __all__ = [
     "NO_STATS",
@@ -27,7 +27,6 @@ __all__ = [
     "device_label",
     "enable_cpu_stats",
     "format_line",
-    "format_size",
     "set_tracing",
 ]
 
@@ -188,18 +187,9 @@ def device_label(device: str, session: Any) -> str:
 def format_line(label: str, start: int, stats: AllocatorStats, seconds: float) -> str:
     """``[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, 0.31 s``."""
     rise = stats.peak_bytes - start
-    change = stats.current_bytes - start
-    retained = "unchanged" if change == 0 else ("+" if change > 0 else "-") + format_size(abs(change))
+    retained = format_change(start, stats.current_bytes, format_size)
     return (
         f"{PREFIX} {label}: peak {format_size(stats.peak_bytes)} (+{format_size(rise)} in this cell), "
         f"retained {retained}, {seconds:.2f} s"
     )
 
-
-def format_size(value: int) -> str:
-    """Like :func:`units.format_bytes`, with small sizes that do not round to ``0 MiB``."""
-    if value < 1024:
-        return f"{value} B"
-    if value < MIB:
-        return f"{value / 1024:.0f} KiB"
-    return format_bytes(value)
