@@ -105,7 +105,6 @@ class Sampler:
         self._lock = threading.Lock()  # guards history and listeners
         self.history: deque[Sample] = deque(maxlen=self._history_len())
         self._listeners: list[Callable[[Sample], None]] = []
-        self._names: dict[int, str] = {}  # GPU names, read once: they do not change
         # Configuration sources may read every GPU in full; they change rarely, so they are
         # re-read every SLOW_SOURCES_S rather than on every tick: (monotonic time, values).
         self._slow: Optional[tuple[float, tuple[Any, ...]]] = None
@@ -258,12 +257,10 @@ class Sampler:
         return sum(held), None  # not listed: this kernel holds nothing there, a true 0
 
     def _label(self, index: int) -> str:
-        if index not in self._names:
-            try:
-                self._names[index] = self.nvml.gpu(index).name or ""
-            except Exception:
-                return f"GPU {index}"  # try the name again next tick
-        name = self._names[index]
+        try:
+            name = self.nvml.name(index)  # read once by Nvml; a lost GPU is asked again next tick
+        except Exception:
+            name = None
         return f"GPU {index} · {name}" if name else f"GPU {index}"
 
 

@@ -85,7 +85,7 @@ class Nvml:
         self._failure: Optional[NvmlUnavailable] = None
         self._handles: dict[int, Any] = {}
         self._count = 0
-        self._static: dict[int, tuple[Optional[str], Optional[int]]] = {}  # uuid, total bytes
+        self._static: dict[int, tuple[Optional[str], Optional[str], Optional[int]]] = {}  # uuid, name, total
 
     # -- start and stop -------------------------------------------------------------------
     def _ensure_started(self) -> Any:
@@ -150,19 +150,24 @@ class Nvml:
         info = self._call(index, lib.nvmlDeviceGetMemoryInfo, handle)
         return MemoryInfo(int(info.total), int(info.used), int(info.free))
 
+    # UUID, name and total memory never change: read once per GPU (unless it was lost).
     def uuid(self, index: int) -> Optional[str]:
-        """The GPU's UUID (cached: it never changes); None if unreadable or lost."""
+        """The GPU's UUID (cached); None if unreadable or lost."""
         return self._static_facts(index)[0]
 
-    def total_bytes(self, index: int) -> Optional[int]:
-        """The GPU's total memory in bytes (cached: it never changes); None if unreadable or lost."""
+    def name(self, index: int) -> Optional[str]:
+        """The GPU's product name (cached); None if unreadable or lost."""
         return self._static_facts(index)[1]
 
-    def _static_facts(self, index: int) -> tuple[Optional[str], Optional[int]]:
+    def total_bytes(self, index: int) -> Optional[int]:
+        """The GPU's total memory in bytes (cached); None if unreadable or lost."""
+        return self._static_facts(index)[2]
+
+    def _static_facts(self, index: int) -> tuple[Optional[str], Optional[str], Optional[int]]:
         facts = self._static.get(index)
         if facts is None:
             gpu = self.gpu(index)
-            facts = (gpu.uuid, gpu.memory.total_bytes if gpu.memory else None)
+            facts = (gpu.uuid, gpu.name, gpu.memory.total_bytes if gpu.memory else None)
             if not gpu.lost:
                 self._static[index] = facts
         return facts
