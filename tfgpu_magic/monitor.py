@@ -416,15 +416,12 @@ def _kernel_sources(nvml: Optional[Nvml]) -> dict[str, Any]:
     """The real sources: the kernel's session and TensorFlow's allocator (never starting it).
 
     A given ``nvml`` (a fake server) shows all its GPUs: the session's visible indices belong
-    to the real one.  A source that cannot be imported shows as a note in the panel.
+    to the real one.
     """
-    try:
-        from . import tf_runtime  # never imports TensorFlow itself
-        from .session import get_session
+    from . import tf_runtime  # never imports TensorFlow itself
+    from .session import get_session
 
-        session = get_session()
-    except ImportError as err:
-        return dict(nvml=nvml or Nvml(), tf_stats=_raiser(err), limits=_raiser(err))
+    session = get_session()
 
     def tf_map() -> Mapping[str, int]:
         if tf_runtime.stage() < tf_runtime.Stage.ENUMERATED:
@@ -438,13 +435,6 @@ def _kernel_sources(nvml: Optional[Nvml]) -> dict[str, Any]:
         limits=session.limit_bytes_by_gpu,
         visible=session.visible_gpus if nvml is None else _no_visible,
     )
-
-
-def _raiser(err: Exception) -> Callable[[], Any]:
-    def read() -> Any:
-        raise err
-
-    return read
 
 
 def _show(panel: Any, sidebar: bool) -> None:

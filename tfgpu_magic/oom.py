@@ -177,11 +177,8 @@ def _gpu_facts(session: Any, facts: Facts, device: str) -> None:
 
 def _other_processes(session: Any, info: Any) -> tuple[list[str], Optional[str]]:
     """Other processes on the GPU with owners, largest first (the inventory's attribution)."""
-    try:
-        from . import inventory
-    except ImportError:  # an older tree without the inventory: pids and memory only
-        procs = [p for p in session.nvml.processes(info.index) if p.pid != os.getpid()]
-        return [f"pid {p.pid}: {format_size(p.used_memory_bytes or 0)}" for p in procs], None
+    from . import inventory  # psutil, only when there is something to explain
+
     table = inventory.process_table_for(session.nvml)
     usage = inventory.attribute(session.nvml, info, table, os.getpid(), table.current_user())
     if usage.processes is None:
