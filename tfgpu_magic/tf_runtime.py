@@ -13,6 +13,7 @@ import enum
 import gc
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -22,16 +23,26 @@ from .plan import Plan
 __all__ = [
     "AllocatorStats",
     "ApplyError",
+    "CPU_STATS_ENV",
     "InForce",
+    "PeakWindow",
     "Stage",
     "allocator_stats",
     "apply_before_start",
     "clear_session",
+    "device_scope",
+    "enumerate_devices",
     "in_force",
+    "is_oom_error",
     "keras_policy",
+    "memory_devices",
+    "memory_info",
+    "oom_error_type",
+    "open_peak_window",
     "set_keras_policy",
     "stage",
     "tf_gpu_to_nvml",
+    "write_scalars",
 ]
 
 # Environment variables TensorFlow reads when its runtime starts (first op).
@@ -263,18 +274,25 @@ def allocator_stats() -> dict[str, AllocatorStats]:
     """
     if stage() < Stage.STARTED:
         return {}
-    tf = _tf()
     stats: dict[str, AllocatorStats] = {}
-    for device in tf.config.list_logical_devices():
-        if device.device_type not in ("GPU", "CPU"):
-            continue
-        name = device.name.rsplit("device:", 1)[-1]
-        try:
-            info = tf.config.experimental.get_memory_info(name)
-        except (ValueError, RuntimeError):
-            continue
-        stats[name] = AllocatorStats(int(info["current"]), int(info["peak"]))
+    for device in _tf().config.list_logical_devices():
+        if device.device_type in ("GPU", "CPU"):
+            name = device.name.rsplit("device:", 1)[-1]
+            info = memory_info(name)
+            if info is not None:
+                stats[name] = info
     return stats
+
+
+def memory_info(device: str) -> Optional[AllocatorStats]:
+    """One device's allocator reading, or None without statistics or before start-up."""
+    if stage() < Stage.STARTED:
+        return None
+    try:
+        info = _tf().config.experimental.get_memory_info(device)
+    except (ValueError, RuntimeError):
+        return None
+    return AllocatorStats(int(info["current"]), int(info["peak"]))
 
 
 # -- Keras ----------------------------------------------------------------------------------------
@@ -307,24 +325,9 @@ def clear_session() -> bool:
 # other's peaks.  :class:`PeakWindow` solves it: before any reset through here, the peak about to be
 # lost is folded into every open window.
 
-import weakref  # noqa: E402  (kept with the code that uses it: this section is appended)
-
 CPU_STATS_ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # read when TensorFlow creates its CPU allocator
 CPU_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU BFC allocator's cap; TensorFlow's default below
 CPU_DEFAULT_LIMIT_MIB = 1 << 16
-
-__all__ += [
-    "CPU_STATS_ENV",
-    "PeakWindow",
-    "device_scope",
-    "enumerate_devices",
-    "is_oom_error",
-    "memory_devices",
-    "memory_info",
-    "oom_error_type",
-    "open_peak_window",
-    "write_scalars",
-]
 
 _memory_devices: Optional[tuple[str, ...]] = None  # fixed once the runtime has started
 _open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
@@ -345,17 +348,6 @@ def memory_devices() -> tuple[str, ...]:
     gpus = tuple(n for n in names if n.startswith("GPU:"))
     _memory_devices = gpus or tuple(n for n in names if n == "CPU:0")
     return _memory_devices
-
-
-def memory_info(device: str) -> Optional[AllocatorStats]:
-    """One device's allocator reading, or None without statistics or before start-up."""
-    if stage() < Stage.STARTED:
-        return None
-    try:
-        info = _tf().config.experimental.get_memory_info(device)
-    except (ValueError, RuntimeError):
-        return None
-    return AllocatorStats(int(info["current"]), int(info["peak"]))
 
 
 class PeakWindow:
