@@ -16,22 +16,22 @@ import time
 
 from tfgpu_magic.monitor import Sampler
 from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.testing import FakeGpu, FakeNvml, FakeProcess
+from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess
 from tfgpu_magic.widget import batch
 
 GPUS = 8
 
 
-def eight_gpu_server(my_pid: int) -> FakeNvml:
+def eight_gpu_server(my_pid: int) -> SimulatedNvml:
     """Eight 80 GiB GPUs, each with this kernel and two other processes on it."""
-    return FakeNvml([
-        FakeGpu(
+    return SimulatedNvml([
+        SimulatedGpu(
             name="NVIDIA H100 80GB HBM3",
             total_mib=81920,
             processes=[
-                FakeProcess(my_pid, 4096 + i),
-                FakeProcess(50000 + i, 8192, "alice"),
-                FakeProcess(60000 + i, 2048, "bob", kind="graphics"),
+                SimulatedProcess(my_pid, 4096 + i),
+                SimulatedProcess(50000 + i, 8192, "alice"),
+                SimulatedProcess(60000 + i, 2048, "bob", kind="graphics"),
             ],
         )
         for i in range(GPUS)
@@ -62,7 +62,7 @@ def per_call(func, repeat: int) -> float:
     return min(runs)
 
 
-def fake_nvml_cost(server: FakeNvml) -> float:
+def fake_nvml_cost(server: SimulatedNvml) -> float:
     """Seconds the fake itself spends on one tick's NVML calls (what real NVML replaces)."""
     def calls() -> None:
         for i in range(GPUS):

@@ -1,7 +1,7 @@
 """How long `%gpu status` takes: our own code on the fake server, and beside nvidia-smi and gpustat.
 
 Run by hand: `PYTHONPATH=. .venv/bin/python benchmarks/bench_status.py`.  Prints medians; no
-assertions.  Part 1 always runs: 8 fake GPUs with 40 processes (``testing.busy_server``),
+assertions.  Part 1 always runs: 8 fake GPUs with 40 processes (``simulated.busy_server``),
 timing build_report, render_text and render_html, and the share spent inside the fake NVML
 itself.  Part 2 runs where NVML answers (a real NVIDIA machine): the same report on the real
 driver with psutil owners, beside `nvidia-smi` and gpustat (library and command), each the
@@ -26,7 +26,7 @@ os.environ.setdefault("TFGPU_MAGIC_CLAIM_DIR", tempfile.mkdtemp(prefix="tfgpu-be
 from tfgpu_magic import status  # noqa: E402
 from tfgpu_magic.nvml import Nvml  # noqa: E402
 from tfgpu_magic.session import Session  # noqa: E402
-from tfgpu_magic.testing import busy_server  # noqa: E402
+from tfgpu_magic.simulated import busy_server  # noqa: E402
 
 
 def median_ms(work: Callable[[], object], runs: int) -> float:

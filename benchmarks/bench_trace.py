@@ -27,7 +27,7 @@ from IPython.testing.globalipapp import start_ipython  # noqa: E402
 import tfgpu_magic  # noqa: E402
 from tfgpu_magic import trace  # noqa: E402
 from tfgpu_magic.session import get_session  # noqa: E402
-from tfgpu_magic.testing import FakeNvml  # noqa: E402
+from tfgpu_magic.simulated import SimulatedNvml  # noqa: E402
 
 ROUNDS = 5000
 
@@ -59,7 +59,7 @@ def cells(shell, rounds: int = 500) -> list[float]:
 
 
 def main() -> None:
-    tfgpu_magic.set_device_source(FakeNvml([]))
+    tfgpu_magic.set_device_source(SimulatedNvml([]))
     held = tf.ones([1024, 1024])  # start TensorFlow, with something in the allocator
     shell = start_ipython()
     tracer = trace.Tracer(shell, get_session(), out=io.StringIO())

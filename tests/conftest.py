@@ -17,7 +17,7 @@ import pytest
 
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
-from tfgpu_magic.testing import shared_server
+from tfgpu_magic.simulated import shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

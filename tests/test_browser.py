@@ -56,7 +56,7 @@ import sys, time
 sys.path.insert(0, REPO)
 from tfgpu_magic import monitor
 from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.testing import shared_server
+from tfgpu_magic.simulated import shared_server
 from types import SimpleNamespace
 server = shared_server()  # four fake GPUs; this kernel holds 10 GiB on GPU 1
 GIB = 2**30

@@ -24,7 +24,8 @@ from tfgpu_magic import claims, grammar, inventory
 from tfgpu_magic.inventory import ChoiceError, choose_gpus
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
-from tfgpu_magic.testing import FakeGpu, FakeNvml, FakeProcess, fake_process_table, shared_server
+from fakes import fake_process_table
+from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -101,8 +102,8 @@ def test_an_exited_process_is_listed_but_counted_as_unattributed():
 
 def test_memory_nvml_cannot_report_is_missing_not_zero():
     server = shared_server(ME)
-    server.gpus[0].processes.append(FakeProcess(41005, None, "dave", "python secret.py"))
-    server.gpus[2].processes.append(FakeProcess(41006, None, "erin", "python quiet.py"))
+    server.gpus[0].processes.append(SimulatedProcess(41005, None, "dave", "python secret.py"))
+    server.gpus[2].processes.append(SimulatedProcess(41006, None, "erin", "python quiet.py"))
     busy = usage_of(server, 0)
     assert busy.others_bytes == 30720 * MIB  # alice's known figure; dave's is missing
     assert busy.notes == ("NVML gives no memory figure for pid 41005; sums count only the known figures",)
@@ -121,7 +122,7 @@ def test_a_lost_gpu_has_no_usage_and_says_why():
 
 def test_process_listing_failure_is_a_note_not_an_empty_gpu():
     server = shared_server(ME)
-    server.nvmlDeviceGetComputeRunningProcesses = _raise(FakeNvml.NVMLError(FakeNvml.NVML_ERROR_NO_PERMISSION))
+    server.nvmlDeviceGetComputeRunningProcesses = _raise(SimulatedNvml.NVMLError(SimulatedNvml.NVML_ERROR_NO_PERMISSION))
     usage = usage_of(server, 1)
     assert usage.processes is None and usage.this_kernel_bytes is None
     assert usage.notes == ("NVML could not list the processes (Insufficient Permissions)",)
@@ -173,7 +174,7 @@ def test_min_free_filters_and_is_named_in_the_reason(fresh):
 
 
 def test_ties_on_free_memory_go_to_the_less_busy_gpu():
-    server = FakeNvml([FakeGpu(utilization=u) for u in (90, 10, 50)] + [FakeGpu(unsupported={"utilization"})])
+    server = SimulatedNvml([SimulatedGpu(utilization=u) for u in (90, 10, 50)] + [SimulatedGpu(unsupported={"utilization"})])
     session = Session(nvml=Nvml(lib=server), env={})
     assert choose(session)[0] == (1,)
     claims.release_all()
@@ -181,13 +182,13 @@ def test_ties_on_free_memory_go_to_the_less_busy_gpu():
 
 
 def test_lost_and_mig_gpus_are_never_chosen():
-    server = FakeNvml([FakeGpu(total_mib=80000, lost=True), FakeGpu(total_mib=80000, mig=True), FakeGpu(total_mib=1000)])
+    server = SimulatedNvml([SimulatedGpu(total_mib=80000, lost=True), SimulatedGpu(total_mib=80000, mig=True), SimulatedGpu(total_mib=1000)])
     assert choose(Session(nvml=Nvml(lib=server), env={}))[0] == (2,)
 
 
 def test_choosing_again_moves_the_claim(fresh, server):
     choose(fresh)
-    server.gpus[1].processes.append(FakeProcess(41009, 60000, "bob"))  # bob filled GPU 1
+    server.gpus[1].processes.append(SimulatedProcess(41009, 60000, "bob"))  # bob filled GPU 1
     assert choose(fresh)[0] == (2,)
     assert claims.held() == {server.gpus[2].uuid}
 
@@ -216,7 +217,7 @@ def test_impossible_requests_say_what_to_try(fresh, auto, message):
 
 
 def test_without_a_driver_auto_says_to_name_gpus():
-    session = Session(nvml=Nvml(lib=FakeNvml([], driver=False)), env={})
+    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={})
     with pytest.raises(ChoiceError) as info:
         choose(session)
     assert str(info.value) == (
@@ -227,7 +228,7 @@ def test_without_a_driver_auto_says_to_name_gpus():
 
 
 def test_wait_reports_progress_and_takes_the_gpu_once_it_frees(fresh, server):
-    server.gpus[1].processes.append(FakeProcess(41009, 60000, "bob"))  # nothing has 40 GiB free
+    server.gpus[1].processes.append(SimulatedProcess(41009, 60000, "bob"))  # nothing has 40 GiB free
     timer = threading.Timer(0.2, server.gpus[1].processes.pop)  # bob finishes
     timer.start()
     try:
@@ -292,7 +293,7 @@ KERNEL = textwrap.dedent(
     import os, sys, time
     from IPython.core.interactiveshell import InteractiveShell
     import tfgpu_magic
-    from tfgpu_magic.testing import shared_server
+    from tfgpu_magic.simulated import shared_server
     tfgpu_magic.set_device_source(shared_server())
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "tfgpu_magic")
@@ -449,7 +450,7 @@ def test_after_tensorflow_started_auto_gives_the_restart_remedy():
         from tfgpu_magic.inventory import ChoiceError, choose_gpus
         from tfgpu_magic.nvml import Nvml
         from tfgpu_magic.session import Session
-        from tfgpu_magic.testing import shared_server
+        from tfgpu_magic.simulated import shared_server
         try:
             choose_gpus(Session(nvml=Nvml(lib=shared_server()), env={}), grammar.Auto(), print)
         except ChoiceError as err:

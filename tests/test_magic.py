@@ -18,7 +18,7 @@ from tfgpu_magic import grammar
 from tfgpu_magic.magics import MANUAL, GpuMagics, complete
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
-from tfgpu_magic.testing import FakeNvml
+from tfgpu_magic.simulated import SimulatedNvml
 
 USE = grammar.usage("use")
 
@@ -86,7 +86,7 @@ def test_percentage_is_of_each_gpus_own_memory(gpu):
 
 
 def test_without_a_driver_what_needs_nvml_says_so_and_the_rest_works(shell):
-    session = Session(nvml=Nvml(lib=FakeNvml([], driver=False)), env={})
+    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={})
     shell.register_magics(GpuMagics(shell, session=session))
     shell.run_line_magic("gpu", "grow")
     shell.run_line_magic("gpu", "limit 4096")
@@ -96,7 +96,7 @@ def test_without_a_driver_what_needs_nvml_says_so_and_the_rest_works(shell):
 
 
 def test_status_without_a_driver_is_one_line_about_it(shell, capsys):
-    session = Session(nvml=Nvml(lib=FakeNvml([], driver=False)), env={})
+    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={})
     shell.register_magics(GpuMagics(shell, session=session))
     shell.run_line_magic("gpu", "")
     out = capsys.readouterr().out

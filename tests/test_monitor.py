@@ -12,7 +12,7 @@ import pytest
 from tfgpu_magic import monitor
 from tfgpu_magic.monitor import MAX_HISTORY, THREAD_NAME, Hub, Sampler
 from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.testing import FakeGpu, FakeNvml, FakeProcess, shared_server
+from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -112,7 +112,7 @@ def test_an_unsupported_memory_reading_is_a_gap_with_a_message():
 
 
 def test_memory_nvml_cannot_attribute_is_missing_not_zero():
-    server = FakeNvml([FakeGpu(processes=[FakeProcess(ME, None)])])
+    server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(ME, None)])])
     gpu = by_key(sampler(server).tick())["gpu0"]
     assert gpu.mine_bytes is None
     assert gpu.used_bytes == 300 * MIB
@@ -120,7 +120,7 @@ def test_memory_nvml_cannot_attribute_is_missing_not_zero():
 
 
 def test_without_nvidia_gpus_the_panel_says_so_and_still_shows_tensorflow():
-    s = sampler(FakeNvml([], driver=False), tf_stats=lambda: {"CPU:0": Stats(7 * MIB, 8 * MIB)})
+    s = sampler(SimulatedNvml([], driver=False), tf_stats=lambda: {"CPU:0": Stats(7 * MIB, 8 * MIB)})
     sample = s.tick()
     assert sample.status.startswith("No NVIDIA GPU to chart: no NVIDIA driver could be reached")
     assert [d.key for d in sample.devices] == ["tf:CPU:0"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfgpu_magic.nvml import GpuLost, Nvml, NvmlUnavailable
-from tfgpu_magic.testing import FakeNvml, shared_server
+from tfgpu_magic.simulated import SimulatedNvml, shared_server
 
 MIB = 1024 * 1024
 
@@ -44,7 +44,7 @@ def test_processes_with_missing_memory(server):
 
 
 def test_no_driver_degrades_to_one_clear_message():
-    nvml = Nvml(lib=FakeNvml([], driver=False))
+    nvml = Nvml(lib=SimulatedNvml([], driver=False))
     assert nvml.available() is False
     with pytest.raises(NvmlUnavailable, match="no NVIDIA driver could be reached through NVML"):
         nvml.device_count()

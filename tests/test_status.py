@@ -17,7 +17,7 @@ from tfgpu_magic import claims, grammar, status
 from tfgpu_magic.inventory import choose_gpus
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
-from tfgpu_magic.testing import FakeGpu, FakeNvml, FakeProcess, busy_server, shared_server
+from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, busy_server, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -52,7 +52,7 @@ def claim_dir(tmp_path, monkeypatch):
     claims.release_all()
 
 
-def report_for(server: FakeNvml, **kwargs) -> dict:
+def report_for(server: SimulatedNvml, **kwargs) -> dict:
     return status.build_report(Session(nvml=Nvml(lib=server), env={}), my_pid=ME, **kwargs)
 
 
@@ -107,7 +107,7 @@ def test_a_lost_gpu_is_one_line_and_the_rest_still_shows():
 
 
 def test_without_a_driver_the_report_says_so():
-    report = report_for(FakeNvml([], driver=False))
+    report = report_for(SimulatedNvml([], driver=False))
     assert report["gpus"] == [] and report["visible_gpus"] is None
     assert report["nvml_error"].startswith("no NVIDIA driver could be reached through NVML (Driver Not Loaded)")
     assert "This kernel: pid 4242, user n/a; GPUs seen: unknown" in status.render_text(report)
@@ -241,7 +241,7 @@ def test_status_never_starts_tensorflow():
         from tfgpu_magic import status, tf_runtime
         from tfgpu_magic.nvml import Nvml
         from tfgpu_magic.session import Session
-        from tfgpu_magic.testing import shared_server
+        from tfgpu_magic.simulated import shared_server
         import tensorflow
         report = status.build_report(Session(nvml=Nvml(lib=shared_server()), env={}))
         status.render_text(report), status.render_html(report)
@@ -262,7 +262,7 @@ def test_many_gpus_and_processes_render(gpu):
 
 
 def test_a_process_of_unknown_owner_counts_as_others():
-    server = FakeNvml([FakeGpu(processes=[FakeProcess(7, 1024, user=None, command=None)])])  # psutil: AccessDenied
+    server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(7, 1024, user=None, command=None)])])  # psutil: AccessDenied
     gpu = report_for(server)["gpus"][0]
     assert gpu["processes"][0]["user"] is None and gpu["processes"][0]["whose"] == "others"
     assert gpu["usage"]["others_bytes"] == 1024 * MIB

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import run_scenario
 from tfgpu_magic import tf_runtime, trace
-from tfgpu_magic.testing import FakeNvml
+from tfgpu_magic.simulated import SimulatedNvml
 from tfgpu_magic.tf_runtime import AllocatorStats, Stage
 
 MIB = 1024 * 1024
@@ -106,7 +106,7 @@ def test_gpus_expected_so_the_cpu_allocator_is_left_alone(tracing, session):
 
 
 def test_no_gpu_and_not_started_sets_the_variable_in_the_sessions_environment(tracing, session):
-    session.nvml = type(session.nvml)(lib=FakeNvml([]))
+    session.nvml = type(session.nvml)(lib=SimulatedNvml([]))
     assert tracing(True).endswith("TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics")
     assert session.env[tf_runtime.CPU_STATS_ENV] == "true"
 

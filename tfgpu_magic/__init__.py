@@ -31,7 +31,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 
 def set_device_source(lib: Any) -> None:
-    """Read GPUs through ``lib``, a pynvml-like object (``tfgpu_magic.testing.shared_server()``)."""
+    """Read GPUs through ``lib``, a pynvml-like object (``tfgpu_magic.simulated.shared_server()``)."""
     from .session import set_device_source as _set
 
     _set(lib)

@@ -37,7 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     lib = None
     if args.demo:
-        from .testing import shared_server
+        from .simulated import shared_server
 
         lib = shared_server()
     report = status.build_report(Session(nvml=Nvml(lib=lib)), viewer="this process")

@@ -127,7 +127,7 @@ def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[Optional[str], 
 class OwnerLookupTable:
     """A process table from a lookup function returning objects with ``user`` and ``command``.
 
-    ``FakeNvml.owner_of`` is such a function: a device source may bring its own process
+    ``SimulatedNvml.owner_of`` is such a function: a device source may bring its own process
     table, so a simulated server answers with simulated owners.
     """
 

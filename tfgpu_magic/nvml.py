@@ -2,7 +2,7 @@
 
 NVML starts lazily, once, under a lock, and is shut down at interpreter exit; it is never
 started at import.  The library is injected (``Nvml(lib=...)``): by default the real
-``pynvml`` module, in tests a fake with the same functions (``tfgpu_magic.testing``).
+``pynvml`` module, in tests a fake with the same functions (``tfgpu_magic.simulated``).
 
 Readings are typed, with units in the names.  A reading the GPU does not support is ``None``
 (shown as missing), never 0.  Indices are NVML's, i.e. what ``nvidia-smi`` shows.

@@ -444,6 +444,6 @@ def get_session() -> Session:
 
 
 def set_device_source(lib: Any) -> None:
-    """Read GPUs through ``lib`` (a pynvml-like object, e.g. ``tfgpu_magic.testing.shared_server()``)."""
+    """Read GPUs through ``lib`` (a pynvml-like object, e.g. ``tfgpu_magic.simulated.shared_server()``)."""
     get_session().nvml = Nvml(lib=lib)
 

@@ -13,9 +13,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from IPython.testing.globalipapp import start_ipython
 
 import tfgpu_magic
-from tfgpu_magic.testing import FakeNvml
+from tfgpu_magic.simulated import SimulatedNvml
 
-tfgpu_magic.set_device_source(FakeNvml([]))  # a machine without GPUs, whatever this one has
+tfgpu_magic.set_device_source(SimulatedNvml([]))  # a machine without GPUs, whatever this one has
 ip = start_ipython()
 ip.run_line_magic("load_ext", "tfgpu_magic")
 results: dict = {}

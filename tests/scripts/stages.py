@@ -126,7 +126,7 @@ def contract() -> None:
     import wrapt
 
     import tfgpu_magic
-    from tfgpu_magic.testing import shared_server
+    from tfgpu_magic.simulated import shared_server
 
     tfgpu_magic.set_device_source(shared_server())
     wrapt.register_post_import_hook(fake_cuda_gpus, "tensorflow")  # before the extension's hook

@@ -1,0 +1,258 @@
+"""A simulated shared multi-GPU server, behind the same functions as ``pynvml``.
+
+Hand it to :class:`tfgpu_magic.nvml.Nvml` in place of ``pynvml``::
+
+    server = shared_server()              # 4 GPUs, several users' processes
+    nvml = Nvml(lib=server)
+
+It implements the ``pynvml`` functions tfgpu_magic calls, with NVML's error codes, so the
+real translation code (unsupported readings, lost GPUs) runs in tests, benchmarks and
+tutorials on machines without a GPU.  Scenarios are changed by mutating the dataclasses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Optional
+
+__all__ = ["SimulatedGpu", "SimulatedNvml", "SimulatedProcess", "busy_server", "shared_server"]
+
+MIB = 1024 * 1024
+
+# NVML's own return codes (nvml.h), so code written against pynvml sees the same values.
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+
+
+class NVMLError(Exception):
+    """Same shape as ``pynvml.NVMLError``: the NVML return code is in ``value``."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return {
+            NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+            NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+            NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+            NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+            NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+            NVML_ERROR_NOT_FOUND: "Not Found",
+            NVML_ERROR_UNINITIALIZED: "Uninitialized",
+        }.get(self.value, f"NVML error {self.value}")
+
+
+@dataclass
+class SimulatedProcess:
+    """A process on a simulated GPU.  ``used_mib=None`` mimics NVML's 'not available'."""
+
+    pid: int
+    used_mib: Optional[int]
+    user: str = "someone"  # read by the simulated process table (see SimulatedNvml.owner_of)
+    command: str = "python train.py"
+    alive: bool = True  # False: NVML still lists it, but the process has exited
+    kind: str = "compute"
+
+
+@dataclass
+class SimulatedGpu:
+    name: str = "NVIDIA A100-SXM4-40GB"
+    total_mib: int = 40960
+    base_used_mib: int = 300  # driver/context overhead not owned by a listed process
+    utilization: int = 0
+    uuid: str = ""
+    pci_bus_id: str = ""
+    compute_capability: tuple[int, int] = (8, 0)
+    mig: bool = False
+    processes: list[SimulatedProcess] = field(default_factory=list)
+    unsupported: set[str] = field(default_factory=set)  # e.g. {"utilization", "processes"}
+    lost: bool = False
+
+    @property
+    def used_mib(self) -> int:
+        used = self.base_used_mib + sum(p.used_mib or 0 for p in self.processes)
+        return min(used, self.total_mib)
+
+
+class SimulatedNvml:
+    """The subset of ``pynvml`` that tfgpu_magic uses, backed by :class:`SimulatedGpu` objects."""
+
+    NVMLError = NVMLError
+    NVML_ERROR_UNINITIALIZED = NVML_ERROR_UNINITIALIZED
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
+    NVML_ERROR_NOT_FOUND = NVML_ERROR_NOT_FOUND
+    NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
+    NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+
+    def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
+        self.gpus = gpus
+        self.driver = driver
+        self.initialized = False
+        self.init_calls = 0
+        self.calls = 0  # every NVML call, for benchmarks and 'how many reads' tests
+        for i, gpu in enumerate(gpus):
+            gpu.uuid = gpu.uuid or f"GPU-{i:08x}-fake-0000-0000-{i:012x}"
+            gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x17 + i * 0x10:02X}:00.0"
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if not self.driver:
+            raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialized = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self._check()
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return index  # the handle is the index; readings look the GPU up again each call
+
+    # -- readings ---------------------------------------------------------------------------
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._gpu(handle, "name").name
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._gpu(handle, "uuid").uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._gpu(handle, "pci").pci_bus_id)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        gpu = self._gpu(handle, "memory")
+        used = gpu.used_mib * MIB
+        total = gpu.total_mib * MIB
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=self._gpu(handle, "utilization").utilization, memory=0)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        return self._gpu(handle, "compute_capability").compute_capability
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> tuple[int, int]:
+        mig = int(self._gpu(handle, "mig").mig)
+        return (mig, mig)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return self._processes(handle, "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return self._processes(handle, "graphics")
+
+    # -- the process table a real server has beside NVML (psutil's job there) ----------------
+    def owner_of(self, pid: int) -> Optional[SimulatedProcess]:
+        """The simulated process with this pid, or None if it exited or never existed."""
+        for gpu in self.gpus:
+            for proc in gpu.processes:
+                if proc.pid == pid and proc.alive:
+                    return proc
+        return None
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _check(self) -> None:
+        self.calls += 1
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle: int, reading: str) -> SimulatedGpu:
+        self._check()
+        gpu = self.gpus[handle]
+        if gpu.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if reading in gpu.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _processes(self, handle: int, kind: str) -> list[SimpleNamespace]:
+        gpu = self._gpu(handle, "processes")
+        return [
+            SimpleNamespace(
+                pid=p.pid, usedGpuMemory=None if p.used_mib is None else p.used_mib * MIB
+            )
+            for p in gpu.processes
+            if p.kind == kind
+        ]
+
+
+def shared_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
+    """A four-GPU server shared by a team, as seen from the process ``my_pid``.
+
+    GPU 0 (40 GiB) is busy with alice's training; GPU 1 (80 GiB) holds this process and
+    another of mine; GPU 2 (24 GiB) is idle; GPU 3 (16 GiB, an older card) supports no
+    utilization reading and holds a process that has already exited.
+    """
+    my_pid = os.getpid() if my_pid is None else my_pid
+    return SimulatedNvml(
+        [
+            SimulatedGpu(
+                total_mib=40960,
+                utilization=97,
+                processes=[SimulatedProcess(41001, 30720, "alice", "python train_resnet.py")],
+            ),
+            SimulatedGpu(
+                name="NVIDIA A100-SXM4-80GB",
+                total_mib=81920,
+                utilization=35,
+                processes=[
+                    SimulatedProcess(my_pid, 10240, me, "python -m ipykernel_launcher"),
+                    SimulatedProcess(41002, 4096, me, "python -m ipykernel_launcher"),
+                    SimulatedProcess(41003, 8192, "bob", "python finetune.py"),
+                ],
+            ),
+            SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
+            SimulatedGpu(
+                name="Tesla T4",
+                total_mib=15360,
+                compute_capability=(7, 5),
+                unsupported={"utilization"},
+                processes=[SimulatedProcess(41004, 2048, "carol", "python old.py", alive=False)],
+            ),
+        ]
+    )
+
+
+def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40, me: str = "me") -> SimulatedNvml:
+    """A larger shared server (default 8 GPUs, 40 processes of five users, this process among them).
+
+    Sizes alternate 80/40/24 GiB; one GPU lacks a utilization reading and one process has
+    exited, so the slow paths (missing readings, notes) are part of every benchmark run.
+    """
+    my_pid = os.getpid() if my_pid is None else my_pid
+    users = [me, "alice", "bob", "carol", "dave"]
+    sizes = [81920, 40960, 24576]
+    server = SimulatedNvml(
+        [
+            SimulatedGpu(
+                name=f"NVIDIA Fake {sizes[i % 3] // 1024}GB",
+                total_mib=sizes[i % 3],
+                utilization=(i * 17) % 100,
+                unsupported={"utilization"} if i == gpus - 1 else set(),
+            )
+            for i in range(gpus)
+        ]
+    )
+    for n in range(processes):
+        gpu = server.gpus[n % gpus]
+        pid = my_pid if n == 0 else 50000 + n
+        gpu.processes.append(
+            SimulatedProcess(pid, 256 + 64 * n, users[n % len(users)], f"python job_{n}.py", alive=n != processes - 1)
+        )
+    return server
