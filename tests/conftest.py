@@ -62,7 +62,10 @@ def server():
 
 @pytest.fixture
 def session(server):
-    return Session(nvml=Nvml(lib=server), env={})
+    """A session on the simulated server, with TensorFlow behind the shared fake adapter."""
+    from fakes import FakeTensorFlow
+
+    return Session(nvml=Nvml(lib=server), env={}, tf=FakeTensorFlow())
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,87 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Any, Optional
 
-from tfgpu_magic.inventory import OwnerLookupTable
+from tfgpu_magic.owners import OwnerLookupTable
 from tfgpu_magic.simulated import SimulatedNvml
+from tfgpu_magic.tf_runtime import AllocatorStats, Stage, TensorFlow
 
 
 def fake_process_table(server: SimulatedNvml, me: str = "me", my_pid: Optional[int] = None) -> OwnerLookupTable:
-    """The simulated server's process table (``owner_of``) as an ``inventory.ProcessTable``."""
+    """The simulated server's process table (``owner_of``) as an ``owners.ProcessTable``."""
     return OwnerLookupTable(server.owner_of, me=me, my_pid=my_pid)
+
+
+class FakeTensorFlow(TensorFlow):
+    """The adapter with TensorFlow replaced by plain state: the one fake the unit tests share.
+
+    ``stage``: where start-up is; ``gpus``: TensorFlow's ``GPU:j`` -> nvidia-smi index;
+    ``stats``: allocator readings per device (None for a device without statistics);
+    ``found``: CUDA indices of the physical GPUs TensorFlow lists.  Everything else (peak
+    windows, folding nested peaks) is the real adapter's code.
+    """
+
+    def __init__(
+        self,
+        stage: Stage = Stage.NOT_IMPORTED,
+        gpus: Optional[dict[str, int]] = None,
+        stats: Optional[dict[str, Optional[AllocatorStats]]] = None,
+        found: Optional[list[int]] = None,
+        oom_error: Optional[type] = None,
+    ) -> None:
+        super().__init__()
+        self.fake_stage = stage
+        self.gpus = dict(gpus or {})
+        self.stats: dict[str, Optional[AllocatorStats]] = stats if stats is not None else {}  # shared, tests mutate it
+        self.found = list(found or [])
+        self.oom_error = oom_error
+        self.resets: list[str] = []
+        self.scopes: list[str] = []
+        self.reset_works = True
+
+    def stage(self) -> Stage:
+        return self.fake_stage
+
+    def enumerate_devices(self) -> None:
+        if self.fake_stage is Stage.IMPORTED:
+            self.fake_stage = Stage.ENUMERATED
+
+    def physical_gpu_indices(self) -> list[int]:
+        return list(self.found)
+
+    def gpu_names(self, cuda_map: list[int]) -> dict[str, int]:
+        return dict(self.gpus) if self.fake_stage >= Stage.ENUMERATED else {}
+
+    def allocator_stats(self) -> dict[str, AllocatorStats]:
+        if self.fake_stage < Stage.STARTED:
+            return {}
+        return {name: s for name, s in self.stats.items() if s is not None}
+
+    def memory_info(self, device: str) -> Optional[AllocatorStats]:
+        return self.stats.get(device) if self.fake_stage is Stage.STARTED else None
+
+    def memory_devices(self) -> tuple[str, ...]:
+        if self.fake_stage < Stage.STARTED:
+            return ()
+        names = tuple(self.allocator_stats())
+        return tuple(n for n in names if n.startswith("GPU:")) or tuple(n for n in names if n == "CPU:0")
+
+    def reset_peak(self, device: str) -> bool:
+        self.resets.append(device)
+        return self.reset_works
+
+    @contextlib.contextmanager
+    def device_scope(self, name: str) -> Any:
+        self.scopes.append(name)  # entered, then "exit" when the cell leaves it
+        try:
+            yield
+        finally:
+            self.scopes.append("exit")
+
+    def oom_error_type(self) -> Optional[type]:
+        return self.oom_error
+
+    def keras_policy(self) -> Optional[str]:
+        return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_scenario
-from tfgpu_magic import cells, tf_runtime
+from tfgpu_magic import cells
 from tfgpu_magic.cells import BudgetExceeded, CellCommand, check_budget, parse_cell_line
 from tfgpu_magic.grammar import GrammarError
 from tfgpu_magic.tf_runtime import Stage
@@ -132,25 +132,12 @@ def test_on_explains_what_it_needs(kernel):
 
 # -- `%%gpu on` numbering (TensorFlow simulated: a CPU build cannot run ops on a GPU) -----------
 @pytest.fixture
-def two_gpus(monkeypatch):
+def two_gpus(gpu):
     """TensorFlow sees nvidia-smi's GPUs 1 and 2 as its GPU:0 and GPU:1 (`%gpu use 1,2`)."""
-    entered: list[str] = []
-
-    class Scope:
-        def __init__(self, name):
-            self.name = name
-
-        def __enter__(self):
-            entered.append(self.name)
-
-        def __exit__(self, *exc):
-            entered.append("exit")
-
-    monkeypatch.setattr(tf_runtime, "stage", lambda: Stage.ENUMERATED)
-    monkeypatch.setattr(tf_runtime, "enumerate_devices", lambda: None)
-    monkeypatch.setattr(tf_runtime, "tf_gpu_to_nvml", lambda cuda_map: {"GPU:0": 1, "GPU:1": 2})
-    monkeypatch.setattr(tf_runtime, "device_scope", Scope)
-    return entered
+    tf = gpu.session.tf
+    tf.fake_stage = Stage.ENUMERATED
+    tf.gpus = {"GPU:0": 1, "GPU:1": 2}
+    return tf.scopes  # the device scopes the cells entered
 
 
 def test_on_uses_nvidia_smi_numbers(shell, gpu, two_gpus, capsys):
@@ -174,9 +161,8 @@ def test_on_leaves_the_device_when_the_cell_fails(shell, gpu, two_gpus, capsys):
     assert two_gpus == ["GPU:0", "exit"]
 
 
-def test_budget_refuses_to_run_when_it_cannot_be_checked(shell, gpu, monkeypatch, capsys):
-    monkeypatch.setattr(tf_runtime, "stage", lambda: Stage.STARTED)
-    monkeypatch.setattr(tf_runtime, "memory_devices", lambda: ())
+def test_budget_refuses_to_run_when_it_cannot_be_checked(shell, gpu, capsys):
+    gpu.session.tf.fake_stage = Stage.STARTED  # and no allocator statistics
     outcome = shell.run_cell("%%gpu budget 1G\nran = True")
     assert type(outcome.error_in_exec).__name__ == "UsageError"
     assert capsys.readouterr().err.startswith(

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 
-from tfgpu_magic import claims, grammar, inventory
-from tfgpu_magic.inventory import ChoiceError, choose_gpus
+from tfgpu_magic import claims, grammar, holdings, magics, owners
+from tfgpu_magic.choosing import ChoiceError, choose_gpus
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
 from fakes import fake_process_table
@@ -46,7 +46,7 @@ def choose(session, progress=None, **auto):
 
 # -- the process table ------------------------------------------------------------------------
 def test_psutil_table_reads_owner_and_command_of_a_live_process():
-    table = inventory.PsutilProcessTable()
+    table = owners.PsutilProcessTable()
     found = table.lookup(os.getpid())
     assert (found.user, found.alive, found.note) == (getpass.getuser(), True, None)
     assert "pytest" in found.command
@@ -56,24 +56,24 @@ def test_psutil_table_reads_owner_and_command_of_a_live_process():
 def test_psutil_table_says_a_vanished_pid_has_exited():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    found = inventory.PsutilProcessTable().lookup(proc.pid)
-    assert found == inventory.ProcessDetails(None, None, False, inventory.EXITED_NOTE)
+    found = owners.PsutilProcessTable().lookup(proc.pid)
+    assert found == owners.ProcessDetails(None, None, False, owners.EXITED_NOTE)
 
 
 def test_the_fake_servers_own_table_serves_the_device_source():
     server = shared_server(ME)
-    table = inventory.process_table_for(Nvml(lib=server))
-    assert isinstance(table, inventory.OwnerLookupTable)
-    assert table.lookup(41003) == inventory.ProcessDetails("bob", "python finetune.py", True)
+    table = owners.process_table_for(Nvml(lib=server))
+    assert isinstance(table, owners.OwnerLookupTable)
+    assert table.lookup(41003) == owners.ProcessDetails("bob", "python finetune.py", True)
     assert table.lookup(41004).alive is False  # carol's process has exited
-    assert isinstance(inventory.process_table_for(Nvml()), inventory.PsutilProcessTable)
+    assert isinstance(owners.process_table_for(Nvml()), owners.PsutilProcessTable)
 
 
 # -- attribution ------------------------------------------------------------------------------
 def usage_of(server, index, tf_in_use=None, my_pid=ME):
     nvml = Nvml(lib=server)
     table = fake_process_table(server, my_pid=my_pid)
-    return inventory.attribute(nvml, nvml.gpu(index), table, my_pid, table.current_user(), tf_in_use)
+    return holdings.attribute(nvml, nvml.gpu(index), table, my_pid, table.current_user(), tf_in_use)
 
 
 def test_memory_splits_into_this_kernel_my_other_processes_and_other_users():
@@ -96,7 +96,7 @@ def test_an_exited_process_is_listed_but_counted_as_unattributed():
     assert (usage.this_kernel_bytes, usage.my_other_bytes, usage.others_bytes) == (0, 0, 0)
     assert usage.unattributed_bytes == (300 + 2048) * MIB
     assert usage.notes == (
-        f"pid 41004: {inventory.EXITED_NOTE}; counted as unattributed",
+        f"pid 41004: {owners.EXITED_NOTE}; counted as unattributed",
     )
 
 
@@ -187,9 +187,10 @@ def test_lost_and_mig_gpus_are_never_chosen():
 
 
 def test_choosing_again_moves_the_claim(fresh, server):
-    choose(fresh)
+    magics.use(fresh, grammar.parse("use auto"))
     server.gpus[1].processes.append(SimulatedProcess(41009, 60000, "bob"))  # bob filled GPU 1
-    assert choose(fresh)[0] == (2,)
+    magics.use(fresh, grammar.parse("use auto"))
+    assert fresh.requested.visible == (2,)
     assert claims.held() == {server.gpus[2].uuid}
 
 
@@ -414,10 +415,10 @@ def test_a_process_allocating_memory_is_found_with_its_pid_and_user():
         line = proc.stdout.readline().strip()
         if line != "allocated":
             pytest.skip("neither CuPy nor PyTorch could allocate on the GPU")
-        table = inventory.PsutilProcessTable()
+        table = owners.PsutilProcessTable()
         found = []
         for _ in range(50):  # NVML lists a new context within moments
-            usage = inventory.attribute(nvml, nvml.gpu(0), table, os.getpid(), table.current_user())
+            usage = holdings.attribute(nvml, nvml.gpu(0), table, os.getpid(), table.current_user())
             found = [p for p in usage.processes or [] if p.pid == proc.pid]
             if found:
                 break
@@ -434,11 +435,11 @@ def test_a_process_allocating_memory_is_found_with_its_pid_and_user():
 
 
 def test_without_psutil_proc_gives_owner_and_command():
-    found = inventory._proc_lookup(os.getpid())
+    found = owners._proc_lookup(os.getpid())
     assert (found.user, found.alive) == (getpass.getuser(), True) and "pytest" in found.command
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    assert inventory._proc_lookup(proc.pid).alive is False
+    assert owners._proc_lookup(proc.pid).alive is False
 
 
 def test_after_tensorflow_started_auto_gives_the_restart_remedy():
@@ -447,12 +448,14 @@ def test_after_tensorflow_started_auto_gives_the_restart_remedy():
         import tensorflow as tf
         tf.constant(1)  # the runtime starts: visibility is frozen (a CPU build: no GPU)
         from tfgpu_magic import grammar
-        from tfgpu_magic.inventory import ChoiceError, choose_gpus
+        from tfgpu_magic.choosing import ChoiceError, choose_gpus
         from tfgpu_magic.nvml import Nvml
         from tfgpu_magic.session import Session
         from tfgpu_magic.simulated import shared_server
+        session = Session(nvml=Nvml(lib=shared_server()), env={})
+        session.prepare()  # the import hook fires at once: TensorFlow is already here
         try:
-            choose_gpus(Session(nvml=Nvml(lib=shared_server()), env={}), grammar.Auto(), print)
+            choose_gpus(session, grammar.Auto(), print)
         except ChoiceError as err:
             print("ERROR", err)
         """

@@ -105,14 +105,14 @@ def test_status_without_a_driver_is_one_line_about_it(shell, capsys):
 
 
 def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
-    gpu.session.env["CUDA_VISIBLE_DEVICES"] = "3"  # someone set it before the session
-    session = Session(nvml=gpu.session.nvml, env=gpu.session.env)
+    gpu.session.env["CUDA_VISIBLE_DEVICES"] = "1,3"  # a scheduler allocated GPUs 1 and 3
+    session = Session(nvml=gpu.session.nvml, env=gpu.session.env, tf=gpu.session.tf)
     gpu.__dict__["session"] = session
     session.configure(grammar.Use((1,)))
     session.configure(grammar.Grow(True))
-    assert session.reset() == "forgot: use 1; grow"
-    assert session.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"}
-    assert session.reset() == "nothing was requested"
+    assert session.reset() == "forgot: use 1; grow\nrequested now: nothing (TensorFlow's defaults)"
+    assert session.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,3"}
+    assert session.reset() == "nothing to forget\nrequested now: nothing (TensorFlow's defaults)"
 
 
 def test_free_before_tensorflow_is_honest(gpu, capsys):

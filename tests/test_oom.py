@@ -7,8 +7,8 @@ import weakref
 import pytest
 
 from conftest import run_scenario
-from tfgpu_magic import grammar, oom, tf_runtime
-from tfgpu_magic.tf_runtime import AllocatorStats
+from tfgpu_magic import grammar, oom
+from tfgpu_magic.tf_runtime import AllocatorStats, Stage
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -70,11 +70,12 @@ def gpu_oom(device: str = "GPU:0") -> Exception:
 
 
 @pytest.fixture
-def tensorflow_on(monkeypatch):
+def tensorflow_on(session):
     def on(mapping: dict[str, int], in_use: int = 11 * GIB) -> None:
-        monkeypatch.setattr(tf_runtime, "tf_gpu_to_nvml", lambda cuda_map: mapping)
-        monkeypatch.setattr(tf_runtime, "memory_info", lambda device: AllocatorStats(in_use, in_use))
-        monkeypatch.setattr(tf_runtime, "memory_devices", lambda: tuple(mapping))
+        session.tf.fake_stage = Stage.STARTED
+        session.tf.gpus = mapping
+        session.tf.found = sorted(set(mapping.values()))  # CUDA's numbers are nvidia-smi's here
+        session.tf.stats = {name: AllocatorStats(in_use, in_use) for name in mapping}
 
     return on
 
@@ -148,7 +149,7 @@ class FakeOom(Exception):
 @pytest.fixture
 def installed(shell, session, monkeypatch):
     monkeypatch.setattr(oom, "_installed", weakref.WeakSet())
-    monkeypatch.setattr(tf_runtime, "oom_error_type", lambda: FakeOom)
+    session.tf.oom_error = FakeOom
     saved = (shell.custom_exceptions, shell.CustomTB)
     monkeypatch.setitem(shell.user_ns, "FakeOom", FakeOom)
     yield lambda: oom.install(shell, session)

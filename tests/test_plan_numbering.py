@@ -7,7 +7,7 @@ import pytest
 from tfgpu_magic import grammar
 from tfgpu_magic.grammar import Percent
 from tfgpu_magic.numbering import cuda_to_nvml, visible_env_value
-from tfgpu_magic.plan import CONTEXT_RESERVE_MIB, Plan, PlanError, limit_mib, logical_sizes_mib
+from tfgpu_magic.plan import CONTEXT_RESERVE_MIB, MachineFacts, Plan, PlanError, resolve
 
 UUIDS = ["GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2", "GPU-dddd-3"]
 
@@ -28,20 +28,41 @@ def test_split_sizes_and_a_limit_exclude_each_other():
         with_split.with_command(grammar.Limit((4096,)))
 
 
+def facts(*totals_mib, allocated=None, allocation_text=None, cuda_found=None):
+    """A machine with GPUs of these sizes (None: NVML cannot read it)."""
+    count = len(totals_mib)
+    return MachineFacts(count, dict(enumerate(totals_mib)), allocated, allocation_text, cuda_found, tuple(range(count)))
+
+
+def sizes(plan, machine):
+    return {g.index: g.logical_mib for g in resolve(plan, machine).gpus}
+
+
 def test_limits_resolve_per_gpu():
-    plan = Plan(limits=(Percent(50),))
-    assert limit_mib(plan, 0, 40960) == 20480
-    assert limit_mib(Plan(limits=(4096, 8192)), 1, None) == 8192
+    assert sizes(Plan(limits=(Percent(50),)), facts(40960, 81920)) == {0: (20480,), 1: (40960,)}
+    assert sizes(Plan(visible=(1, 3), limits=(4096, 8192)), facts(None, None, None, None)) == {1: (4096,), 3: (8192,)}
     with pytest.raises(PlanError, match="NVML cannot read here"):
-        limit_mib(plan, 0, None)
+        resolve(Plan(limits=(Percent(50),)), facts(None))
 
 
 def test_split_divides_the_limit_or_the_gpu():
-    assert logical_sizes_mib(Plan(limits=(4096,), split=grammar.Split(count=2)), 0, 40960) == [2048, 2048]
-    whole = logical_sizes_mib(Plan(split=grammar.Split(count=2)), 0, 40960)
-    assert whole == [(40960 - CONTEXT_RESERVE_MIB) // 2] * 2
-    assert logical_sizes_mib(Plan(split=grammar.Split(sizes=(1024, 512))), 0, None) == [1024, 512]
-    assert logical_sizes_mib(Plan(), 0, 40960) is None
+    assert sizes(Plan(limits=(4096,), split=grammar.Split(count=2)), facts(40960)) == {0: (2048, 2048)}
+    assert sizes(Plan(split=grammar.Split(count=2)), facts(40960)) == {0: ((40960 - CONTEXT_RESERVE_MIB) // 2,) * 2}
+    assert sizes(Plan(split=grammar.Split(sizes=(1024, 512))), facts(None)) == {0: (1024, 512)}
+    assert sizes(Plan(), facts(40960)) == {0: None}
+
+
+def test_the_resolution_names_percentages_per_gpu():
+    resolution = resolve(Plan(visible=(1,), limits=(Percent(50),)), facts(81920, 40960))
+    assert resolution.describe() == ["use 1", "limit 50%", "per GPU: GPU 1: 20.0 GiB"]
+    assert resolution.caps_bytes() == {1: 20480 * 1024 * 1024}
+
+
+def test_a_gpu_outside_the_allocation_is_refused_naming_it():
+    machine = facts(40960, 40960, 40960, 40960, allocated=(2, 3), allocation_text="GPU 2, 3")
+    assert resolve(Plan(visible="all"), machine).visible == (2, 3)
+    with pytest.raises(PlanError, match=r"^GPU 0 is outside this kernel's allocation: the environment allocated GPU 2, 3 "):
+        resolve(Plan(visible=(0,)), machine)
 
 
 @pytest.mark.parametrize(

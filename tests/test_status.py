@@ -14,7 +14,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from tfgpu_magic import claims, grammar, status
-from tfgpu_magic.inventory import choose_gpus
+from tfgpu_magic.choosing import choose_gpus
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
 from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, busy_server, shared_server
@@ -59,7 +59,12 @@ def report_for(server: SimulatedNvml, **kwargs) -> dict:
 # -- data ---------------------------------------------------------------------------------------
 def test_report_keeps_its_keys_and_adds_the_inventory():
     report = report_for(shared_server(ME))
-    assert set(report) == {"tensorflow", "requested", "in_force", "gpus", "nvml_error", "notes", "me", "visible_gpus"}
+    old_keys = {"tensorflow", "requested", "in_force", "gpus", "nvml_error", "notes", "me", "visible_gpus"}
+    assert set(report) == old_keys | {"resolved", "allocation"}  # keys are added, never renamed
+    assert report["resolved"] == {"visible": [0, 1, 2, 3], "gpus": [
+        {"index": i, "limit_mib": None, "logical_mib": None} for i in range(4)
+    ]}
+    assert report["allocation"] is None  # nothing inherited: every GPU is this kernel's to use
     assert report["me"] == {"pid": ME, "user": "me", "label": "this kernel"}
     gpu = report["gpus"][1]
     assert {k: gpu[k] for k in ("index", "name", "lost", "visible", "tensorflow_names")} == {
@@ -238,14 +243,16 @@ def test_status_never_starts_tensorflow():
     script = textwrap.dedent(
         """
         import json
-        from tfgpu_magic import status, tf_runtime
+        from tfgpu_magic import status
         from tfgpu_magic.nvml import Nvml
         from tfgpu_magic.session import Session
         from tfgpu_magic.simulated import shared_server
         import tensorflow
-        report = status.build_report(Session(nvml=Nvml(lib=shared_server()), env={}))
+        session = Session(nvml=Nvml(lib=shared_server()), env={})
+        session.prepare()  # the import hook fires at once: TensorFlow is already here
+        report = status.build_report(session)
         status.render_text(report), status.render_html(report)
-        print(json.dumps([tf_runtime.stage().name, report["tensorflow"]["stage"]]))
+        print(json.dumps([session.tf.stage().name, report["tensorflow"]["stage"]]))
         """
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -270,9 +277,9 @@ def test_a_process_of_unknown_owner_counts_as_others():
 
 def test_all_is_honest_and_the_package_import_stays_light():
     import tfgpu_magic.__main__ as cli
-    from tfgpu_magic import inventory
+    from tfgpu_magic import choosing, holdings, machine, owners, plan, session, tf_runtime
 
-    for module in (claims, inventory, status, cli):
+    for module in (claims, choosing, holdings, machine, owners, plan, session, status, tf_runtime, cli):
         assert all(hasattr(module, name) for name in module.__all__), module.__name__
     probe = subprocess.run(
         [sys.executable, "-c",

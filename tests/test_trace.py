@@ -7,6 +7,7 @@ import re
 import pytest
 
 from conftest import run_scenario
+from fakes import FakeTensorFlow
 from tfgpu_magic import tf_runtime, trace
 from tfgpu_magic.simulated import SimulatedNvml
 from tfgpu_magic.tf_runtime import AllocatorStats, Stage
@@ -93,11 +94,10 @@ def run(shell, capsys, code: str) -> tuple[bool, str, str]:
     return outcome.success, captured.out, captured.err
 
 
-def started_with(monkeypatch, devices: tuple[str, ...], stats: dict[str, AllocatorStats]) -> None:
-    monkeypatch.setattr(tf_runtime, "stage", lambda: Stage.STARTED)
-    monkeypatch.setattr(tf_runtime, "memory_devices", lambda: devices)
-    monkeypatch.setattr(tf_runtime, "memory_info", lambda device: stats.get(device))
-    monkeypatch.setattr(tf_runtime, "_reset_peak", lambda device: True)
+def started_with(session, stats: dict[str, AllocatorStats], gpus: dict[str, int] | None = None) -> None:
+    session.tf.fake_stage = Stage.STARTED
+    session.tf.stats = stats
+    session.tf.gpus = gpus or {}
 
 
 def test_gpus_expected_so_the_cpu_allocator_is_left_alone(tracing, session):
@@ -117,8 +117,8 @@ def test_silent_while_tensorflow_is_not_started(tracing, shell, capsys):
     assert run(shell, capsys, "x = 1") == (True, "", "")
 
 
-def test_started_without_statistics_says_how_to_get_them_once(tracing, shell, capsys, monkeypatch):
-    started_with(monkeypatch, (), {})
+def test_started_without_statistics_says_how_to_get_them_once(tracing, shell, capsys, session):
+    started_with(session, {})
     assert tracing(True) == "tracing on: " + trace.NO_STATS
     assert trace.NO_STATS == (
         "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
@@ -129,10 +129,9 @@ def test_started_without_statistics_says_how_to_get_them_once(tracing, shell, ca
     assert run(shell, capsys, "x = 2") == (True, "", "")
 
 
-def test_gpu_lines_use_nvidia_smi_numbers(tracing, shell, capsys, monkeypatch):
+def test_gpu_lines_use_nvidia_smi_numbers(tracing, shell, capsys, session):
     stats = {"GPU:0": AllocatorStats(10 * MIB, 10 * MIB), "GPU:1": AllocatorStats(0, 0)}
-    started_with(monkeypatch, ("GPU:0", "GPU:1"), stats)
-    monkeypatch.setattr(tf_runtime, "tf_gpu_to_nvml", lambda cuda_map: {"GPU:0": 1, "GPU:1": 3})
+    started_with(session, stats, {"GPU:0": 1, "GPU:1": 3})
     assert tracing(True) == (
         "tracing on: after each cell, TensorFlow's allocator peak and retained change on "
         "GPU 1 (TF GPU:0), GPU 3 (TF GPU:1)"
@@ -147,11 +146,11 @@ def test_gpu_lines_use_nvidia_smi_numbers(tracing, shell, capsys, monkeypatch):
     ]
 
 
-def test_a_failing_hook_never_breaks_the_cell_and_says_so_once(tracing, shell, capsys, monkeypatch):
+def test_a_failing_hook_never_breaks_the_cell_and_says_so_once(tracing, shell, capsys, session):
     def broken():
         raise RuntimeError("allocator gone")
 
-    monkeypatch.setattr(tf_runtime, "open_peak_window", broken)
+    session.tf.open_peak_window = broken
     tracing(True)
     capsys.readouterr()
     ok, out, err = run(shell, capsys, "y = 41 + 1")
@@ -179,20 +178,31 @@ def test_hooks_take_ipythons_event_arguments(session):
     assert events == []
 
 
-def test_peak_windows_survive_nested_resets(monkeypatch):
-    """An inner window's reset must not lose the outer window's earlier peak."""
-    state = {"current": 10, "peak": 10}
-    started_with(monkeypatch, ("CPU:0",), {})
-    monkeypatch.setattr(tf_runtime, "memory_info", lambda d: AllocatorStats(state["current"], state["peak"]))
+class _ResettingAllocator(FakeTensorFlow):
+    """A CPU allocator whose reset really moves the peak down to what is in use."""
 
-    def reset(device):
-        state["peak"] = state["current"]
+    def __init__(self, state: dict) -> None:
+        super().__init__(Stage.STARTED)
+        self.state = state
+
+    def memory_info(self, device):
+        return AllocatorStats(self.state["current"], self.state["peak"])
+
+    def allocator_stats(self):
+        return {"CPU:0": self.memory_info("CPU:0")}
+
+    def reset_peak(self, device):
+        self.state["peak"] = self.state["current"]
         return True
 
-    monkeypatch.setattr(tf_runtime, "_reset_peak", reset)
-    outer = tf_runtime.open_peak_window()
+
+def test_peak_windows_survive_nested_resets():
+    """An inner window's reset must not lose the outer window's earlier peak."""
+    state = {"current": 10, "peak": 10}
+    tf = _ResettingAllocator(state)
+    outer = tf.open_peak_window()
     state.update(current=15, peak=50)  # a temporary of 40 then 5 kept
-    inner = tf_runtime.open_peak_window()
+    inner = tf.open_peak_window()
     state.update(current=25, peak=30)
     assert inner.read() == {"CPU:0": (15, AllocatorStats(25, 30))}
     inner.close()

@@ -92,19 +92,20 @@ def run_cell_magic(shell: Any, session: Any, line: str, cell: str) -> Any:
 
 def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: str) -> Any:
     __tracebackhide__ = True
-    if tf_runtime.stage() is Stage.STARTED and not tf_runtime.memory_devices():
+    tf = session.tf
+    if tf.stage() is Stage.STARTED and not tf.memory_devices():
         raise SessionError(f"cannot check a budget: {trace.NO_STATS}")
     if trace.enable_cpu_stats(session):
         print(f"tfgpu_magic: no GPU will be visible, so {tf_runtime.CPU_STATS_ENV}=true is now set "
               "for TensorFlow's CPU allocator to keep the statistics a budget needs")
-    window = tf_runtime.open_peak_window()
+    window = tf.open_peak_window()
     try:
         with scope:
             value = execute(shell, cell)
         readings = window.read()
     finally:
         window.close()
-    if tf_runtime.stage() is Stage.STARTED and not readings:
+    if tf.stage() is Stage.STARTED and not readings:
         raise SessionError(f"the budget could not be checked: {trace.NO_STATS}")
     labels = {device: trace.device_label(device, session) for device in readings}
     check_budget(budget, {labels[d]: (start, stats.peak_bytes) for d, (start, stats) in readings.items()})
@@ -136,17 +137,18 @@ def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
 def _gpu_scope(session: Any, gpu: int) -> Iterator[None]:
     """``tf.device`` for the GPU nvidia-smi numbers ``gpu``; SessionError when TensorFlow lacks it."""
     __tracebackhide__ = True
-    if tf_runtime.stage() is Stage.NOT_IMPORTED:
+    tf = session.tf
+    if tf.stage() is Stage.NOT_IMPORTED:
         raise SessionError(
             "`%%gpu on` runs the cell under TensorFlow's tf.device, and TensorFlow is not imported: "
             "run `import tensorflow as tf` in an earlier cell"
         )
-    tf_runtime.enumerate_devices()
-    names = tf_runtime.tf_gpu_to_nvml(session.cuda_map())
+    tf.enumerate_devices()
+    names = session.gpu_by_tf_name()
     name = next((n for n, index in names.items() if index == gpu), None)
     if name is None:
         raise SessionError(_not_visible(gpu, sorted(set(names.values()))))
-    with tf_runtime.device_scope(name):
+    with tf.device_scope(name):
         yield
 
 

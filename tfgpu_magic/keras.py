@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import keras
 
-from . import tf_runtime
-from .tf_runtime import PeakWindow
+from .session import get_session
+from .tf_runtime import PeakWindow, TensorFlow
 
 __all__ = ["MemoryCallback", "log_key"]
 
@@ -36,15 +36,16 @@ class MemoryCallback(keras.callbacks.Callback):
     Devices without allocator statistics are left out; with none at all, nothing is recorded.
     """
 
-    def __init__(self, log_dir: Optional[str] = None) -> None:
+    def __init__(self, log_dir: Optional[str] = None, tf: Optional[TensorFlow] = None) -> None:
         super().__init__()
         self.log_dir = log_dir
+        self._tf = tf if tf is not None else get_session().tf  # the kernel's adapter
         self._window: Optional[PeakWindow] = None
         self._writers: dict[str, Any] = {}
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self._close()
-        self._window = tf_runtime.open_peak_window()
+        self._window = self._tf.open_peak_window()
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if self._window is None:
@@ -55,7 +56,7 @@ class MemoryCallback(keras.callbacks.Callback):
             logs.update(peaks)  # History runs after user callbacks and copies these
         if self.log_dir and peaks:
             tags = {f"memory/{key}": float(value) for key, value in peaks.items()}
-            tf_runtime.write_scalars(self.log_dir, self._writers, tags, step=epoch)
+            self._tf.write_scalars(self.log_dir, self._writers, tags, step=epoch)
 
     def on_train_end(self, logs: Optional[dict] = None) -> None:
         self._close()

@@ -13,6 +13,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import List, Unicode, observe
 
 from . import grammar
+from .plan import Plan, PlanError
 from .session import Session, SessionError, get_session
 
 __all__ = ["GpuMagics", "MANUAL"]
@@ -102,27 +103,16 @@ class GpuMagics(Magics):
         return self.session.configure(command)
 
     def _use(self, command: grammar.Use) -> str:
-        if not isinstance(command.gpus, grammar.Auto):
-            return self.session.configure(command)
-        from . import inventory  # the chooser and its claims
-
-        try:
-            gpus, reason = inventory.choose_gpus(self.session, command.gpus, progress=print)
-        except inventory.ChoiceError as err:
-            raise SessionError(str(err)) from err
-        try:
-            answer = self.session.configure(grammar.Use(gpus))
-        except SessionError:
-            inventory.release_claims(self.session, gpus)  # chosen but not used: let others have them
-            raise
-        return f"{reason}\n{answer}"
+        return use(self.session, command, progress=print)
 
     def _monitor(self, command: grammar.Monitor) -> str | None:
         from . import monitor
 
         if command.off:
             return monitor.stop_panels()
-        monitor.open_panel(interval=command.interval, window=command.window, sidebar=command.sidebar)
+        monitor.open_panel(
+            interval=command.interval, window=command.window, sidebar=command.sidebar, session=self.session
+        )
         return None  # the panel displays itself; returning it would show it twice
 
     def _trace(self, command: grammar.Trace) -> str:
@@ -164,18 +154,63 @@ class GpuMagics(Magics):
             self.apply_defaults()
 
     def apply_defaults(self) -> None:
-        """Run the configured default commands; a bad one is reported, the rest still apply."""
+        """Run the configured default commands; a bad one is one line and skipped, the rest apply.
+
+        The defaults are what ``%gpu reset`` returns to: the plan the good lines make on their
+        own, not whatever else was requested before them.
+        """
+        self._loaded = True  # whatever happens below, later `%config` changes are honoured
+        session = self.session
+        defaults = Plan()
         for line in self.defaults:
             try:
-                command = grammar.parse(line)
-                if type(command) not in (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use,
-                                         grammar.Allocator, grammar.Precision):
-                    raise grammar.GrammarError(f"{line!r} is not a setting")
-                self.session.configure(command)
-            except (grammar.GrammarError, SessionError) as err:
+                command = grammar.parse(str(line))
+                if type(command) not in SETTINGS:
+                    raise grammar.GrammarError(f"{line!r} is not a setting; defaults take {', '.join(SETTING_VERBS)}")
+                use(session, command, progress=print)
+                defaults = defaults.with_command(_planned(session, command))
+            except (grammar.GrammarError, SessionError, PlanError) as err:
                 print(f"tfgpu_magic: ignored default {line!r}: {err}")
-        self.session.defaults = self.session.requested
-        self._loaded = True
+            except Exception as err:  # a default must never stop the extension from loading
+                print(f"tfgpu_magic: ignored default {line!r}: {type(err).__name__}: {err}")
+        session.defaults = defaults
+
+
+SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use, grammar.Allocator, grammar.Precision)
+SETTING_VERBS = ("use", "grow", "limit", "split", "allocator", "precision")
+
+
+def use(session: Session, command: Any, progress: Any = print) -> str:
+    """A configuration command; ``use auto`` chooses and claims first.
+
+    A refused choice changes nothing: GPUs claimed for it are given back, and the claims the
+    kernel held before stay (the session releases them only once it accepts the new request).
+    """
+    if not (isinstance(command, grammar.Use) and isinstance(command.gpus, grammar.Auto)):
+        return session.configure(command)
+    from . import choosing, claims  # the chooser and its claims
+
+    held_before = claims.held()
+    try:
+        gpus, reason = choosing.choose_gpus(session, command.gpus, progress=progress)
+    except choosing.ChoiceError as err:
+        raise SessionError(str(err)) from err
+    try:
+        answer = session.configure(grammar.Use(gpus), chosen_by_auto=True)
+    except SessionError:
+        for index in gpus:
+            key = choosing.claim_key(session.nvml, index)
+            if key is not None and key not in held_before:
+                claims.release(key)  # chosen but not used: let others have them
+        raise
+    return f"{reason}\n{answer}"
+
+
+def _planned(session: Session, command: Any) -> Any:
+    """The command as the session planned it (``use auto`` became GPU numbers)."""
+    if isinstance(command, grammar.Use) and isinstance(command.gpus, grammar.Auto):
+        return grammar.Use(session.requested.visible)  # type: ignore[arg-type]
+    return command
 
 
 def complete(shell: Any, event: Any) -> list[str]:

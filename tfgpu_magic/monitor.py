@@ -20,7 +20,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from .holdings import tf_by_gpu
 from .nvml import GpuLost, Nvml, NvmlUnavailable
+from .tf_runtime import Stage
 
 __all__ = [
     "DeviceSample",
@@ -200,7 +202,7 @@ class Sampler:
         status = None
         tf_stats, tf_note = _guarded(self._tf_stats, "TensorFlow's allocator statistics", {})
         tf_map, map_note, limits, limit_note, visible = self._configuration()
-        by_index = _tf_by_nvml_index(tf_stats, tf_map)
+        by_index = tf_by_gpu(tf_stats, tf_map)  # summed over logical GPUs, as `%gpu` shows it
         try:
             count = self.nvml.device_count()
             indices = [i for i in range(count) if visible is None or i in visible]
@@ -222,13 +224,13 @@ class Sampler:
             self._slow = (now, (tf_map, map_note, limits, limit_note, visible))
         return self._slow[1]
 
-    def _read_gpu(self, index: int, tf: Any, limit: Optional[int]) -> DeviceSample:
+    def _read_gpu(self, index: int, tf: Optional[tuple[int, int]], limit: Optional[int]) -> DeviceSample:
         base = dict(
             key=f"gpu{index}",
             label=self._label(index),
             limit_bytes=limit,
-            tf_in_use_bytes=_attr(tf, "current_bytes"),
-            tf_peak_bytes=_attr(tf, "peak_bytes"),
+            tf_in_use_bytes=tf[0] if tf else None,
+            tf_peak_bytes=tf[1] if tf else None,
         )
         try:
             memory = self.nvml.memory(index)
@@ -282,10 +284,6 @@ def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, Optio
 def _attr(obj: Any, name: str) -> Optional[int]:
     value = getattr(obj, name, None)
     return None if value is None else int(value)
-
-
-def _tf_by_nvml_index(stats: Mapping[str, Any], tf_map: Mapping[str, int]) -> dict[int, Any]:
-    return {tf_map[name]: s for name, s in stats.items() if name in tf_map}
 
 
 def _tf_only(name: str, stats: Any) -> DeviceSample:
@@ -387,11 +385,14 @@ def open_panel(
     *,
     nvml: Optional[Nvml] = None,
     display: bool = True,
+    session: Any = None,
     **sources: Callable[[], Any],
 ) -> Any:
     """Show a live memory panel (what ``%gpu monitor`` runs) and return it.
 
-    ``nvml`` replaces the kernel's NVML reader (a fake one in tests and tutorials), and
+    ``session`` is the kernel's :class:`~tfgpu_magic.session.Session` (the magic passes its
+    own; by default the process's).  ``nvml`` replaces its NVML reader (a simulated one in
+    tests and tutorials), and
     ``sources`` any of the other readers (``tf_stats``, ``tf_map``, ``limits``, ``visible``;
     see :class:`Sampler`).  The first panel's sources serve every panel while the sampler
     runs; the newest panel's interval applies to all of them.
@@ -404,7 +405,7 @@ def open_panel(
     _checked_interval(interval)
 
     def make() -> Sampler:  # called only when no sampler runs yet
-        return Sampler(interval=interval, keep_s=window, **{**_kernel_sources(nvml), **sources})
+        return Sampler(interval=interval, keep_s=window, **{**_kernel_sources(session, nvml), **sources})
 
     panel = MemoryPanel(_hub, make, interval=interval, window=window)
     if display:
@@ -412,25 +413,28 @@ def open_panel(
     return panel
 
 
-def _kernel_sources(nvml: Optional[Nvml]) -> dict[str, Any]:
-    """The real sources: the kernel's session and TensorFlow's allocator (never starting it).
+def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
+    """The real sources: the session's machine and TensorFlow's allocator (never starting it).
 
-    A given ``nvml`` (a fake server) shows all its GPUs: the session's visible indices belong
-    to the real one.
+    The sampler thread calls these: they read only what TensorFlow's adapter has published
+    from the importing thread, so sampling never imports anything (see tf_runtime).  A given
+    ``nvml`` (a simulated server) shows all its GPUs: the session's visible indices belong to
+    the real one.
     """
-    from . import tf_runtime  # never imports TensorFlow itself
-    from .session import get_session
+    if session is None:
+        from .session import get_session
 
-    session = get_session()
+        session = get_session()
+    tf = session.tf
 
     def tf_map() -> Mapping[str, int]:
-        if tf_runtime.stage() < tf_runtime.Stage.ENUMERATED:
-            return {}  # before enumeration cuda_map() would read every GPU for nothing
-        return tf_runtime.tf_gpu_to_nvml(session.cuda_map())
+        if tf.stage() < Stage.ENUMERATED:
+            return {}  # before enumeration the numbering would read every GPU for nothing
+        return session.gpu_by_tf_name()
 
     return dict(
         nvml=session.nvml if nvml is None else nvml,
-        tf_stats=tf_runtime.allocator_stats,
+        tf_stats=tf.allocator_stats,
         tf_map=tf_map,
         limits=session.limit_bytes_by_gpu,
         visible=session.visible_gpus if nvml is None else _no_visible,

@@ -42,7 +42,7 @@ def install(shell: Any, session: Any) -> None:
     if shell in _installed:
         return
     _installed.add(shell)
-    if tf_runtime.oom_error_type() is not None:
+    if session.tf.oom_error_type() is not None:
         _hook(shell, session)
         return
     import wrapt
@@ -59,7 +59,7 @@ def _hook_quietly(shell: Any, session: Any) -> None:
 
 def _hook(shell: Any, session: Any) -> None:
     """Add ResourceExhaustedError to IPython's custom exceptions, keeping any handler already set."""
-    oom_type = tf_runtime.oom_error_type()
+    oom_type = session.tf.oom_error_type()
     previous_types = tuple(shell.custom_exceptions)
     previous = shell.CustomTB if previous_types else None
     if oom_type is None or oom_type in previous_types:
@@ -128,10 +128,10 @@ def parse_message(message: str) -> OomSite:
 def gather(session: Any, error: BaseException) -> Facts:
     """Everything the explanation says, read now (the allocator right after the failure)."""
     site = parse_message(str(error))
-    device = site.device or (tf_runtime.memory_devices() or ("CPU:0",))[0]
+    device = site.device or (session.tf.memory_devices() or ("CPU:0",))[0]
     site = OomSite(device, site.request_bytes, site.request_text, site.allocator)
     facts = Facts(site, device, precision=getattr(session.requested, "precision", None))
-    stats = tf_runtime.memory_info(device)
+    stats = session.tf.memory_info(device)
     if stats is not None:
         facts.in_use_bytes = stats.current_bytes
     if device.startswith("GPU:"):
@@ -151,7 +151,7 @@ def _cpu_limit_text() -> str:
 
 
 def _gpu_facts(session: Any, facts: Facts, device: str) -> None:
-    index = tf_runtime.tf_gpu_to_nvml(session.cuda_map()).get(device)
+    index = session.gpu_by_tf_name().get(device)
     facts.gpu = index
     if index is None:
         facts.limit_text = "unknown (TensorFlow's GPU numbering could not be mapped to nvidia-smi's)"
@@ -177,14 +177,14 @@ def _gpu_facts(session: Any, facts: Facts, device: str) -> None:
 
 def _other_processes(session: Any, info: Any) -> tuple[list[str], Optional[str]]:
     """Other processes on the GPU with owners, largest first (the inventory's attribution)."""
-    from . import inventory  # psutil, only when there is something to explain
+    from . import holdings, owners  # psutil, only when there is something to explain
 
-    table = inventory.process_table_for(session.nvml)
-    usage = inventory.attribute(session.nvml, info, table, os.getpid(), table.current_user())
+    table = owners.process_table_for(session.nvml)
+    usage = holdings.attribute(session.nvml, info, table, os.getpid(), table.current_user())
     if usage.processes is None:
         return [], "; ".join(usage.notes) or "NVML could not list the processes"
     others = sorted(
-        (e for e in usage.processes if e.whose != inventory.THIS_KERNEL),
+        (e for e in usage.processes if e.whose != holdings.THIS_KERNEL),
         key=lambda e: -(e.used_memory_bytes or 0),
     )
     return [_process_line(e) for e in others], None

@@ -1,8 +1,12 @@
-"""The requested configuration as data, and the decisions on combinations TensorFlow mishandles.
+"""What was asked (:class:`Plan`), and what it means on this machine (:func:`resolve`).
 
-A :class:`Plan` is what the user asked for, independent of TensorFlow's stage.  ``None`` in a
-field means "not asked; TensorFlow's default".  Turning a plan into TensorFlow settings is
-:mod:`tfgpu_magic.tf_runtime`'s job; this module only decides what the settings *are*:
+A :class:`Plan` is the request, independent of TensorFlow's stage.  ``None`` in a field means
+"not asked; TensorFlow's default".  :func:`resolve` turns it, once, into a :class:`Resolution`:
+which nvidia-smi GPUs TensorFlow is shown, and each one's logical GPUs in MiB.  The
+environment variables, the ``tf.config`` calls, ``%gpu``, the panel, the out-of-memory
+explanation and the claims all read that one object.
+
+Decisions on combinations TensorFlow mishandles:
 
 * growth and a limit together: TensorFlow silently drops growth on a GPU with a logical
   device configuration, so growth is carried by ``TF_FORCE_GPU_ALLOW_GROWTH=true``, which its
@@ -19,8 +23,9 @@ from typing import Optional, Union
 
 from . import grammar
 from .grammar import Percent, Size
+from .units import MIB, format_bytes
 
-__all__ = ["CONTEXT_RESERVE_MIB", "Plan", "PlanError", "logical_sizes_mib", "limit_mib"]
+__all__ = ["CONTEXT_RESERVE_MIB", "GpuPlan", "MachineFacts", "Plan", "PlanError", "Resolution", "resolve"]
 
 # Memory a CUDA context and TensorFlow's libraries take outside any TensorFlow limit
 # (landscape.md: a 512 MB limit showed 1869 MiB in nvidia-smi).  Left free when `split N`
@@ -29,10 +34,10 @@ CONTEXT_RESERVE_MIB = 1536
 
 
 class PlanError(ValueError):
-    """A command that contradicts the rest of the plan; the message says how to resolve it."""
+    """A request that contradicts itself or the machine; the message says how to resolve it."""
 
 
-Visible = Union[tuple[int, ...], str, None]  # NVML indices, "all", "none", or None (not asked)
+Visible = Union[tuple[int, ...], str, None]  # nvidia-smi indices, "all", "none", or None (not asked)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class Plan:
         """The plan after one configuration command; raises :class:`PlanError` on a conflict."""
         if isinstance(command, grammar.Use):
             if isinstance(command.gpus, grammar.Auto):
-                raise TypeError("resolve `use auto` to GPU numbers before planning")
+                raise PlanError("`use auto` is resolved to GPU numbers before it is planned")
             return replace(self, visible=command.gpus)
         if isinstance(command, grammar.Grow):
             return replace(self, growth=command.on)
@@ -93,28 +98,165 @@ class Plan:
         return lines
 
     @property
-    def needs_logical_devices(self) -> bool:
-        return self.limits is not None or self.split is not None
+    def gpu_settings(self) -> bool:
+        """True when anything but the precision is asked (those need a GPU to take effect)."""
+        return replace(self, precision=None) != Plan()
 
 
 def _sizes_text(sizes: tuple[Size, ...]) -> str:
     return ",".join(str(s) if isinstance(s, Percent) else f"{s}MiB" for s in sizes)
 
 
-def limit_mib(plan: Plan, position: int, total_mib: Optional[int]) -> Optional[int]:
-    """The cap of the ``position``-th visible GPU, in MiB, or None when no limit is asked.
+@dataclass(frozen=True)
+class MachineFacts:
+    """What resolving needs to know about the machine (built by :class:`tfgpu_magic.machine.Machine`).
 
-    One size applies to every GPU; a list gives one size per visible GPU, in order.
-    A percentage needs the GPU's total memory (from NVML).
+    ``count`` and ``totals_mib`` come from NVML (None without it).  ``allocated`` are the
+    nvidia-smi indices the environment allows (None: unknown); ``cuda_found`` the GPUs CUDA
+    listed at enumeration (None before it).  ``default_visible`` is what TensorFlow shows when
+    no ``%gpu use`` is asked.
     """
+
+    count: Optional[int]
+    totals_mib: dict[int, Optional[int]]
+    allocated: Optional[tuple[int, ...]]
+    allocation_text: Optional[str]  # "GPU 2, 3" when the environment restricts, else None
+    cuda_found: Optional[tuple[int, ...]]
+    default_visible: Optional[tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """One visible GPU as the plan configures it."""
+
+    index: int  # nvidia-smi's
+    total_mib: Optional[int]
+    cap_mib: Optional[int]  # the per-GPU limit, resolved (None: no limit)
+    logical_mib: Optional[tuple[int, ...]]  # logical GPUs to create (a limit alone: one of that size)
+
+    @property
+    def configured_bytes(self) -> Optional[int]:
+        """Everything TensorFlow may take on this GPU (the panel's limit line), or None."""
+        return None if not self.logical_mib else sum(self.logical_mib) * MIB
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A plan made concrete for this machine: the one answer every reader uses."""
+
+    plan: Plan
+    visible: Optional[tuple[int, ...]]  # nvidia-smi indices TensorFlow will see; None: unknown
+    gpus: tuple[GpuPlan, ...]  # one per visible GPU, in order
+
+    def gpu(self, index: int) -> Optional[GpuPlan]:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def logical_mib(self) -> dict[int, Optional[tuple[int, ...]]]:
+        return {g.index: g.logical_mib for g in self.gpus}
+
+    def caps_bytes(self) -> dict[int, int]:
+        """nvidia-smi index -> bytes TensorFlow may take there (only GPUs with a configured cap)."""
+        return {g.index: g.configured_bytes for g in self.gpus if g.configured_bytes is not None}
+
+    def describe(self) -> list[str]:
+        """The request in the commands' words, percentages and splits shown per GPU."""
+        lines = self.plan.describe()
+        sized = [g for g in self.gpus if g.logical_mib]
+        if not sized or (self.plan.limits is None and self.plan.split is None):
+            return lines
+        per_gpu = "; ".join(f"GPU {g.index}: {_logical_text(g)}" for g in sized)
+        return [*lines, f"per GPU: {per_gpu}"]
+
+
+def _logical_text(gpu: GpuPlan) -> str:
+    sizes = gpu.logical_mib or ()
+    if len(sizes) == 1:
+        return format_bytes(sizes[0] * MIB)
+    return f"{len(sizes)} x {format_bytes(sizes[0] * MIB)}" if len(set(sizes)) == 1 else " + ".join(
+        format_bytes(s * MIB) for s in sizes
+    )
+
+
+def resolve(plan: Plan, facts: MachineFacts) -> Resolution:
+    """The plan on this machine; raises :class:`PlanError` (one line, with the remedy)."""
+    visible = _visible(plan, facts)
+    if plan.limits is not None and len(plan.limits) > 1:
+        count = len(visible) if visible is not None else None
+        if count is not None and count != len(plan.limits):
+            raise PlanError(
+                f"`%gpu limit` gives {len(plan.limits)} sizes but {count} GPU"
+                f"{'s are' if count != 1 else ' is'} visible; give one size for all GPUs "
+                "or one per visible GPU"
+            )
+    positions = visible if visible is not None else tuple(range(len(plan.limits or ())))
+    gpus = tuple(_gpu_plan(plan, position, index, facts.totals_mib.get(index)) for position, index in enumerate(positions))
+    return Resolution(plan, visible, gpus if visible is not None else ())
+
+
+def _visible(plan: Plan, facts: MachineFacts) -> Optional[tuple[int, ...]]:
+    if plan.visible is None:
+        return facts.default_visible
+    if plan.visible == "none":
+        return ()
+    allowed = facts.allocated if facts.allocated is not None else (
+        None if facts.count is None else tuple(range(facts.count))
+    )
+    if plan.visible == "all":
+        return allowed if facts.cuda_found is None or allowed is None else tuple(
+            i for i in allowed if i in facts.cuda_found
+        )
+    wanted = tuple(sorted(plan.visible))
+    if facts.count is not None:
+        missing = [i for i in wanted if i >= facts.count]
+        if missing:
+            valid = f"0-{facts.count - 1}" if facts.count else "none"
+            raise PlanError(
+                f"no GPU {','.join(map(str, missing))}: this machine has {facts.count} GPU"
+                f"{'s' if facts.count != 1 else ''} (numbers {valid}, as nvidia-smi shows); {grammar.usage('use')}"
+            )
+    if facts.allocation_text is not None and facts.allocated is not None:
+        outside = [i for i in wanted if i not in facts.allocated]
+        if outside:
+            raise PlanError(
+                f"GPU {','.join(map(str, outside))} is outside this kernel's allocation: the environment "
+                f"allocated {facts.allocation_text} (CUDA_VISIBLE_DEVICES was set before the kernel started); "
+                f"{grammar.usage('use')}"
+            )
+    if facts.cuda_found is not None:
+        hidden = [i for i in wanted if i not in facts.cuda_found]
+        if hidden:
+            raise PlanError(_not_found_by_cuda(hidden, facts.cuda_found))
+    return wanted
+
+
+def _not_found_by_cuda(hidden: list[int], found: tuple[int, ...]) -> str:
+    if not found:
+        return (
+            "TensorFlow found no GPU at all (a CPU-only TensorFlow build, or no working NVIDIA "
+            "driver), so `%gpu use` cannot take effect; check `nvidia-smi` and `pip show tensorflow`"
+        )
+    return (
+        f"TensorFlow did not find GPU {','.join(map(str, hidden))} (it found: {','.join(map(str, found))}); "
+        "it was hidden by CUDA_VISIBLE_DEVICES before TensorFlow listed its devices. Restart the kernel "
+        "and put the `%gpu use` line before `import tensorflow`"
+    )
+
+
+def _gpu_plan(plan: Plan, position: int, index: int, total_mib: Optional[int]) -> GpuPlan:
+    cap = _cap_mib(plan, position, index, total_mib)
+    if cap is not None and total_mib is not None and cap > total_mib:
+        raise PlanError(
+            f"GPU {index} has {total_mib} MiB; {cap} MiB does not fit "
+            "(use a smaller size or a percentage, e.g. `%gpu limit 90%`)"
+        )
+    return GpuPlan(index, total_mib, cap, _logical_sizes(plan, index, cap, total_mib))
+
+
+def _cap_mib(plan: Plan, position: int, index: int, total_mib: Optional[int]) -> Optional[int]:
+    """The cap of the ``position``-th visible GPU, in MiB; a list gives one size per GPU, in order."""
     if plan.limits is None:
         return None
     sizes = plan.limits
-    if len(sizes) != 1 and position >= len(sizes):
-        raise PlanError(
-            f"`%gpu limit` gives {len(sizes)} sizes but GPU #{position + 1} is visible too; "
-            "give one size for all GPUs or one per visible GPU"
-        )
     size = sizes[0] if len(sizes) == 1 else sizes[position]
     if isinstance(size, Percent):
         if total_mib is None:
@@ -126,14 +268,17 @@ def limit_mib(plan: Plan, position: int, total_mib: Optional[int]) -> Optional[i
     return int(size)
 
 
-def logical_sizes_mib(plan: Plan, position: int, total_mib: Optional[int]) -> Optional[list[int]]:
-    """The logical GPUs to create on the ``position``-th visible GPU (MiB each), or None."""
-    cap = limit_mib(plan, position, total_mib)
+def _logical_sizes(plan: Plan, index: int, cap: Optional[int], total_mib: Optional[int]) -> Optional[tuple[int, ...]]:
     split = plan.split
     if split is None:
-        return None if cap is None else [cap]
+        return None if cap is None else (cap,)
     if split.sizes:
-        return list(split.sizes)
+        if total_mib is not None and sum(split.sizes) > total_mib:
+            raise PlanError(
+                f"GPU {index} has {total_mib} MiB; {sum(split.sizes)} MiB does not fit "
+                "(use a smaller size or a percentage, e.g. `%gpu limit 90%`)"
+            )
+        return tuple(split.sizes)
     assert split.count is not None
     if cap is None:
         if total_mib is None:
@@ -142,4 +287,4 @@ def logical_sizes_mib(plan: Plan, position: int, total_mib: Optional[int]) -> Op
                 "name the sizes instead (e.g. `%gpu split 4G,4G`)"
             )
         cap = max(split.count, total_mib - CONTEXT_RESERVE_MIB)
-    return [cap // split.count] * split.count
+    return (cap // split.count,) * split.count

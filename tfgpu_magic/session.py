@@ -1,10 +1,12 @@
 """The kernel's GPU session: what was asked, and getting it into TensorFlow at the right moment.
 
-One :class:`Session` per process (:func:`get_session`).  It validates commands against the
-machine (NVML), sets what must precede CUDA start-up in the environment, applies the rest
-through ``tf.config`` as soon as TensorFlow is imported (a post-import hook, so ``import
-tensorflow`` and the first op may share a cell), and refuses, with the exact remedy, what a
-started TensorFlow can no longer change.  Works without IPython; messages are plain strings.
+A :class:`Session` holds the request (a :class:`~tfgpu_magic.plan.Plan`) and the
+:class:`~tfgpu_magic.machine.Machine`.  Each command is resolved once against the machine
+(:func:`~tfgpu_magic.plan.resolve`); the environment variables CUDA and TensorFlow read at
+start-up, the ``tf.config`` calls and every report come from that one resolution.  Settings
+that TensorFlow reads at import time wait in a post-import hook, so ``import tensorflow`` and
+the first op may share a cell; what a started TensorFlow can no longer change is refused with
+the exact remedy.  Works without IPython; messages are plain strings.
 """
 
 from __future__ import annotations
@@ -12,18 +14,19 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, Optional
+from collections.abc import MutableMapping
+from typing import Any, Callable, Optional
 
-from . import grammar, numbering, tf_runtime
+from . import grammar, numbering
+from .machine import MANAGED_ENV, Machine
 from .nvml import Nvml
-from .plan import Plan, PlanError, limit_mib, logical_sizes_mib
-from .tf_runtime import Stage
-from .units import MIB, format_bytes, format_change
+from .plan import Plan, PlanError, Resolution, resolve
+from .tf_runtime import ASYNC_ALLOCATOR, AllocatorStats, ApplyError, InForce, Stage, TensorFlow
+from .units import format_bytes, format_change
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
 
-# Variables the session manages.  Their values when the session began are restored on reset.
-MANAGED_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")
+GPU_COMMANDS = (grammar.Use, grammar.Grow, grammar.Limit, grammar.Split, grammar.Allocator)
 
 
 class SessionError(ValueError):
@@ -31,207 +34,194 @@ class SessionError(ValueError):
 
 
 class Session:
-    def __init__(self, nvml: Optional[Nvml] = None, env: Optional[dict[str, str]] = None) -> None:
-        self.nvml = nvml if nvml is not None else Nvml()
-        self.env = os.environ if env is None else env
-        self.inherited = {name: self.env.get(name) for name in MANAGED_ENV}
+    def __init__(
+        self,
+        nvml: Optional[Nvml] = None,
+        env: Optional[MutableMapping[str, str]] = None,
+        tf: Optional[TensorFlow] = None,
+        machine: Optional[Machine] = None,
+    ) -> None:
+        self.machine = machine if machine is not None else Machine(nvml, env, tf)
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
         self.requested = Plan()
-        self.owned_logical: set[int] = set()  # NVML indices whose logical devices we configured
+        self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         self.hook_errors: list[str] = []
+        self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
         self._lock = threading.RLock()
 
-    def prepare(self) -> None:
-        """At extension load: number CUDA's GPUs as nvidia-smi does, and watch for TensorFlow."""
-        if tf_runtime.stage() < Stage.ENUMERATED and self.inherited["CUDA_DEVICE_ORDER"] is None:
-            self.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        if tf_runtime.stage() is Stage.NOT_IMPORTED:
-            install_import_hooks()
+    # The machine's parts, by their old names (scripts and tests use them).
+    @property
+    def nvml(self) -> Nvml:
+        return self.machine.nvml
 
-    # -- machine facts ----------------------------------------------------------------------
-    def gpu_uuids(self) -> Optional[list[Optional[str]]]:
-        """Every GPU's UUID in NVML order, or None without NVML."""
-        if not self.nvml.available():
-            return None
-        return [self.nvml.uuid(i) for i in range(self.nvml.device_count())]
+    @nvml.setter
+    def nvml(self, nvml: Nvml) -> None:
+        self.machine.nvml = nvml
 
-    def cuda_map(self) -> list[int]:
-        """NVML index of each CUDA device (TensorFlow's physical GPU k is entry k)."""
-        uuids = self.gpu_uuids()
-        if uuids is None:  # no NVML: trust the indices as written
-            raw = self.env.get("CUDA_VISIBLE_DEVICES")
-            if raw is None:
-                return list(range(64))
-            return numbering.cuda_to_nvml(self.env, [None] * 64)
-        return numbering.cuda_to_nvml(self.env, uuids)
+    @property
+    def env(self) -> MutableMapping[str, str]:
+        return self.machine.env
 
-    def totals_mib(self) -> dict[int, Optional[int]]:
-        if not self.nvml.available():
-            return {}
-        totals: dict[int, Optional[int]] = {}
-        for i in range(self.nvml.device_count()):
-            total = self.nvml.total_bytes(i)
-            totals[i] = None if total is None else total // MIB
-        return totals
+    @property
+    def tf(self) -> TensorFlow:
+        return self.machine.tf
 
-    def planned_visible(self, plan: Optional[Plan] = None) -> Optional[list[int]]:
-        """NVML indices the plan shows TensorFlow, in order; None when unknown (no NVML)."""
-        plan = plan or self.requested
-        if plan.visible == "none":
-            return []
-        if isinstance(plan.visible, tuple):
-            return sorted(plan.visible)
-        uuids = self.gpu_uuids()
-        if uuids is None:
-            return None
-        if plan.visible == "all":
-            return list(range(len(uuids)))
-        return sorted(numbering.cuda_to_nvml(self.inherited_env(), uuids))
+    def prepare(self, say: Callable[[str], None] = print) -> None:
+        """At extension load: watch for TensorFlow, and number CUDA's GPUs as nvidia-smi does."""
+        self._install_import_hooks()
+        if self.tf.stage() >= Stage.ENUMERATED:
+            return
+        inherited = self.machine.inherited["CUDA_DEVICE_ORDER"]
+        self.machine.set_env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        if inherited is not None and not numbering.order_is_nvml({"CUDA_DEVICE_ORDER": inherited}):
+            note = (
+                f"CUDA_DEVICE_ORDER was {inherited!r}; tfgpu_magic set it to PCI_BUS_ID so that CUDA "
+                "numbers the GPUs as nvidia-smi does (before CUDA started, so nothing else changes)"
+            )
+            self.notes.append(note)
+            say(f"tfgpu_magic: {note}")
 
-    def inherited_env(self) -> dict[str, str]:
-        return {k: v for k, v in self.inherited.items() if v is not None}
+    # -- the resolution -------------------------------------------------------------------------
+    def resolution(self, plan: Optional[Plan] = None) -> Resolution:
+        """The request (or ``plan``) on this machine; raises SessionError if it cannot hold."""
+        try:
+            return resolve(self.requested if plan is None else plan, self.machine.facts())
+        except PlanError as err:
+            raise SessionError(str(err)) from None
 
     def visible_gpus(self) -> Optional[list[int]]:
-        """NVML indices this kernel sees now (TensorFlow's view once it enumerated)."""
-        if tf_runtime.stage() >= Stage.ENUMERATED:
-            return sorted(set(tf_runtime.tf_gpu_to_nvml(self.cuda_map()).values()))
-        return self.planned_visible()
+        """nvidia-smi indices this kernel sees (TensorFlow's view once it enumerated); None: unknown."""
+        if self.tf.stage() >= Stage.ENUMERATED:
+            return sorted(set(self.tf.gpu_names(self.machine.cuda_map()).values()))
+        try:
+            visible = self.resolution().visible
+        except SessionError:
+            return None
+        return None if visible is None else list(visible)
+
+    def in_force(self) -> Optional[InForce]:
+        """What TensorFlow runs with (started) or will start with (enumerated); None before."""
+        if self.tf.stage() < Stage.ENUMERATED:
+            return None
+        return self.tf.in_force(self.machine.cuda_map(), self.env)
 
     def limit_bytes_by_gpu(self) -> dict[int, int]:
-        """The configured cap of each visible GPU, in bytes (for the monitor's limit line)."""
-        visible = self.visible_gpus() or []
-        totals = self.totals_mib()
-        caps: dict[int, int] = {}
-        for position, index in enumerate(visible):
-            try:
-                sizes = logical_sizes_mib(self.requested, position, totals.get(index))
-            except PlanError:
-                continue
-            if sizes:
-                caps[index] = sum(sizes) * MIB
-        return caps
+        """The configured cap of each visible GPU, in bytes (the panel's limit line)."""
+        try:
+            return self.resolution().caps_bytes()
+        except SessionError:
+            return {}
 
-    # -- configuration ----------------------------------------------------------------------
-    def configure(self, command: Any) -> str:
+    def gpu_by_tf_name(self) -> dict[str, int]:
+        """TensorFlow's ``GPU:j`` -> nvidia-smi index (empty before enumeration)."""
+        return self.tf.gpu_names(self.machine.cuda_map())
+
+    # -- configuration ----------------------------------------------------------------------------
+    def configure(self, command: Any, chosen_by_auto: bool = False) -> str:
         """Carry out a configuration command; returns what happened, raises SessionError."""
         with self._lock:
             try:
                 plan = self.requested.with_command(command)
             except PlanError as err:
                 raise SessionError(str(err)) from None
-            self._validate(plan)
-            stage = tf_runtime.stage()
             what = _describe_command(command)
+            if isinstance(command, grammar.Precision):  # the Keras policy is never frozen
+                return f"{what}: {self._set_precision(plan)}"
+            stage = self.tf.stage()
+            resolution = self.resolution(plan)
+            shown = what + _resolved_suffix(command, resolution)
             if stage is Stage.STARTED:
-                if plan == self.requested:  # a notebook re-run: the same request, quietly
-                    return f"{what}: already requested; nothing changed (TensorFlow has started)"
-                if isinstance(command, grammar.Precision):  # Keras policy is never frozen
-                    self._apply(plan, stage)
-                    self.requested = plan
-                    return f"{what}: {self._when(plan, command, stage)}"
-                self._check_in_force(plan, command, what)
-                self.requested = plan
-                return f"{what}: already in force (TensorFlow has started); nothing changed"
-            self._apply(plan, stage)
-            self.requested = plan
-            return f"{what}: {self._when(plan, command, stage)}"
-
-    def _when(self, plan: Plan, command: Any, stage: Stage) -> str:
-        if isinstance(command, grammar.Precision):
-            if tf_runtime.keras_policy() is not None:
-                return "Keras global policy set now"
-            return "set when Keras is imported"
-        if stage is Stage.NOT_IMPORTED:
-            return "takes effect when TensorFlow is imported (before its first op)"
-        return "applied to TensorFlow now (imported, not started)"
-
-    def _validate(self, plan: Plan) -> None:
-        """Check a plan against the machine; raises SessionError without changing anything."""
-        count = self.nvml.device_count() if self.nvml.available() else None
-        if isinstance(plan.visible, tuple) and count is not None:
-            missing = [i for i in plan.visible if i >= count]
-            if missing:
-                valid = f"0-{count - 1}" if count else "none"
-                raise SessionError(
-                    f"no GPU {','.join(map(str, missing))}: this machine has {count} GPU"
-                    f"{'s' if count != 1 else ''} (numbers {valid}, as nvidia-smi shows); "
-                    f"{grammar.usage('use')}"
+                if plan != self.requested:
+                    self._check_in_force(resolution, command, what)
+                answer = (
+                    "already requested; nothing changed (TensorFlow has started)"
+                    if plan == self.requested
+                    else "already in force (TensorFlow has started); nothing changed"
                 )
-        visible = self.planned_visible(plan)
-        if visible is None:
-            visible = list(range(len(plan.limits))) if plan.limits else []
-        totals = self.totals_mib()
-        if plan.limits is not None and len(plan.limits) > 1 and len(plan.limits) != len(visible):
-            raise SessionError(
-                f"`%gpu limit` gives {len(plan.limits)} sizes but {len(visible)} GPU"
-                f"{'s are' if len(visible) != 1 else ' is'} visible; give one size for all GPUs "
-                "or one per visible GPU"
+                self._settle(plan, chosen_by_auto)
+                return f"{shown}: {answer}"
+            self._apply(resolution, stage)
+            self._settle(plan, chosen_by_auto)
+            when = (
+                "takes effect when TensorFlow is imported (before its first op)"
+                if stage is Stage.NOT_IMPORTED
+                else "applied to TensorFlow now (imported, not started)"
             )
-        for position, index in enumerate(visible):
-            try:
-                sizes = logical_sizes_mib(plan, position, totals.get(index))
-                cap = limit_mib(plan, position, totals.get(index))
-            except PlanError as err:
-                raise SessionError(str(err)) from None
-            total = totals.get(index)
-            asked = cap if cap is not None else sum(sizes or [])
-            if total is not None and asked > total:
-                raise SessionError(
-                    f"GPU {index} has {total} MiB; {asked} MiB does not fit "
-                    f"(use a smaller size or a percentage, e.g. `%gpu limit 90%`)"
-                )
+            return f"{shown}: {when}"
 
-    def _apply(self, plan: Plan, stage: Stage) -> None:
+    def _settle(self, plan: Plan, chosen_by_auto: bool) -> None:
+        """The request is accepted: claims follow it (what is claimed is what is requested)."""
+        self.requested = plan
+        visible = plan.visible if isinstance(plan.visible, tuple) else ()
+        if chosen_by_auto:
+            keep = visible
+        else:
+            keep = tuple(i for i in self.claimed if i in visible)
+        for index in self.claimed:
+            if index not in keep:
+                from . import choosing  # claims: only when some were made
+
+                choosing.release(self, index)
+        self.claimed = keep
+
+    def _set_precision(self, plan: Plan) -> str:
+        self.requested = plan
+        if self.tf.keras_policy() is None:
+            return "set when Keras is imported"
+        self.tf.set_keras_policy(plan.precision or "float32")
+        return "Keras global policy set now"
+
+    def _apply(self, resolution: Resolution, stage: Stage) -> None:
         """Environment first (read at CUDA start-up), then tf.config once TensorFlow is here."""
         saved = {name: self.env.get(name) for name in MANAGED_ENV}
         try:
-            self._set_environment(plan, stage)
+            self._set_environment(resolution, stage)
             if Stage.IMPORTED <= stage < Stage.STARTED:
-                self._apply_tf(plan, stage)
-            if plan.precision is not None and tf_runtime.keras_policy() is not None:
-                tf_runtime.set_keras_policy(plan.precision)
-        except (tf_runtime.ApplyError, PlanError, ValueError, RuntimeError) as err:
+                self._apply_tf(resolution, stage)
+        except (ApplyError, ValueError, RuntimeError) as err:
             for name, value in saved.items():
-                _set_env(self.env, name, value)
-            if isinstance(err, (tf_runtime.ApplyError, PlanError)):
+                self.machine.set_env(name, value)
+            if isinstance(err, ApplyError):
                 raise SessionError(str(err)) from None
             raise SessionError(f"TensorFlow refused it: {err}") from None
-        if stage is Stage.NOT_IMPORTED:
-            install_import_hooks()
 
-    def _set_environment(self, plan: Plan, stage: Stage) -> None:
-        env = self.env
-        if stage is Stage.STARTED:
-            return  # TensorFlow read these at start-up; changing them now would only mislead
+    def _set_environment(self, resolution: Resolution, stage: Stage) -> None:
+        """The variables CUDA reads at enumeration and TensorFlow at its first op."""
+        plan, machine = resolution.plan, self.machine
         if stage < Stage.ENUMERATED:
-            if self.inherited["CUDA_DEVICE_ORDER"] is None:
-                env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as nvidia-smi does
-            if plan.visible is None:
-                _set_env(env, "CUDA_VISIBLE_DEVICES", self.inherited["CUDA_VISIBLE_DEVICES"])
-            elif plan.visible == "all":
-                env.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                gpus = [] if plan.visible == "none" else sorted(plan.visible)
-                env["CUDA_VISIBLE_DEVICES"] = numbering.visible_env_value(gpus)
+            machine.set_env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA numbers GPUs as nvidia-smi does
+            machine.set_env("CUDA_VISIBLE_DEVICES", self._visible_env(resolution))
         growth = None if plan.growth is None else ("true" if plan.growth else "false")
-        _set_env(env, "TF_FORCE_GPU_ALLOW_GROWTH", growth or self.inherited["TF_FORCE_GPU_ALLOW_GROWTH"])
-        allocator = {"async": tf_runtime.ASYNC_ALLOCATOR, "default": None}
-        _set_env(
-            env,
+        machine.set_env("TF_FORCE_GPU_ALLOW_GROWTH", growth or machine.unmanaged_value("TF_FORCE_GPU_ALLOW_GROWTH"))
+        allocator = {"async": ASYNC_ALLOCATOR, "default": None}
+        machine.set_env(
             "TF_GPU_ALLOCATOR",
-            allocator[plan.allocator] if plan.allocator else self.inherited["TF_GPU_ALLOCATOR"],
+            allocator[plan.allocator] if plan.allocator else machine.unmanaged_value("TF_GPU_ALLOCATOR"),
         )
 
-    def _apply_tf(self, plan: Plan, stage: Stage) -> None:
-        """tf.config work.  Before enumeration only what the environment cannot carry."""
-        needs_tf = plan.needs_logical_devices or self.owned_logical
-        if stage >= Stage.ENUMERATED or needs_tf:
-            tf_runtime.apply_before_start(plan, self.cuda_map(), self.totals_mib(), self.owned_logical)
+    def _visible_env(self, resolution: Resolution) -> Optional[str]:
+        plan, allocation = resolution.plan, self.machine.allocation()
+        if plan.visible is None or (plan.visible == "all" and not allocation.restricted):
+            return self.machine.unmanaged_value("CUDA_VISIBLE_DEVICES") if plan.visible is None else None
+        if plan.visible == "all" and resolution.visible is None:
+            return allocation.raw  # the allocation as the environment wrote it
+        gpus = resolution.visible if resolution.visible is not None else tuple(sorted(plan.visible))  # type: ignore[arg-type]
+        return numbering.visible_env_value(gpus)
 
-    def _check_in_force(self, plan: Plan, command: Any, what: str) -> None:
+    def _apply_tf(self, resolution: Resolution, stage: Stage) -> None:
+        """tf.config work.  Before enumeration only what the environment cannot carry."""
+        plan, tf = resolution.plan, self.tf
+        logical = any(g.logical_mib for g in resolution.gpus)
+        if stage < Stage.ENUMERATED and not (logical or tf.owned_logical):
+            return
+        asked = plan.visible is not None or tf.owned_visibility
+        tf.apply(resolution.visible if asked else None, resolution.logical_mib(), plan.growth, self.machine.cuda_map())
+
+    def _check_in_force(self, resolution: Resolution, command: Any, what: str) -> None:
         """After start-up: an identical setting passes, a different one gets the remedy."""
-        force = tf_runtime.in_force(self.cuda_map())
-        differs, now = self._difference(plan, command, force)
+        force = self.in_force()
+        assert force is not None
+        differs, now = _difference(resolution, command, force)
         if differs:
             raise SessionError(
                 f"TensorFlow has already started with {now}, and cannot change it in a running "
@@ -239,61 +229,65 @@ class Session:
                 "and restart the kernel"
             )
 
-    def _difference(self, plan: Plan, command: Any, force: tf_runtime.InForce) -> tuple[bool, str]:
-        visible = force.visible_nvml
-        shown = "GPU " + ",".join(map(str, visible)) if visible else "no GPU"
-        if isinstance(command, grammar.Use):
-            wanted = self.planned_visible(plan)
-            return (wanted is not None and tuple(wanted) != visible), f"{shown} visible"
-        if not visible:
-            return True, "no GPU visible (so GPU memory settings cannot take effect)"
-        if isinstance(command, grammar.Grow):
-            return bool(force.growth) != command.on, f"memory growth {'on' if force.growth else 'off'}"
-        if isinstance(command, grammar.Allocator):
-            return force.allocator != command.name, f"the {force.allocator} allocator"
-        totals = self.totals_mib()
-        for position, index in enumerate(visible):
-            sizes = logical_sizes_mib(plan, position, totals.get(index))
-            current = force.logical_mib.get(index)
-            if (tuple(sizes) if sizes else None) != current:
-                return True, f"GPU {index} at {_logical_text(current)}"
-        return False, ""
-
-    # -- reset, free ------------------------------------------------------------------------
+    # -- reset, free ------------------------------------------------------------------------------
     def reset(self) -> str:
+        """Back to the configured defaults; says what is requested now and what cannot be undone."""
         with self._lock:
-            stage = tf_runtime.stage()
-            if stage is Stage.STARTED:
-                return "nothing to forget: TensorFlow has started, so every accepted setting is in force"
-            dropped = self.requested.describe()
-            self._apply(self.defaults, stage)
-            self.requested = self.defaults
-            from . import claims  # GPUs claimed by `%gpu use auto` go back to the pool
+            stage = self.tf.stage()
+            before = self.requested
+            target = self.defaults
+            kept = _gpu_part(before) if stage is Stage.STARTED else Plan()
+            if stage is Stage.STARTED:  # GPU settings are frozen: only the precision can go back
+                target = Plan(**{**_fields(kept), "precision": self.defaults.precision})
+            else:
+                self._apply(self.resolution(target), stage)
+            if before.precision != target.precision and self.tf.keras_policy() is not None:
+                self.tf.set_keras_policy(target.precision or "float32")
+            self._settle(target, chosen_by_auto=False)
+            forgot = [line for line in before.describe() if line not in target.describe()]
+            lines = ["forgot: " + "; ".join(forgot) if forgot else "nothing to forget"]
+            now = target.describe()
+            lines.append("requested now: " + ("; ".join(now) if now else "nothing (TensorFlow's defaults)"))
+            lines.extend(f"cannot undo: {why}" for why in self._frozen(stage, kept))
+            return "\n".join(lines)
 
-            claims.release_all()
-            if not dropped:
-                return "nothing was requested"
-            return "forgot: " + "; ".join(dropped)
+    def _frozen(self, stage: Stage, kept: Plan) -> list[str]:
+        """What reset leaves in place because CUDA or TensorFlow has already read it."""
+        reasons = []
+        if stage is Stage.STARTED and kept.describe():
+            reasons.append(
+                f"{'; '.join(kept.describe())} (TensorFlow has started with them; restart the kernel to drop them)"
+            )
+        seen = self.tf.cuda_seen
+        if stage is Stage.ENUMERATED and seen is not None:
+            value = seen.get("CUDA_VISIBLE_DEVICES")
+            if value is not None and value != self.machine.inherited["CUDA_VISIBLE_DEVICES"]:
+                reasons.append(
+                    f"CUDA_VISIBLE_DEVICES={value} was read by CUDA when TensorFlow listed its devices; "
+                    "GPUs hidden then stay hidden until the kernel restarts"
+                )
+        return reasons
 
     def free(self) -> str:
         """Keras clear_session and garbage collection, with before/after readings."""
         with self._lock:
-            started = tf_runtime.stage() is Stage.STARTED
-            before_tf, before_nvml = tf_runtime.allocator_stats(), self._my_device_memory()
-            keras_cleared = tf_runtime.clear_session()
+            tf = self.tf
+            started = tf.stage() is Stage.STARTED
+            before_tf, before_driver = tf.allocator_stats(), self._my_device_memory()
+            keras_cleared = tf.clear_session()
             policy = self.requested.precision
-            if policy is not None and tf_runtime.keras_policy() not in (None, policy):
-                tf_runtime.set_keras_policy(policy)  # clear_session resets the global policy
-            after_tf, after_nvml = tf_runtime.allocator_stats(), self._my_device_memory()
-            allocator = tf_runtime.in_force(self.cuda_map()).allocator if started else None
+            if policy is not None and tf.keras_policy() not in (None, policy):
+                tf.set_keras_policy(policy)  # clear_session resets the global policy
+            after_tf, after_driver = tf.allocator_stats(), self._my_device_memory()
+            force = self.in_force() if started else None
             return _free_report(
-                keras_cleared, started, allocator, policy, before_tf, after_tf, before_nvml, after_nvml
+                keras_cleared, started, force, policy, before_tf, after_tf, before_driver, after_driver
             )
 
-    def _my_device_memory(self) -> dict[int, Optional[int]]:
-        """Bytes this process holds on each GPU according to the driver (NVML)."""
+    def _my_device_memory(self) -> "DriverReading":
+        """Bytes this process holds on each GPU according to the driver (NVML), and why not."""
         if not self.nvml.available():
-            return {}
+            return DriverReading({}, "no driver reading (NVML unavailable)")
         mine: dict[int, Optional[int]] = {}
         pid = os.getpid()
         for index in range(self.nvml.device_count()):
@@ -301,20 +295,47 @@ class Session:
                 for proc in self.nvml.processes(index):
                     if proc.pid == pid:
                         mine[index] = proc.used_memory_bytes
-            except Exception:  # a lost GPU: no reading, not zero
+            except Exception:  # a lost GPU or a refused listing: no reading, not zero
                 continue
-        return mine
+        if mine:
+            return DriverReading(mine, None)
+        force = self.in_force()
+        if force is not None and not force.visible_nvml:
+            return DriverReading({}, "the driver lists no GPU memory for this kernel, which uses no GPU")
+        return DriverReading(
+            {},
+            f"the driver (NVML) lists no GPU memory for this kernel's pid {pid}: it holds none yet, or "
+            "it runs in a container with its own pid namespace, where NVML shows host pids",
+        )
 
-    # -- import hooks (registered once per process, see install_import_hooks) ---------------
+    # -- import hooks ---------------------------------------------------------------------------------
+    def _install_import_hooks(self) -> None:
+        """Apply this session's request the moment TensorFlow (and Keras) finish importing."""
+        import wrapt
+
+        wrapt.register_post_import_hook(self._on_tensorflow_import, "tensorflow")
+        wrapt.register_post_import_hook(self._on_keras_import, "keras")
+
     def _on_tensorflow_import(self, module: Any) -> None:
+        self.tf.on_import(module)
         with self._lock:
-            stage = tf_runtime.stage()
-            if stage is Stage.STARTED:
+            stage = self.tf.stage()
+            plan = self.requested
+            if stage is Stage.STARTED or not plan.gpu_settings:
                 return
             try:
-                self._apply_tf(self.requested, stage)
+                if self.tf.physical_gpu_indices() == [] and self.nvml_sees_gpus():
+                    self._hook_failed(
+                        f"TensorFlow found no GPU (a CPU-only build, or no working NVIDIA driver), so "
+                        f"these GPU settings cannot take effect: {'; '.join(plan.describe())}"
+                    )
+                    return
+                self._apply_tf(self.resolution(plan), self.tf.stage())
             except Exception as err:  # never break the user's import
-                self._hook_failed(f"could not apply {'; '.join(self.requested.describe())}: {err}")
+                self._hook_failed(f"could not apply {'; '.join(plan.describe())}: {err}")
+
+    def nvml_sees_gpus(self) -> bool:
+        return bool(self.machine.gpu_count())
 
     def _on_keras_import(self, module: Any) -> None:
         policy = self.requested.precision
@@ -330,16 +351,20 @@ class Session:
         print(f"tfgpu_magic: {message}. Run `%gpu` for details.", file=sys.stderr)
 
 
-# -- helpers --------------------------------------------------------------------------------------
-def _set_env(env: Any, name: str, value: Optional[str]) -> None:
-    if value is None:
-        env.pop(name, None)
-    else:
-        env[name] = value
+class DriverReading:
+    """This process's memory per GPU from NVML, or why there is none."""
+
+    def __init__(self, by_gpu: dict[int, Optional[int]], missing: Optional[str]) -> None:
+        self.by_gpu = by_gpu
+        self.missing = missing
 
 
+# -- helpers ----------------------------------------------------------------------------------------
 def _describe_command(command: Any) -> str:
-    plan = Plan().with_command(command) if not isinstance(command, grammar.Use) else Plan(visible=command.gpus)
+    if isinstance(command, grammar.Use):
+        plan = Plan(visible=command.gpus)  # type: ignore[arg-type]
+    else:
+        plan = Plan().with_command(command)
     described = plan.describe()
     if described:
         return described[0]
@@ -348,6 +373,44 @@ def _describe_command(command: Any) -> str:
     if isinstance(command, grammar.Split):
         return "split off"
     return str(command)
+
+
+def _resolved_suffix(command: Any, resolution: Resolution) -> str:
+    """Per-GPU sizes where the command left them to be worked out (percentages, `split N`)."""
+    relative = (isinstance(command, grammar.Limit) and any(isinstance(s, grammar.Percent) for s in command.sizes or ())) or (
+        isinstance(command, grammar.Split) and command.count is not None
+    )
+    if not relative or not resolution.gpus:
+        return ""
+    return " (" + resolution.describe()[-1] + ")"
+
+
+def _gpu_part(plan: Plan) -> Plan:
+    return Plan(**{**_fields(plan), "precision": None})
+
+
+def _fields(plan: Plan) -> dict[str, Any]:
+    return {name: getattr(plan, name) for name in ("visible", "growth", "limits", "split", "allocator", "precision")}
+
+
+def _difference(resolution: Resolution, command: Any, force: InForce) -> tuple[bool, str]:
+    visible = force.visible_nvml
+    shown = "GPU " + ",".join(map(str, visible)) if visible else "no GPU"
+    if isinstance(command, grammar.Use):
+        wanted = resolution.visible
+        return (wanted is not None and tuple(wanted) != visible), f"{shown} visible"
+    if not visible:
+        return True, "no GPU visible (so GPU memory settings cannot take effect)"
+    if isinstance(command, grammar.Grow):
+        return bool(force.growth) != command.on, f"memory growth {'on' if force.growth else 'off'}"
+    if isinstance(command, grammar.Allocator):
+        return force.allocator != command.name, f"the {force.allocator} allocator"
+    for index in visible:
+        planned = resolution.gpu(index)
+        current = force.logical_mib.get(index)
+        if (planned.logical_mib if planned else None) != current:
+            return True, f"GPU {index} at {_logical_text(current)}"
+    return False, ""
 
 
 def _logical_text(sizes: Optional[tuple[int, ...]]) -> str:
@@ -361,12 +424,12 @@ def _logical_text(sizes: Optional[tuple[int, ...]]) -> str:
 def _free_report(
     keras_cleared: bool,
     started: bool,
-    allocator: Optional[str],
+    force: Optional[InForce],
     policy: Optional[str],
-    before_tf: dict[str, tf_runtime.AllocatorStats],
-    after_tf: dict[str, tf_runtime.AllocatorStats],
-    before_nvml: dict[int, Optional[int]],
-    after_nvml: dict[int, Optional[int]],
+    before_tf: dict[str, AllocatorStats],
+    after_tf: dict[str, AllocatorStats],
+    before: DriverReading,
+    after: DriverReading,
 ) -> str:
     lines = [
         "Ran Keras clear_session and garbage collection."
@@ -387,8 +450,8 @@ def _free_report(
     if started and not before_tf:
         lines.append("TensorFlow's allocator keeps no statistics on these devices (nothing to compare).")
     returned = 0
-    for index in sorted(set(before_nvml) | set(after_nvml)):
-        b_n, a_n = before_nvml.get(index), after_nvml.get(index)
+    for index in sorted(set(before.by_gpu) | set(after.by_gpu)):
+        b_n, a_n = before.by_gpu.get(index), after.by_gpu.get(index)
         lines.append(
             f"GPU {index}  this process per the driver (NVML): {format_bytes(b_n)} -> "
             f"{format_bytes(a_n)} ({format_change(b_n, a_n)})"
@@ -398,12 +461,13 @@ def _free_report(
     if returned:
         lines.append(f"{format_bytes(returned)} went back to the driver (NVML reading).")
     elif started:
-        lines.append(_kept_memory_note(allocator, driver_read=bool(before_nvml)))
+        allocator = force.allocator if force is not None else "default"
+        lines.append(_kept_memory_note(allocator, before.missing))
     return "\n".join(lines)
 
 
-def _kept_memory_note(allocator: Optional[str], driver_read: bool) -> str:
-    reading = "The driver's reading shows nothing returned" if driver_read else "No driver reading (NVML unavailable)"
+def _kept_memory_note(allocator: str, missing: Optional[str]) -> str:
+    reading = "The driver's reading shows nothing returned" if missing is None else missing[0].upper() + missing[1:]
     if allocator == "async":
         return f"{reading}; the async allocator returns freed memory as CUDA trims its pool."
     return (
@@ -415,27 +479,14 @@ def _kept_memory_note(allocator: Optional[str], driver_read: bool) -> str:
 
 _SESSION: Optional[Session] = None
 _SESSION_LOCK = threading.Lock()
-_HOOKS_INSTALLED = False
-
-
-def install_import_hooks() -> None:
-    """Apply the process session's plan the moment TensorFlow (and Keras) finish importing.
-
-    Hooks are process-wide and idempotent; they always act on :func:`get_session`.
-    """
-    global _HOOKS_INSTALLED
-    with _SESSION_LOCK:
-        if _HOOKS_INSTALLED:
-            return
-        _HOOKS_INSTALLED = True
-    import wrapt
-
-    wrapt.register_post_import_hook(lambda m: get_session()._on_tensorflow_import(m), "tensorflow")
-    wrapt.register_post_import_hook(lambda m: get_session()._on_keras_import(m), "keras")
 
 
 def get_session() -> Session:
-    """The process's session, created on first use (creating it reads nothing)."""
+    """The process's session for the magic, created on first use (creating it reads nothing).
+
+    TensorFlow is process-wide, so one kernel has one.  Hooks and threads are handed the
+    session (or its machine) when they are made; they never call this.
+    """
     global _SESSION
     with _SESSION_LOCK:
         if _SESSION is None:
@@ -445,5 +496,4 @@ def get_session() -> Session:
 
 def set_device_source(lib: Any) -> None:
     """Read GPUs through ``lib`` (a pynvml-like object, e.g. ``tfgpu_magic.simulated.shared_server()``)."""
-    get_session().nvml = Nvml(lib=lib)
-
+    get_session().machine.nvml = Nvml(lib=lib)

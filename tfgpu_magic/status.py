@@ -13,9 +13,9 @@ import html
 import os
 from typing import Any, Optional
 
-from . import claims, inventory, tf_runtime
+from . import claims, holdings, owners
 from .nvml import GpuInfo, NvmlUnavailable
-from .session import Session
+from .session import Session, SessionError
 from .tf_runtime import Stage
 from .units import format_bytes
 
@@ -35,7 +35,7 @@ SEGMENTS = (  # report key, label, text bar character, HTML colour (JupyterLab v
 def build_report(
     session: Session,
     *,
-    process_table: Optional[inventory.ProcessTable] = None,
+    process_table: Optional[owners.ProcessTable] = None,
     my_pid: Optional[int] = None,
     viewer: str = "this kernel",
 ) -> dict[str, Any]:
@@ -45,22 +45,27 @@ def build_report(
     psutil); ``my_pid`` is the process whose memory counts as "this kernel" (default: this
     one); ``viewer`` names it in the rendering (the CLI says "this process").
     """
-    stage = tf_runtime.stage()
+    stage = session.tf.stage()
+    notes = [*session.notes, *session.hook_errors]
     report: dict[str, Any] = {
         "tensorflow": {"stage": stage.name.lower(), "description": stage.describe()},
         "requested": session.requested.describe(),
-        "in_force": _in_force(session, stage),
+        "resolved": None,
+        "in_force": [],
+        "allocation": None,
         "gpus": [],
         "nvml_error": None,
-        "notes": list(session.hook_errors),
+        "notes": notes,
         "me": {"pid": os.getpid() if my_pid is None else my_pid, "user": None, "label": viewer},
         "visible_gpus": None,
     }
     if stage is Stage.STARTED:
         report["tensorflow"]["allocator"] = {
             device: {"current_bytes": s.current_bytes, "peak_bytes": s.peak_bytes}
-            for device, s in tf_runtime.allocator_stats().items()
+            for device, s in session.tf.allocator_stats().items()
         }
+    report["in_force"] = _in_force(session, stage)
+    _add_resolution(report, session)
     try:
         _add_gpus(report, session, process_table)
     except NvmlUnavailable as err:
@@ -68,28 +73,56 @@ def build_report(
     return report
 
 
-def _add_gpus(report: dict[str, Any], session: Session, table: Optional[inventory.ProcessTable]) -> None:
+def _add_resolution(report: dict[str, Any], session: Session) -> None:
+    """The request as resolved on this machine (sizes per GPU), and the environment's allocation."""
+    allocation = session.machine.allocation()
+    if allocation.restricted:
+        report["allocation"] = {
+            "cuda_visible_devices": allocation.raw,
+            "gpus": None if allocation.gpus is None else list(allocation.gpus),
+            "note": allocation.note,
+        }
+    try:
+        resolution = session.resolution()
+    except SessionError as err:
+        report["notes"].append(f"the request cannot hold on this machine: {err}")
+        return
+    report["requested"] = resolution.describe()
+    report["resolved"] = {
+        "visible": None if resolution.visible is None else list(resolution.visible),
+        "gpus": [
+            {"index": g.index, "limit_mib": g.cap_mib, "logical_mib": None if g.logical_mib is None else list(g.logical_mib)}
+            for g in resolution.gpus
+        ],
+    }
+
+
+def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.ProcessTable]) -> None:
     me = report["me"]
-    table = table or inventory.process_table_for(session.nvml, me["pid"])
+    table = table or owners.process_table_for(session.nvml, me["pid"])
     me["user"] = table.current_user()
     gpus = session.nvml.gpus()  # raises NvmlUnavailable before anything else is read
     visible = session.visible_gpus()
     report["visible_gpus"] = visible
-    tf_names = _tf_names(session)
-    tf_stats = _tf_by_gpu(report["tensorflow"].get("allocator", {}), tf_names)
-    holders = _holders(gpus, report["notes"])
+    tf_gpus = session.gpu_by_tf_name()
+    tf_names = _tf_names(tf_gpus)
+    stats = session.tf.allocator_stats() if session.tf.stage() is Stage.STARTED else {}
+    tf_stats = holdings.tf_by_gpu(stats, tf_gpus)
+    holders = _holders(session, gpus, report["notes"])
     for gpu in gpus:
-        in_use = tf_stats.get(gpu.index, {}).get("current_bytes")
-        usage = inventory.attribute(session.nvml, gpu, table, me["pid"], me["user"], in_use)
+        in_use = tf_stats[gpu.index][0] if gpu.index in tf_stats else None
+        usage = holdings.attribute(session.nvml, gpu, table, me["pid"], me["user"], in_use)
         entry = _gpu_entry(gpu, visible, tf_names)
         entry.update(_detail(gpu, usage, holders.get(gpu.index), tf_stats.get(gpu.index)))
         report["gpus"].append(entry)
 
 
 def _in_force(session: Session, stage: Stage) -> list[str]:
+    """What TensorFlow runs with (started), or the environment it will read at its start."""
     lines: list[str] = []
     if stage is Stage.STARTED:
-        force = tf_runtime.in_force(session.cuda_map())
+        force = session.in_force()
+        assert force is not None
         shown = ",".join(map(str, force.visible_nvml)) or "none"
         lines.append(f"GPUs visible to TensorFlow: {shown}")
         if force.visible_nvml:
@@ -99,43 +132,37 @@ def _in_force(session: Session, stage: Stage) -> list[str]:
                     lines.append(f"GPU {index}: logical GPUs of {', '.join(f'{s} MiB' for s in sizes)}")
             lines.append(f"allocator: {force.allocator}")
     else:
-        env = {k: v for k, v in tf_runtime.start_env().items() if v is not None}
+        # The variables as TensorFlow will read them: CUDA's as CUDA read them once it listed devices.
+        env = dict(session.tf.start_env(session.env))
+        cuda = session.machine.cuda_env() if stage is Stage.ENUMERATED else session.env
+        env["CUDA_VISIBLE_DEVICES"] = cuda.get("CUDA_VISIBLE_DEVICES")
+        env = {k: v for k, v in env.items() if v is not None}
         if env:
             lines.append("environment for TensorFlow's start: " + ", ".join(f"{k}={v}" for k, v in env.items()))
-    policy = tf_runtime.keras_policy()
+    note = session.machine.numbering_note() if session.nvml.available() else None
+    if note:
+        lines.append(f"numbering: {note}")
+    policy = session.tf.keras_policy()
     if policy is not None:
         lines.append(f"Keras precision: {policy}")
     return lines
 
 
-def _tf_names(session: Session) -> dict[int, list[str]]:
+def _tf_names(tf_gpus: dict[str, int]) -> dict[int, list[str]]:
     names: dict[int, list[str]] = {}
-    for tf_name, index in tf_runtime.tf_gpu_to_nvml(session.cuda_map()).items():
+    for tf_name, index in tf_gpus.items():
         names.setdefault(index, []).append(tf_name)
     return names
 
 
-def _tf_by_gpu(allocator: dict[str, dict[str, int]], tf_names: dict[int, list[str]]) -> dict[int, dict[str, int]]:
-    """TensorFlow's allocator summed over the logical GPUs on each physical GPU."""
-    result: dict[int, dict[str, int]] = {}
-    for index, names in tf_names.items():
-        stats = [allocator[n] for n in names if n in allocator]
-        if stats:
-            result[index] = {
-                "current_bytes": sum(s["current_bytes"] for s in stats),
-                "peak_bytes": sum(s["peak_bytes"] for s in stats),
-            }
-    return result
-
-
-def _holders(gpus: list[GpuInfo], notes: list[str]) -> dict[int, Optional[claims.Holder]]:
-    live = [g for g in gpus if not g.lost]
+def _holders(session: Session, gpus: list[GpuInfo], notes: list[str]) -> dict[int, Optional[claims.Holder]]:
+    keys = {g.index: g.uuid for g in gpus if not g.lost and g.uuid}
     try:
-        found = claims.holders([inventory.claim_key(g) for g in live])
+        found = claims.holders(list(keys.values()))
     except (claims.ClaimError, OSError) as err:
         notes.append(f"claims could not be read: {err}")
         return {}
-    return {g.index: found.get(inventory.claim_key(g)) for g in live}
+    return {index: found.get(key) for index, key in keys.items()}
 
 
 def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]], tf_names: dict[int, list[str]]) -> dict[str, Any]:
@@ -155,9 +182,9 @@ def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]], tf_names: dict[int, l
 
 def _detail(
     gpu: GpuInfo,
-    usage: inventory.GpuUsage,
+    usage: holdings.GpuUsage,
     holder: Optional[claims.Holder],
-    tf: Optional[dict[str, int]],
+    tf: Optional[tuple[int, int]],
 ) -> dict[str, Any]:
     memory = gpu.memory
     return {
@@ -177,13 +204,13 @@ def _detail(
         "claim": None if holder is None else {
             "pid": holder.pid, "user": holder.user, "since": holder.since, "this_kernel": holder.this_process,
         },
-        "tensorflow_in_use_bytes": tf["current_bytes"] if tf else None,
-        "tensorflow_peak_bytes": tf["peak_bytes"] if tf else None,
+        "tensorflow_in_use_bytes": tf[0] if tf else None,
+        "tensorflow_peak_bytes": tf[1] if tf else None,
         "notes": list(usage.notes),
     }
 
 
-def _process(p: inventory.ProcessEntry) -> dict[str, Any]:
+def _process(p: holdings.ProcessEntry) -> dict[str, Any]:
     return {
         "pid": p.pid,
         "user": p.user,

@@ -1,10 +1,17 @@
-"""TensorFlow's side: the only module that touches ``tensorflow`` (and Keras).
+"""TensorFlow's side: one adapter object, the only code that touches ``tensorflow`` (and Keras).
 
-It never imports TensorFlow itself: every function works on the module the user already
-imported (``sys.modules``) and answers "not started" otherwise.  TensorFlow starts in two
-stages (see ../shared/notes/tensorflow.md): *enumeration* (the first device query; CUDA reads
-``CUDA_VISIBLE_DEVICES`` then) and *runtime start* (the first op; visibility, growth and logical
-devices freeze then).  :func:`stage` tells which, without causing either.
+It never imports TensorFlow: :meth:`TensorFlow.on_import` receives the module from the
+post-import hook, on the importing thread, once the import has finished, and only then does
+the adapter read anything.  A background thread (the monitor's sampler) may ask for the stage
+or the allocator at any time: before ``on_import`` the answer is "not imported", so no
+thread ever triggers an import of its own (that deadlocks TensorFlow's import; issue 10).
+
+TensorFlow starts in two stages (../shared/notes/tensorflow.md): *enumeration* (the first
+device query: CUDA reads ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` then) and *runtime
+start* (the first op: visibility, growth, logical devices and the allocator variables freeze).
+The adapter records the environment at the moment each happens, through one-shot wrappers
+around TensorFlow's own entry points, so later reports say what TensorFlow really read, not
+what the environment says now.
 """
 
 from __future__ import annotations
@@ -13,47 +20,37 @@ import enum
 import gc
 import os
 import sys
+import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
-
-from . import plan as planning
-from .plan import Plan
+from typing import Any, Callable, Mapping, Optional
 
 __all__ = [
+    "ASYNC_ALLOCATOR",
     "AllocatorStats",
     "ApplyError",
     "CPU_STATS_ENV",
+    "CUDA_ENV",
+    "Capture",
     "InForce",
     "PeakWindow",
+    "START_ENV",
     "Stage",
-    "allocator_stats",
-    "apply_before_start",
-    "clear_session",
-    "device_scope",
-    "enumerate_devices",
-    "in_force",
-    "is_oom_error",
-    "keras_policy",
-    "memory_devices",
-    "memory_info",
-    "oom_error_type",
-    "open_peak_window",
-    "set_keras_policy",
-    "stage",
-    "tf_gpu_to_nvml",
-    "write_scalars",
+    "TensorFlow",
 ]
 
-# Environment variables TensorFlow reads when its runtime starts (first op).
-START_ENV = ("TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "CUDA_VISIBLE_DEVICES")
+CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # read by CUDA at enumeration
+START_ENV = ("TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")  # read by TensorFlow at its first op
 ASYNC_ALLOCATOR = "cuda_malloc_async"
+CPU_STATS_ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # read when TensorFlow creates its CPU allocator
+CPU_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU BFC allocator's cap; TensorFlow's default below
+CPU_DEFAULT_LIMIT_MIB = 1 << 16
 
 
 class Stage(enum.IntEnum):
     NOT_IMPORTED = 0
     IMPORTED = 1  # imported, no device query yet: CUDA_VISIBLE_DEVICES still works
-    ENUMERATED = 2  # devices listed: only tf.config changes visibility now
+    ENUMERATED = 2  # CUDA listed the devices: only tf.config changes visibility now
     STARTED = 3  # first op ran: visibility, growth and logical devices are frozen
 
     def describe(self) -> str:
@@ -70,6 +67,21 @@ class ApplyError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Capture:
+    """Environment variables as they were when TensorFlow read them.
+
+    ``late`` is True when the moment had passed before tfgpu_magic was loaded, so the values
+    are the ones found at load time (the best evidence left).
+    """
+
+    env: Mapping[str, Optional[str]]
+    late: bool = False
+
+    def get(self, name: str) -> Optional[str]:
+        return self.env.get(name)
+
+
+@dataclass(frozen=True)
 class AllocatorStats:
     """TensorFlow's own allocator for one device, in bytes (not the driver's view)."""
 
@@ -79,292 +91,325 @@ class AllocatorStats:
 
 @dataclass(frozen=True)
 class InForce:
-    """What TensorFlow runs with, once started."""
+    """What TensorFlow runs with (once started) or will start with (once enumerated)."""
 
-    visible_nvml: tuple[int, ...]  # NVML indices of the GPUs TensorFlow uses
-    logical_mib: dict[int, Optional[tuple[int, ...]]]  # NVML index -> logical GPU caps, or None
+    visible_nvml: tuple[int, ...]  # nvidia-smi indices of the GPUs TensorFlow uses
+    logical_mib: dict[int, Optional[tuple[int, ...]]]  # nvidia-smi index -> logical GPU caps, or None
     growth: Optional[bool]  # None: TensorFlow's default (no growth)
     allocator: str  # "async" or "default"
 
 
-# -- private internals, kept in one place --------------------------------------------------------
-_start_env: Optional[dict[str, Optional[str]]] = None  # environment when the runtime started
+class TensorFlow:
+    """The adapter: every question to TensorFlow goes through one of these (one per process)."""
 
+    def __init__(self) -> None:
+        self._tf: Any = None  # the tensorflow module, once its import has finished
+        self._context_module: Any = None
+        self._lock = threading.Lock()
+        self.cuda_seen: Optional[Capture] = None  # CUDA's variables at enumeration
+        self.started_with: Optional[Capture] = None  # TensorFlow's start variables at the first op
+        self.owned_logical: set[int] = set()  # nvidia-smi indices whose logical devices we configured
+        self.owned_visibility = False  # True once we called set_visible_devices
+        self._memory_devices: Optional[tuple[str, ...]] = None  # fixed once the runtime has started
+        self._open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
 
-def _tf() -> Any:
-    return sys.modules["tensorflow"]
+    # -- the moment TensorFlow arrives ----------------------------------------------------------
+    def on_import(self, module: Any) -> None:
+        """Called on the importing thread once ``import tensorflow`` has finished."""
+        with self._lock:
+            if self._tf is not None:
+                return
+            from tensorflow.python.eager import context  # loaded with tensorflow: no new import
 
+            self._context_module = context
+            ctx = context.context_safe()
+            if ctx is not None and getattr(ctx, "_physical_devices", None) is not None:
+                self.cuda_seen = _capture(CUDA_ENV, late=True)  # listed before we were loaded
+            if ctx is not None and getattr(ctx, "_context_handle", None) is not None:
+                self.started_with = _capture(START_ENV, late=True)
+            self._watch(context.Context)
+            self._tf = module
+        _watch_device_lib(self)
 
-def _context() -> Any:
-    """TensorFlow's eager context, or None if it does not exist yet (private API, TF 2.x)."""
-    if "tensorflow" not in sys.modules:
-        return None
-    from tensorflow.python.eager import context  # already loaded with tensorflow
+    def _watch(self, context_class: Any) -> None:
+        """Wrap enumeration and runtime start so the environment is recorded as they happen.
 
-    return context.context_safe()
+        Each wrapper removes itself after its moment, so TensorFlow's hot paths pay nothing.
+        """
+        if self.cuda_seen is None:
+            _one_shot(context_class, "_initialize_physical_devices", self._note_enumeration,
+                      done=lambda ctx: getattr(ctx, "_physical_devices", None) is not None)
+        if self.started_with is None:
+            _one_shot(context_class, "ensure_initialized", self._note_start,
+                      done=lambda ctx: getattr(ctx, "_context_handle", None) is not None)
 
+    def _note_enumeration(self) -> None:
+        if self.cuda_seen is None:
+            self.cuda_seen = _capture(CUDA_ENV)
 
-def stage() -> Stage:
-    """TensorFlow's start-up stage, read without advancing it.
+    def _note_start(self) -> None:
+        self._note_enumeration()  # the runtime lists devices if nothing did before
+        if self.started_with is None:
+            self.started_with = _capture(START_ENV)
 
-    The first time it sees the runtime started it notes the start-up environment variables,
-    which TensorFlow read at that moment, so later reports can say what is in force.
-    """
-    global _start_env
-    ctx = _context()
-    if "tensorflow" not in sys.modules:
-        return Stage.NOT_IMPORTED
-    if ctx is None:
+    # -- the stage ------------------------------------------------------------------------------
+    @property
+    def imported(self) -> bool:
+        return self._tf is not None
+
+    def stage(self) -> Stage:
+        """TensorFlow's start-up stage, read without advancing it (safe on any thread)."""
+        if self._tf is None:
+            return Stage.NOT_IMPORTED
+        ctx = self._context_module.context_safe()
+        if self.started_with is not None or (ctx is not None and getattr(ctx, "_context_handle", None) is not None):
+            return Stage.STARTED
+        if self.cuda_seen is not None or (ctx is not None and getattr(ctx, "_physical_devices", None) is not None):
+            return Stage.ENUMERATED
         return Stage.IMPORTED
-    if getattr(ctx, "_context_handle", None) is not None:
-        if _start_env is None:
-            _start_env = {name: os.environ.get(name) for name in START_ENV}
-        return Stage.STARTED
-    if getattr(ctx, "_physical_devices", None) is not None:
-        return Stage.ENUMERATED
-    return Stage.IMPORTED
 
+    def start_env(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+        """TensorFlow's start variables as it read them, or as ``env`` holds them before the start."""
+        if self.started_with is not None:
+            return dict(self.started_with.env)
+        return {name: env.get(name) for name in START_ENV}
 
-def start_env() -> dict[str, Optional[str]]:
-    """The start-up variables as TensorFlow read them (or as they are now, before start)."""
-    return dict(_start_env) if _start_env is not None else {n: os.environ.get(n) for n in START_ENV}
+    def enumerate_devices(self) -> None:
+        """List TensorFlow's devices (stage ENUMERATED) so GPU numbering is known; no op runs."""
+        if self.stage() is Stage.IMPORTED:
+            self._tf.config.list_physical_devices()
 
+    # -- applying a configuration before the runtime starts -------------------------------------
+    def physical_gpus(self) -> list[Any]:
+        """TensorFlow's physical GPUs (enumerates them if needed)."""
+        return list(self._tf.config.list_physical_devices("GPU"))
 
-def _drop_logical_configuration(device: Any) -> None:
-    """Forget a logical device configuration before start-up; tf.config has no public way."""
-    _context()._virtual_device_map.pop(device, None)
+    def physical_gpu_indices(self) -> list[int]:
+        """CUDA's index of each GPU TensorFlow found (enumerates them if needed)."""
+        return [_physical_index(g) for g in self.physical_gpus()]
 
+    def apply(
+        self,
+        visible: Optional[tuple[int, ...]],
+        logical_mib: Mapping[int, Optional[tuple[int, ...]]],
+        growth: Optional[bool],
+        cuda_map: list[int],
+    ) -> None:
+        """Visibility, growth and logical devices through ``tf.config`` (runtime not started).
 
-def _physical_index(device: Any) -> int:
-    return int(device.name.rsplit(":", 1)[1])
+        ``visible`` lists nvidia-smi indices (None: leave TensorFlow's visibility alone);
+        ``logical_mib`` the logical GPUs of each visible one; ``cuda_map[k]`` is the
+        nvidia-smi index of CUDA device k, as CUDA numbered them at enumeration.
+        """
+        tf = self._tf
+        by_nvml = {cuda_map[_physical_index(g)]: g for g in self.physical_gpus() if _physical_index(g) < len(cuda_map)}
+        if visible is not None:
+            missing = [i for i in visible if i not in by_nvml]
+            if missing:
+                raise ApplyError(f"TensorFlow did not list GPU {','.join(map(str, missing))}")  # resolve() checks first
+            try:
+                tf.config.set_visible_devices([by_nvml[i] for i in visible], "GPU")
+                self.owned_visibility = True
+            except RuntimeError as err:  # started between our stage check and now
+                raise ApplyError(f"TensorFlow refused to change visible GPUs: {err}") from err
+        shown = tf.config.get_visible_devices("GPU")
+        nvml_of = {g: n for n, g in by_nvml.items()}
+        for index in sorted(self.owned_logical):
+            device = by_nvml.get(index)
+            if device is not None and device not in shown:
+                self._drop_logical_configuration(device)  # a hidden GPU's stale entry drops growth for all
+                self.owned_logical.discard(index)
+        for device in shown:
+            index = nvml_of.get(device, _physical_index(device))
+            self._apply_device(device, index, growth, logical_mib.get(index))
 
+    def _apply_device(self, device: Any, index: int, growth: Optional[bool], sizes: Optional[tuple[int, ...]]) -> None:
+        """Growth and logical devices for one GPU, in the only order TensorFlow accepts."""
+        tf = self._tf
+        current = tf.config.get_logical_device_configuration(device)
+        wanted = [tf.config.LogicalDeviceConfiguration(memory_limit=s) for s in sizes or ()]
+        if current and index in self.owned_logical and current != wanted:
+            self._drop_logical_configuration(device)  # ours to replace; growth must be set without it
+            self.owned_logical.discard(index)
+            current = None
+        if growth is not None and not current:
+            # Growth goes in before any logical configuration; with one, TensorFlow keeps the
+            # growth flag out of GPUOptions and TF_FORCE_GPU_ALLOW_GROWTH carries it instead.
+            tf.config.experimental.set_memory_growth(device, growth)
+        if wanted:
+            tf.config.set_logical_device_configuration(device, wanted)
+            self.owned_logical.add(index)
 
-# -- applying a plan before start-up --------------------------------------------------------------
-def apply_before_start(
-    plan: Plan,
-    cuda_map: list[int],
-    totals_mib: dict[int, Optional[int]],
-    owned_logical: set[int],
-) -> list[str]:
-    """Apply ``plan`` through ``tf.config`` (TensorFlow imported, runtime not started).
+    def _drop_logical_configuration(self, device: Any) -> None:
+        """Forget a logical device configuration before start-up; tf.config has no public way."""
+        self._context_module.context()._virtual_device_map.pop(device, None)
 
-    ``cuda_map[k]`` is the NVML index of CUDA device k; ``totals_mib`` each GPU's memory for
-    percentages; ``owned_logical`` the NVML indices whose logical configuration we set (and may
-    therefore replace or drop).  Returns notes for the user.  Enumerates devices if needed.
-    """
-    tf = _tf()
-    gpus = tf.config.list_physical_devices("GPU")
-    by_nvml = {cuda_map[_physical_index(g)]: g for g in gpus if _physical_index(g) < len(cuda_map)}
-    notes: list[str] = []
-    if plan.visible is not None:
-        _apply_visible(tf, plan.visible, by_nvml)
-    visible = tf.config.get_visible_devices("GPU")
-    nvml_of = {g: n for n, g in by_nvml.items()}
-    for index in sorted(owned_logical):
-        device = by_nvml.get(index)
-        if device is not None and device not in visible:
-            _drop_logical_configuration(device)  # a hidden GPU's stale entry drops growth for all
-            owned_logical.discard(index)
-    for position, device in enumerate(visible):
-        index = nvml_of.get(device, _physical_index(device))
-        sizes = planning.logical_sizes_mib(plan, position, totals_mib.get(index))
-        _apply_device(tf, device, index, plan.growth, sizes, owned_logical)
-        if sizes and plan.split is not None:
-            notes.append(f"GPU {index}: {len(sizes)} logical GPUs of {', '.join(f'{s} MiB' for s in sizes)}")
-    return notes
+    # -- reading what is in force -----------------------------------------------------------------
+    def in_force(self, cuda_map: list[int], env: Mapping[str, str]) -> InForce:
+        """TensorFlow's GPU configuration (stage ENUMERATED or later)."""
+        tf = self._tf
+        visible = tf.config.get_visible_devices("GPU")
+        logical: dict[int, Optional[tuple[int, ...]]] = {}
+        growth_flags = set()
+        for device in visible:
+            index = _nvml_index(device, cuda_map)
+            config = tf.config.get_logical_device_configuration(device)
+            logical[index] = tuple(int(c.memory_limit) for c in config) if config else None
+            growth_flags.add(tf.config.experimental.get_memory_growth(device))
+        start = self.start_env(env)
+        forced = (start.get("TF_FORCE_GPU_ALLOW_GROWTH") or "").lower()
+        if forced in ("true", "false"):
+            growth: Optional[bool] = forced == "true"
+        else:
+            growth = growth_flags.pop() if len(growth_flags) == 1 else None
+        allocator = "async" if start.get("TF_GPU_ALLOCATOR") == ASYNC_ALLOCATOR else "default"
+        return InForce(tuple(logical), logical, growth, allocator)
 
+    def gpu_names(self, cuda_map: list[int]) -> dict[str, int]:
+        """``"GPU:j"`` (TensorFlow's logical numbering) -> nvidia-smi index, once enumerated."""
+        if self.stage() < Stage.ENUMERATED:
+            return {}
+        tf = self._tf
+        result: dict[str, int] = {}
+        for device in tf.config.get_visible_devices("GPU"):
+            count = len(tf.config.get_logical_device_configuration(device) or [None])
+            for _ in range(count):
+                result[f"GPU:{len(result)}"] = _nvml_index(device, cuda_map)
+        return result
 
-def _apply_visible(tf: Any, visible: Any, by_nvml: dict[int, Any]) -> None:
-    if visible == "all":
-        wanted = list(by_nvml.values())
-    elif visible == "none":
-        wanted = []
-    else:
-        missing = [i for i in visible if i not in by_nvml]
-        if missing and not by_nvml:
-            raise ApplyError(
-                "TensorFlow found no GPU at all (a CPU-only TensorFlow build, or no working "
-                "NVIDIA driver), so `%gpu use` cannot take effect; check `nvidia-smi` and "
-                "`pip show tensorflow`"
-            )
-        if missing:
-            found = ",".join(map(str, sorted(by_nvml))) or "none"
-            raise ApplyError(
-                f"TensorFlow did not find GPU {','.join(map(str, missing))} (it found: {found}); "
-                "it was hidden by CUDA_VISIBLE_DEVICES before TensorFlow listed its devices. "
-                "Restart the kernel and put the `%gpu use` line before `import tensorflow`"
-            )
-        wanted = [by_nvml[i] for i in sorted(visible)]
-    try:
-        tf.config.set_visible_devices(wanted, "GPU")
-    except RuntimeError as err:  # started between our stage check and now
-        raise ApplyError(f"TensorFlow refused to change visible GPUs: {err}") from err
+    # -- the allocator ------------------------------------------------------------------------------
+    def allocator_stats(self) -> dict[str, AllocatorStats]:
+        """In-use and peak bytes per device, once the runtime has started (never starts it).
 
+        Devices whose allocator keeps no statistics (the default CPU allocator) are left out.
+        """
+        if self.stage() < Stage.STARTED:
+            return {}
+        stats: dict[str, AllocatorStats] = {}
+        for device in self._tf.config.list_logical_devices():
+            if device.device_type in ("GPU", "CPU"):
+                name = device.name.rsplit("device:", 1)[-1]
+                info = self.memory_info(name)
+                if info is not None:
+                    stats[name] = info
+        return stats
 
-def _apply_device(
-    tf: Any,
-    device: Any,
-    index: int,
-    growth: Optional[bool],
-    sizes: Optional[list[int]],
-    owned_logical: set[int],
-) -> None:
-    """Growth and logical devices for one GPU, in the only order TensorFlow accepts."""
-    current = tf.config.get_logical_device_configuration(device)
-    wanted = [tf.config.LogicalDeviceConfiguration(memory_limit=s) for s in sizes or []]
-    if current and index in owned_logical and current != wanted:
-        _drop_logical_configuration(device)  # ours to replace; growth must be set without it
-        owned_logical.discard(index)
-        current = None
-    if growth is not None and not current:
-        # Growth goes in before any logical configuration; with one, TensorFlow keeps the
-        # growth flag out of GPUOptions and TF_FORCE_GPU_ALLOW_GROWTH carries it instead.
-        tf.config.experimental.set_memory_growth(device, growth)
-    if wanted:
-        tf.config.set_logical_device_configuration(device, wanted)
-        owned_logical.add(index)
+    def memory_info(self, device: str) -> Optional[AllocatorStats]:
+        """One device's allocator reading; None without statistics or before start-up."""
+        if self.stage() < Stage.STARTED:
+            return None
+        try:
+            info = self._tf.config.experimental.get_memory_info(device)
+        except (ValueError, RuntimeError):
+            return None
+        return AllocatorStats(int(info["current"]), int(info["peak"]))
 
+    def memory_devices(self) -> tuple[str, ...]:
+        """Devices whose allocator keeps statistics: the GPUs, or ``CPU:0`` where no GPU is visible.
 
-# -- reading what is in force ---------------------------------------------------------------------
-def in_force(cuda_map: list[int]) -> InForce:
-    """TensorFlow's GPU configuration (call when :func:`stage` is STARTED or ENUMERATED)."""
-    tf = _tf()
-    env = start_env()
-    visible = tf.config.get_visible_devices("GPU")
-    logical: dict[int, Optional[tuple[int, ...]]] = {}
-    growth_flags = set()
-    for device in visible:
-        index = _nvml_index(device, cuda_map)
-        config = tf.config.get_logical_device_configuration(device)
-        logical[index] = tuple(int(c.memory_limit) for c in config) if config else None
-        growth_flags.add(tf.config.experimental.get_memory_growth(device))
-    forced = env.get("TF_FORCE_GPU_ALLOW_GROWTH")
-    if forced is not None and forced.lower() in ("true", "false"):
-        growth: Optional[bool] = forced.lower() == "true"
-    else:
-        growth = growth_flags.pop() if len(growth_flags) == 1 else None
-    allocator = "async" if env.get("TF_GPU_ALLOCATOR") == ASYNC_ALLOCATOR else "default"
-    return InForce(tuple(sorted(logical)), logical, growth, allocator)
+        Empty before start-up and where no allocator keeps statistics.  Computed once: devices
+        freeze at start.
+        """
+        if self._memory_devices is not None:
+            return self._memory_devices
+        if self.stage() < Stage.STARTED:
+            return ()
+        names = tuple(self.allocator_stats())
+        gpus = tuple(n for n in names if n.startswith("GPU:"))
+        self._memory_devices = gpus or tuple(n for n in names if n == "CPU:0")
+        return self._memory_devices
 
+    def reset_peak(self, device: str) -> bool:
+        try:
+            self._tf.config.experimental.reset_memory_stats(device)
+        except (ValueError, RuntimeError):
+            return False
+        return True
 
-def _nvml_index(device: Any, cuda_map: list[int]) -> int:
-    k = _physical_index(device)
-    return cuda_map[k] if k < len(cuda_map) else k
+    # Peaks: TensorFlow keeps one per device and `reset_memory_stats` is global, so nested
+    # measurements (a traced cell holding a budget holding a Keras MemoryCallback) would destroy
+    # each other's peaks.  Before any reset made here, the peak about to be lost is folded into
+    # every open window.
+    def open_peak_window(self) -> "PeakWindow":
+        """Reset TensorFlow's peaks (keeping open windows whole) and start measuring from now."""
+        start: dict[str, int] = {}
+        for device in self.memory_devices():
+            info = self.memory_info(device)
+            if info is None:
+                continue
+            for window in list(self._open_windows):
+                window.folded[device] = max(window.folded.get(device, 0), info.peak_bytes)
+            if self.reset_peak(device):
+                start[device] = info.current_bytes
+        window = PeakWindow(self, start)
+        self._open_windows.add(window)
+        return window
 
+    # -- Keras ----------------------------------------------------------------------------------------
+    def keras_policy(self) -> Optional[str]:
+        """The Keras global dtype policy's name, or None when Keras is not imported."""
+        keras = sys.modules.get("keras")
+        if keras is None or not hasattr(keras, "mixed_precision"):
+            return None
+        return str(keras.mixed_precision.global_policy().name)
 
-def tf_gpu_to_nvml(cuda_map: Optional[list[int]] = None) -> dict[str, int]:
-    """``"GPU:j"`` (TensorFlow's logical numbering) -> NVML index, once devices are enumerated."""
-    if stage() < Stage.ENUMERATED:
-        return {}
-    tf = _tf()
-    cuda_map = cuda_map if cuda_map is not None else list(range(64))
-    result: dict[str, int] = {}
-    for device in tf.config.get_visible_devices("GPU"):
-        count = len(tf.config.get_logical_device_configuration(device) or [None])
-        for _ in range(count):
-            result[f"GPU:{len(result)}"] = _nvml_index(device, cuda_map)
-    return result
+    def set_keras_policy(self, policy: str) -> None:
+        sys.modules["keras"].mixed_precision.set_global_policy(policy)
 
+    def clear_session(self) -> bool:
+        """Keras ``clear_session`` (if Keras is imported) and ``gc.collect``; True if Keras was cleared."""
+        keras = sys.modules.get("keras")
+        cleared = keras is not None and hasattr(keras, "utils")
+        if cleared:
+            keras.utils.clear_session()
+        gc.collect()
+        return cleared
 
-def allocator_stats() -> dict[str, AllocatorStats]:
-    """TensorFlow's allocator in-use and peak bytes per device, once its runtime has started.
+    # -- cells ------------------------------------------------------------------------------------------
+    def device_scope(self, name: str) -> Any:
+        """``tf.device("/GPU:0")``: ops created inside run on that device (starts the runtime)."""
+        return self._tf.device(f"/{name}")
 
-    Devices whose allocator keeps no statistics (the default CPU allocator) are left out.
-    Never starts TensorFlow: before start-up the answer is empty.
-    """
-    if stage() < Stage.STARTED:
-        return {}
-    stats: dict[str, AllocatorStats] = {}
-    for device in _tf().config.list_logical_devices():
-        if device.device_type in ("GPU", "CPU"):
-            name = device.name.rsplit("device:", 1)[-1]
-            info = memory_info(name)
-            if info is not None:
-                stats[name] = info
-    return stats
+    def oom_error_type(self) -> Optional[type]:
+        """``tf.errors.ResourceExhaustedError``, or None while TensorFlow is not imported."""
+        errors = getattr(self._tf, "errors", None)
+        return getattr(errors, "ResourceExhaustedError", None)
 
+    def write_scalars(self, log_dir: str, writers: dict[str, Any], values: dict[str, float], step: int) -> None:
+        """TensorBoard scalars; ``writers`` caches one writer per directory.
 
-def memory_info(device: str) -> Optional[AllocatorStats]:
-    """One device's allocator reading, or None without statistics or before start-up."""
-    if stage() < Stage.STARTED:
-        return None
-    try:
-        info = _tf().config.experimental.get_memory_info(device)
-    except (ValueError, RuntimeError):
-        return None
-    return AllocatorStats(int(info["current"]), int(info["peak"]))
-
-
-# -- Keras ----------------------------------------------------------------------------------------
-def keras_policy() -> Optional[str]:
-    """The Keras global dtype policy's name, or None when Keras is not imported."""
-    keras = sys.modules.get("keras")
-    if keras is None or not hasattr(keras, "mixed_precision"):
-        return None
-    return str(keras.mixed_precision.global_policy().name)
-
-
-def set_keras_policy(policy: str) -> None:
-    sys.modules["keras"].mixed_precision.set_global_policy(policy)
-
-
-def clear_session() -> bool:
-    """Keras ``clear_session`` (if Keras is imported) and ``gc.collect``; True if Keras was cleared."""
-    keras = sys.modules.get("keras")
-    cleared = keras is not None and hasattr(keras, "utils")
-    if cleared:
-        keras.utils.clear_session()
-    gc.collect()
-    return cleared
-
-
-# -- per-cell memory: peaks, device scopes, out-of-memory errors ----------------------------------
-# These serve `%gpu trace`, `%%gpu budget`, `%%gpu on`, the OOM explanation and the Keras callback.
-# TensorFlow keeps one peak per device, and `reset_memory_stats` is global, so nested measurements
-# (a traced cell holding a budget holding a training run with MemoryCallback) would destroy each
-# other's peaks.  :class:`PeakWindow` solves it: before any reset through here, the peak about to be
-# lost is folded into every open window.
-
-CPU_STATS_ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # read when TensorFlow creates its CPU allocator
-CPU_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU BFC allocator's cap; TensorFlow's default below
-CPU_DEFAULT_LIMIT_MIB = 1 << 16
-
-_memory_devices: Optional[tuple[str, ...]] = None  # fixed once the runtime has started
-_open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
-
-
-def memory_devices() -> tuple[str, ...]:
-    """Devices whose allocator keeps statistics: the GPUs, or ``CPU:0`` where no GPU is visible.
-
-    Empty before start-up (never starts TensorFlow) and where no allocator keeps statistics (the
-    default CPU allocator; see ``TF_CPU_ALLOCATOR_USE_BFC``).  Computed once: devices freeze at start.
-    """
-    global _memory_devices
-    if _memory_devices is not None:
-        return _memory_devices
-    if stage() < Stage.STARTED:
-        return ()
-    names = tuple(allocator_stats())
-    gpus = tuple(n for n in names if n.startswith("GPU:"))
-    _memory_devices = gpus or tuple(n for n in names if n == "CPU:0")
-    return _memory_devices
+        ``tf.summary.scalar`` lives in the tensorboard package, which TensorFlow does not require;
+        this writes what it writes (a float32 tensor tagged for the "scalars" plugin) with core
+        TensorFlow.
+        """
+        tf = self._tf
+        writer = writers.get(log_dir)
+        if writer is None:
+            writer = writers[log_dir] = tf.summary.create_file_writer(log_dir)
+        metadata = tf.compat.v1.SummaryMetadata()
+        metadata.plugin_data.plugin_name = "scalars"
+        with writer.as_default():
+            for tag, value in values.items():
+                tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
+        writer.flush()
 
 
 class PeakWindow:
-    """The allocator peak of each device between :func:`open_peak_window` and :meth:`read`.
+    """The allocator peak of each device between :meth:`TensorFlow.open_peak_window` and :meth:`read`.
 
     A window opened before TensorFlow started counts from zero (the allocator did not exist).
     """
 
-    def __init__(self, start: dict[str, int]) -> None:
+    def __init__(self, tf: TensorFlow, start: dict[str, int]) -> None:
+        self._tf = tf
         self.start = start  # bytes in use per device when the window opened
         self.folded: dict[str, int] = {}  # peaks lost to resets made by nested windows
 
     def read(self) -> dict[str, tuple[int, AllocatorStats]]:
         """``device -> (bytes in use at the start, AllocatorStats(now, peak in the window))``."""
         result: dict[str, tuple[int, AllocatorStats]] = {}
-        for device in memory_devices():
-            info = memory_info(device)
+        for device in self._tf.memory_devices():
+            info = self._tf.memory_info(device)
             if info is None:
                 continue
             peak = max(info.peak_bytes, self.folded.get(device, 0))
@@ -372,69 +417,56 @@ class PeakWindow:
         return result
 
     def close(self) -> None:
-        _open_windows.discard(self)
+        self._tf._open_windows.discard(self)
 
 
-def open_peak_window() -> PeakWindow:
-    """Reset TensorFlow's peaks (keeping open windows whole) and start measuring from now."""
-    start: dict[str, int] = {}
-    for device in memory_devices():
-        info = memory_info(device)
-        if info is None:
-            continue
-        for window in list(_open_windows):
-            window.folded[device] = max(window.folded.get(device, 0), info.peak_bytes)
-        if _reset_peak(device):
-            start[device] = info.current_bytes
-    window = PeakWindow(start)
-    _open_windows.add(window)
-    return window
+# -- helpers ------------------------------------------------------------------------------------------
+def _capture(names: tuple[str, ...], late: bool = False) -> Capture:
+    return Capture({name: os.environ.get(name) for name in names}, late)
 
 
-def _reset_peak(device: str) -> bool:
-    try:
-        _tf().config.experimental.reset_memory_stats(device)
-    except (ValueError, RuntimeError):
-        return False
-    return True
+def _one_shot(owner: Any, name: str, note: Callable[[], None], done: Callable[[Any], bool]) -> None:
+    """Call ``note()`` just before ``owner.name`` first runs, and unwrap once ``done(self)``."""
+    original = getattr(owner, name)
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not done(self):
+            try:
+                note()
+            except Exception:  # recording must never break TensorFlow
+                pass
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if done(self) and owner.__dict__.get(name) is wrapper:
+                setattr(owner, name, original)
+
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
 
 
-def enumerate_devices() -> None:
-    """List TensorFlow's devices (stage ENUMERATED) so GPU numbering is known; no op runs."""
-    if stage() is Stage.IMPORTED:
-        _tf().config.list_physical_devices()
+def _watch_device_lib(tf: TensorFlow) -> None:
+    """``device_lib.list_local_devices()`` starts CUDA without TensorFlow's context: record it too."""
+    import wrapt
+
+    def wrap(module: Any) -> None:
+        original = module.list_local_devices
+
+        def list_local_devices(*args: Any, **kwargs: Any) -> Any:
+            tf._note_enumeration()
+            return original(*args, **kwargs)
+
+        if getattr(original, "__name__", "") == "list_local_devices" and not hasattr(original, "__wrapped__"):
+            list_local_devices.__wrapped__ = original  # type: ignore[attr-defined]
+            module.list_local_devices = list_local_devices
+
+    wrapt.register_post_import_hook(wrap, "tensorflow.python.client.device_lib")
 
 
-def device_scope(name: str) -> Any:
-    """``tf.device("/GPU:0")``: ops created inside run on that device (starts the runtime)."""
-    return _tf().device(f"/{name}")
+def _physical_index(device: Any) -> int:
+    return int(device.name.rsplit(":", 1)[1])
 
 
-def oom_error_type() -> Optional[type]:
-    """``tf.errors.ResourceExhaustedError``, or None while TensorFlow is not imported."""
-    tf = sys.modules.get("tensorflow")
-    errors = getattr(tf, "errors", None)
-    return getattr(errors, "ResourceExhaustedError", None)
-
-
-def is_oom_error(exc: BaseException) -> bool:
-    error_type = oom_error_type()
-    return error_type is not None and isinstance(exc, error_type)
-
-
-def write_scalars(log_dir: str, writers: dict[str, Any], values: dict[str, float], step: int) -> None:
-    """TensorBoard scalars; ``writers`` caches one writer per directory.
-
-    ``tf.summary.scalar`` lives in the tensorboard package, which TensorFlow does not require; this
-    writes what it writes (a float32 tensor tagged for the "scalars" plugin) with core TensorFlow.
-    """
-    tf = _tf()
-    writer = writers.get(log_dir)
-    if writer is None:
-        writer = writers[log_dir] = tf.summary.create_file_writer(log_dir)
-    metadata = tf.compat.v1.SummaryMetadata()
-    metadata.plugin_data.plugin_name = "scalars"
-    with writer.as_default():
-        for tag, value in values.items():
-            tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
-    writer.flush()
+def _nvml_index(device: Any, cuda_map: list[int]) -> int:
+    k = _physical_index(device)
+    return cuda_map[k] if k < len(cuda_map) else k

@@ -50,6 +50,7 @@ def set_tracing(shell: Any, session: Any, on: bool) -> str:
         return "tracing off"
     if tracer is None:
         tracer = _tracers[shell] = Tracer(shell, session)
+    tracer.session = session  # the shell's magic may have been given a new session
     was_active = tracer.active
     tracer.start()
     return ("tracing is already on" if was_active else "tracing on") + ": " + _what_is_traced(session)
@@ -57,8 +58,8 @@ def set_tracing(shell: Any, session: Any, on: bool) -> str:
 
 def _what_is_traced(session: Any) -> str:
     """What the trace will show, and what the user must do if it cannot show anything."""
-    if tf_runtime.stage() is Stage.STARTED:
-        devices = tf_runtime.memory_devices()
+    if session.tf.stage() is Stage.STARTED:
+        devices = session.tf.memory_devices()
         if not devices:
             return NO_STATS
         names = ", ".join(device_label(d, session) for d in devices)
@@ -82,7 +83,7 @@ def enable_cpu_stats(session: Any) -> Optional[bool]:
     True when it set ``TF_CPU_ALLOCATOR_USE_BFC=true`` now, False when it was set already, None
     when it does not apply (GPUs will be traced, or TensorFlow has started: too late).
     """
-    if tf_runtime.stage() is Stage.STARTED or _gpus_expected(session):
+    if session.tf.stage() is Stage.STARTED or _gpus_expected(session):
         return None
     name = tf_runtime.CPU_STATS_ENV
     if session.env.get(name, "").lower() == "true":
@@ -125,7 +126,7 @@ class Tracer:
     def pre_run_cell(self, info: Any = None) -> None:
         try:
             self._close()
-            self._window = tf_runtime.open_peak_window()
+            self._window = self.session.tf.open_peak_window()
             self._started_at = time.perf_counter()
         except Exception as err:  # never break the user's cell
             self._failed(err)
@@ -145,7 +146,7 @@ class Tracer:
 
     def lines(self, seconds: float) -> list[str]:
         """The report for the cell that just ran (empty until TensorFlow has started)."""
-        if tf_runtime.stage() is not Stage.STARTED or self._window is None:
+        if self.session.tf.stage() is not Stage.STARTED or self._window is None:
             return []
         readings = self._window.read()
         if not readings:
@@ -178,7 +179,7 @@ def device_label(device: str, session: Any) -> str:
     if not device.startswith("GPU:"):
         return device
     try:
-        index = tf_runtime.tf_gpu_to_nvml(session.cuda_map()).get(device)
+        index = session.gpu_by_tf_name().get(device)
     except Exception:
         index = None
     return device if index is None else f"GPU {index} (TF {device})"

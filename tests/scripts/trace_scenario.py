@@ -25,7 +25,7 @@ results["error"] = cell("tmp = tf.ones([4 * 1024 * 1024])\nraise ValueError('boo
 # A nested measurement resets TensorFlow's peak mid-cell: the trace still sees the 32 MiB.
 results["nested_reset"] = cell(
     "scratch = tf.ones([8 * 1024 * 1024])\ndel scratch\n"
-    "from tfgpu_magic import tf_runtime\ntf_runtime.open_peak_window().close()"
+    "from tfgpu_magic.session import get_session\nget_session().tf.open_peak_window().close()"
 )
 results["on_when_started"] = cell("%gpu trace")
 results["off"] = cell("%gpu trace off")

@@ -1,0 +1,283 @@
+"""Choosing GPUs for ``%gpu use auto`` and claiming them for this kernel.
+
+Candidates are the GPUs the environment allocated to this kernel; lost GPUs, GPUs in MIG
+mode, GPUs whose UUID cannot be read (their claim would have no stable key) and GPUs claimed
+by another live kernel are skipped.  Choosing and claiming happen under the claim directory's
+lock (:mod:`tfgpu_magic.claims`), so two kernels started together get different GPUs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from . import claims, grammar
+from .nvml import GpuInfo, Nvml, NvmlUnavailable
+from .tf_runtime import Stage
+from .units import format_bytes
+
+__all__ = ["ChoiceError", "choose_gpus", "claim_key", "release"]
+
+POLL_S = 2.0  # how often --wait looks again
+PROGRESS_EVERY_S = 60.0  # how often --wait says it is still waiting
+
+
+class ChoiceError(RuntimeError):
+    """No GPU could be chosen; the message (one line) says why and what to try."""
+
+
+def claim_key(nvml: Nvml, index: int) -> Optional[str]:
+    """The claim file's key: the GPU's UUID, read once and cached by :class:`Nvml`.
+
+    None when the UUID cannot be read: a key made of anything else (the bus id, the index)
+    could differ between two kernels, which would then both get the GPU.
+    """
+    return nvml.uuid(index)
+
+
+def release(session: Any, index: int) -> None:
+    """Give back this kernel's claim on one GPU (nothing happens if it holds none)."""
+    key = claim_key(session.nvml, index)
+    if key is not None:
+        claims.release(key)
+
+
+@dataclass(frozen=True)
+class _Look:
+    """One look at the machine: who can be chosen, and why the others cannot."""
+
+    ready: list[GpuInfo]  # best first
+    skipped: dict[int, str]  # nvidia-smi index -> why not
+    best_free: Optional[GpuInfo]
+
+
+def choose_gpus(
+    session: Any,
+    auto: grammar.Auto,
+    progress: Callable[[str], None],
+    *,
+    poll_s: float = POLL_S,
+    progress_every_s: float = PROGRESS_EVERY_S,
+) -> tuple[tuple[int, ...], str]:
+    """Choose ``auto.count`` GPUs (nvidia-smi indices) and claim them for this process's lifetime.
+
+    Most free memory first, ties to the lower utilization.  With ``auto.wait_seconds`` it looks
+    again every ``poll_s`` until enough GPUs qualify, saying so through ``progress``; Ctrl-C
+    stops the wait.  Returns the indices and a one-line reason; raises :class:`ChoiceError`.
+    Claims this kernel held before are left alone: the session releases what it no longer
+    requests once it has accepted the choice (so a refused choice changes nothing).
+    """
+    nvml: Nvml = session.nvml
+    allowed = _check_machine(session, auto)
+    started = _started_with(session, auto)
+    if started is not None:
+        return started
+    deadline = None if auto.wait_seconds is None else time.monotonic() + auto.wait_seconds
+    last_said = None
+    try:
+        while True:
+            chosen, look = _try_once(nvml, auto, allowed)
+            if chosen is not None:
+                return chosen
+            now = time.monotonic()
+            if deadline is None or now >= deadline:
+                raise ChoiceError(_failure(auto, look, waited=deadline is not None))
+            if last_said is None or now - last_said >= progress_every_s:
+                progress(_waiting(auto, look, deadline - now))
+                last_said = now
+            time.sleep(min(poll_s, max(0.0, deadline - now)))
+    except KeyboardInterrupt:
+        raise ChoiceError("stopped waiting (interrupted); no GPU was chosen or claimed") from None
+
+
+def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
+    """The GPUs this kernel may choose from: the environment's allocation, or every GPU."""
+    try:
+        count = session.nvml.device_count()
+    except NvmlUnavailable as err:
+        raise ChoiceError(f"`%gpu use auto` needs GPU readings, and {err}; name the GPUs instead, e.g. `%gpu use 0`") from None
+    if count == 0:
+        raise ChoiceError("`%gpu use auto` found no GPU on this machine (NVML lists none)")
+    allocation = session.machine.allocation()
+    if allocation.restricted and allocation.gpus is None:
+        raise ChoiceError(
+            f"the environment allocated {allocation.describe()} ({allocation.note}); "
+            "`%gpu use auto` cannot rank them: use `%gpu use all`"
+        )
+    allowed = tuple(range(count)) if allocation.gpus is None else allocation.gpus
+    where = f"the environment allocated {allocation.describe()}" if allocation.restricted else f"this machine has {count}"
+    if auto.count > len(allowed):
+        raise ChoiceError(
+            f"`%gpu use auto:{auto.count}` needs {auto.count} GPUs but {where}; "
+            f"use `%gpu use auto:{len(allowed)}` or fewer" if allowed else f"`%gpu use auto` has no GPU to choose: {where}"
+        )
+    return allowed
+
+
+def _started_with(session: Any, auto: grammar.Auto) -> Optional[tuple[tuple[int, ...], str]]:
+    """Once TensorFlow has started its GPUs are fixed: keep (and claim) them if the count fits."""
+    force = session.in_force() if session.tf.stage() is Stage.STARTED else None
+    if force is None:
+        return None
+    visible = force.visible_nvml
+    if len(visible) != auto.count:
+        shown = "GPU " + ",".join(map(str, visible)) if visible else "no GPU"
+        raise ChoiceError(
+            f"TensorFlow has already started with {shown} visible and cannot change it in a running "
+            f"kernel; put `%gpu use auto{_count_text(auto)}` at the top of the notebook, before "
+            "`import tensorflow`, and restart the kernel"
+        )
+    nvml: Nvml = session.nvml
+    with claims.choosing():
+        for index in visible:
+            key = claim_key(nvml, index)
+            if key is not None:
+                claims.claim(key)
+    return visible, f"TensorFlow has already started with GPU {_indices(visible)}; keeping it (claimed for this kernel)"
+
+
+def _try_once(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> tuple[Optional[tuple[tuple[int, ...], str]], _Look]:
+    """Under the directory lock: look, and claim the best GPUs if enough qualify."""
+    try:
+        with claims.choosing():
+            look = _look(nvml, auto, allowed)
+            if len(look.ready) < auto.count:
+                return None, look
+            held_before = claims.held()
+            taken: list[GpuInfo] = []
+            for gpu in look.ready:
+                if len(taken) < auto.count and claims.claim(gpu.uuid):  # _why_not: the uuid is known
+                    taken.append(gpu)
+            if len(taken) < auto.count:  # a process outside the protocol holds the lock file
+                for gpu in taken:
+                    if gpu.uuid not in held_before:
+                        claims.release(gpu.uuid)
+                return None, look
+            return (tuple(sorted(g.index for g in taken)), _reason(auto, taken, look)), look
+    except claims.ClaimError as err:
+        raise ChoiceError(str(err)) from None
+
+
+def _look(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> _Look:
+    gpus = [nvml.gpu(i) for i in allowed]
+    holders = {g.index: claims.holder(g.uuid) for g in gpus if not g.lost and g.uuid}
+    skipped: dict[int, str] = {}
+    fits: list[GpuInfo] = []
+    for gpu in gpus:
+        why = _why_not(gpu, holders.get(gpu.index), auto)
+        if why:
+            skipped[gpu.index] = why
+        else:
+            fits.append(gpu)
+    # The best the user could get by waiting or asking for less: free memory on usable GPUs.
+    usable = [g for g in gpus if g in fits or skipped.get(g.index, "").endswith(" free")]
+    return _Look(sorted(fits, key=_rank), skipped, max(usable, key=_free, default=None))
+
+
+def _why_not(gpu: GpuInfo, holder: Optional[claims.Holder], auto: grammar.Auto) -> Optional[str]:
+    if gpu.lost:
+        return "lost"
+    if gpu.memory is None:
+        return "no memory reading"
+    if gpu.mig_enabled:
+        return "in MIG mode (name a MIG instance yourself)"
+    if gpu.uuid is None:
+        return "without a readable UUID (its claim would have no stable name)"
+    if holder is not None and not holder.this_process:
+        return f"claimed by {holder.describe()}"
+    if auto.min_free_bytes is not None and gpu.memory.free_bytes < auto.min_free_bytes:
+        return f"{format_bytes(gpu.memory.free_bytes)} free"
+    return None
+
+
+def _free(gpu: GpuInfo) -> int:
+    return gpu.memory.free_bytes if gpu.memory else -1
+
+
+def _rank(gpu: GpuInfo) -> tuple[int, int, int]:
+    """Most free memory first; then lower utilization (a missing reading ranks last); then index."""
+    util = gpu.utilization_percent
+    return (-_free(gpu), util if util is not None else 101, gpu.index)
+
+
+def _describe(gpu: GpuInfo) -> str:
+    util = "n/a" if gpu.utilization_percent is None else f"{gpu.utilization_percent}%"
+    total = gpu.memory.total_bytes if gpu.memory else None
+    return f"GPU {gpu.index}: {format_bytes(_free(gpu))} free of {format_bytes(total)}, utilization {util}"
+
+
+def _reason(auto: grammar.Auto, taken: list[GpuInfo], look: _Look) -> str:
+    what = "the GPU" if auto.count == 1 else f"the {auto.count} GPUs"
+    floor = f" with at least {format_bytes(auto.min_free_bytes)} free" if auto.min_free_bytes else ""
+    skipped = "; ".join(f"GPU {i} {why}" for i, why in sorted(look.skipped.items()) if why.startswith("claimed"))
+    tail = f" (skipped: {skipped})" if skipped else ""
+    return (
+        f"Chose GPU {_indices(sorted(g.index for g in taken))}: {what} with the most free memory{floor} "
+        f"not claimed by another kernel ({'; '.join(_describe(g) for g in taken)}){tail}; "
+        "claimed for this kernel's lifetime"
+    )
+
+
+def _failure(auto: grammar.Auto, look: _Look, waited: bool) -> str:
+    context = _context(look)
+    if waited:
+        return (
+            f"{_shortfall(auto, look)} after waiting {_duration(auto.wait_seconds or 0)}{context}; "
+            f"wait longer (e.g. `--wait 30m`){' or ask for less free memory' if auto.min_free_bytes else ''}"
+        )
+    return (
+        f"{_shortfall(auto, look)} now{context}; "
+        f"try `%gpu use auto{_count_text(auto)}{_min_text(auto)} --wait 10m`"
+    )
+
+
+def _shortfall(auto: grammar.Auto, look: _Look) -> str:
+    if auto.min_free_bytes is not None:
+        floor = format_bytes(auto.min_free_bytes)
+        if auto.count == 1:
+            return f"no unclaimed GPU has {floor} free"
+        return f"fewer than {auto.count} unclaimed GPUs have {floor} free"
+    if auto.count == 1:
+        return "no GPU is free of other kernels' claims"
+    return f"only {len(look.ready)} of the {auto.count} GPUs asked for are unclaimed"
+
+
+def _context(look: _Look) -> str:
+    parts = []
+    if look.best_free is not None:
+        parts.append(f"the most free is {format_bytes(_free(look.best_free))}, on GPU {look.best_free.index}")
+    claimed = sum(1 for why in look.skipped.values() if why.startswith("claimed"))
+    if claimed:
+        parts.append(f"{claimed} GPU{'s' if claimed != 1 else ''} claimed by other kernels")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _waiting(auto: grammar.Auto, look: _Look, left_s: float) -> str:
+    return (
+        f"Waiting: {_shortfall(auto, look)}{_context(look)}; {_duration(left_s)} left "
+        "(interrupt the cell to stop)"
+    )
+
+
+def _count_text(auto: grammar.Auto) -> str:
+    return f":{auto.count}" if auto.count != 1 else ""
+
+
+def _min_text(auto: grammar.Auto) -> str:
+    if auto.min_free_bytes is None:
+        return ""
+    mib = auto.min_free_bytes // (1024 * 1024)
+    return f" --min-free {mib // 1024}G" if mib % 1024 == 0 else f" --min-free {mib}M"
+
+
+def _indices(indices: Any) -> str:
+    return ",".join(map(str, indices))
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    return f"{minutes}m" if not secs else f"{minutes}m{secs:02d}s"

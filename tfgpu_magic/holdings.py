@@ -1,0 +1,150 @@
+"""Who holds what on each GPU: one computation for ``%gpu``, the panel, ``%gpu free`` and the OOM help.
+
+Memory is split into this kernel, my other processes (same user), other users, and what no
+listed process accounts for.  Where NVML's pids do not match ours (a container without the
+host's pid namespace), this kernel's share falls back to TensorFlow's allocator, and the
+result says which number is shown.  TensorFlow's allocator figures per GPU are summed over the
+logical GPUs on it here too (:func:`tf_by_gpu`), so every reader shows the same number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from .nvml import GpuInfo, GpuLost, Nvml
+from .owners import EXITED_NOTE, ProcessTable
+
+__all__ = ["GpuUsage", "MINE", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN", "attribute", "tf_by_gpu"]
+
+
+THIS_KERNEL, MINE, OTHERS, UNKNOWN = "this kernel", "mine", "others", "unknown"
+
+
+@dataclass(frozen=True)
+class ProcessEntry:
+    pid: int
+    used_memory_bytes: Optional[int]  # None: NVML could not say
+    kind: str  # "compute" or "graphics"
+    user: Optional[str]
+    command: Optional[str]
+    alive: bool
+    whose: str  # THIS_KERNEL, MINE (my other processes), OTHERS, UNKNOWN (exited)
+    note: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """One GPU's memory split by holder, in bytes.  None: not known (never a made-up 0)."""
+
+    index: int
+    processes: Optional[tuple[ProcessEntry, ...]]  # None: NVML could not list them
+    this_kernel_bytes: Optional[int]
+    this_kernel_source: Optional[str]  # "nvml" (found by pid) or "tensorflow" (allocator in use)
+    my_other_bytes: Optional[int]
+    others_bytes: Optional[int]
+    unattributed_bytes: Optional[int]  # used, but by no listed live process (contexts, exited)
+    notes: tuple[str, ...] = ()
+
+
+def attribute(
+    nvml: Nvml,
+    gpu: GpuInfo,
+    table: ProcessTable,
+    my_pid: int,
+    me: Optional[str],
+    tf_in_use_bytes: Optional[int] = None,
+) -> GpuUsage:
+    """Split one GPU's memory into this kernel, my other processes, others and the rest."""
+    if gpu.lost:
+        return GpuUsage(gpu.index, None, None, None, None, None, None, ("the GPU stopped answering",))
+    try:
+        listed = nvml.processes(gpu.index)
+    except GpuLost:
+        return GpuUsage(gpu.index, None, None, None, None, None, None, ("the GPU stopped answering",))
+    except Exception as err:  # NVMLError: no permission, not supported
+        return _unlisted(gpu, tf_in_use_bytes, f"NVML could not list the processes ({err})")
+    entries = tuple(_entry(p.pid, p.used_memory_bytes, p.kind, table, my_pid, me) for p in listed)
+    return _split(gpu, entries, tf_in_use_bytes, my_pid)
+
+
+def _entry(pid: int, used: Optional[int], kind: str, table: ProcessTable, my_pid: int, me: Optional[str]) -> ProcessEntry:
+    details = table.lookup(pid)
+    if pid == my_pid:
+        whose = THIS_KERNEL
+    elif not details.alive:
+        whose = UNKNOWN
+    elif me is not None and details.user == me:
+        whose = MINE
+    else:
+        whose = OTHERS  # including owners we may not see: not ours as far as we can tell
+    return ProcessEntry(pid, used, kind, details.user, details.command, details.alive, whose, details.note)
+
+
+def _split(gpu: GpuInfo, entries: tuple[ProcessEntry, ...], tf_in_use: Optional[int], my_pid: int) -> GpuUsage:
+    notes: list[str] = []
+    buckets = {w: _bucket([e for e in entries if e.whose == w]) for w in (THIS_KERNEL, MINE, OTHERS)}
+    mine, source = buckets[THIS_KERNEL], "nvml"
+    if not any(e.whose == THIS_KERNEL for e in entries) and tf_in_use is not None:
+        mine, source = tf_in_use, "tensorflow"
+        notes.append(
+            f"NVML does not list this kernel's pid {my_pid} here (a container without the host's "
+            "pid namespace?): showing TensorFlow's allocator in use, which leaves out CUDA's own overhead"
+        )
+    unknown = [e.pid for e in entries if e.used_memory_bytes is None]
+    if unknown:
+        notes.append(
+            f"NVML gives no memory figure for pid {', '.join(map(str, unknown))}; "
+            "sums count only the known figures"
+        )
+    exited = [e.pid for e in entries if not e.alive and e.whose != THIS_KERNEL]
+    if exited:
+        notes.append(f"pid {', '.join(map(str, exited))}: {EXITED_NOTE}; counted as unattributed")
+    return GpuUsage(
+        gpu.index,
+        entries,
+        mine,
+        source if mine is not None else None,
+        buckets[MINE],
+        buckets[OTHERS],
+        _rest(gpu, [mine, buckets[MINE], buckets[OTHERS]]),
+        tuple(notes),
+    )
+
+
+def _unlisted(gpu: GpuInfo, tf_in_use: Optional[int], why: str) -> GpuUsage:
+    source = "tensorflow" if tf_in_use is not None else None
+    return GpuUsage(gpu.index, None, tf_in_use, source, None, None, None, (why,))
+
+
+def _bucket(entries: list[ProcessEntry]) -> Optional[int]:
+    """Known bytes of a group; 0 only when the group is truly empty, None when all are unknown."""
+    known = [e.used_memory_bytes for e in entries if e.used_memory_bytes is not None]
+    if entries and not known:
+        return None
+    return sum(known)
+
+
+def _rest(gpu: GpuInfo, parts: list[Optional[int]]) -> Optional[int]:
+    if gpu.memory is None:
+        return None
+    return max(0, gpu.memory.used_bytes - sum(p or 0 for p in parts))
+
+
+
+
+def tf_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict[int, tuple[int, int]]:
+    """TensorFlow's allocator ``(in use, peak)`` bytes per nvidia-smi GPU, summed over its logical GPUs.
+
+    ``stats`` maps TensorFlow devices (``GPU:0``) to objects with ``current_bytes`` and
+    ``peak_bytes``; ``names`` maps them to nvidia-smi indices.  The peak is the sum of the
+    logical devices' peaks (an upper bound: they need not peak at the same moment).
+    """
+    result: dict[int, tuple[int, int]] = {}
+    for name, reading in stats.items():
+        index = names.get(name)
+        if index is None:
+            continue
+        current, peak = result.get(index, (0, 0))
+        result[index] = (current + int(reading.current_bytes), peak + int(reading.peak_bytes))
+    return result

@@ -1,0 +1,143 @@
+"""The machine as one kernel sees it: NVML, the process environment, TensorFlow, the allocation.
+
+One :class:`Machine` is passed explicitly to whatever needs it (the session, the import hooks,
+the monitor's sampler, the out-of-memory explanation); nothing looks it up from a global.
+Facts are captured when they become true and read from that one record afterwards:
+
+* the **allocation**, the ``CUDA_VISIBLE_DEVICES`` the kernel inherited (a scheduler's or an
+  administrator's), read when the machine is created;
+* what **CUDA saw** at enumeration and what **TensorFlow started with** at its first op, both
+  recorded by :class:`tfgpu_magic.tf_runtime.TensorFlow` at those moments.
+
+Neither NVML nor TensorFlow is touched when a Machine is created.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from typing import Optional
+
+from . import numbering
+from .nvml import Nvml
+from .plan import MachineFacts
+from .tf_runtime import CUDA_ENV, Stage, TensorFlow
+from .units import MIB
+
+__all__ = ["MANAGED_ENV", "Machine"]
+
+# Variables tfgpu_magic sets for CUDA and TensorFlow.
+MANAGED_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")
+
+
+class Machine:
+    def __init__(
+        self,
+        nvml: Optional[Nvml] = None,
+        env: Optional[MutableMapping[str, str]] = None,
+        tf: Optional[TensorFlow] = None,
+    ) -> None:
+        self.nvml = nvml if nvml is not None else Nvml()
+        self.env: MutableMapping[str, str] = os.environ if env is None else env
+        self.tf = tf if tf is not None else TensorFlow()
+        self.inherited = {name: self.env.get(name) for name in MANAGED_ENV}
+        self._written: dict[str, Optional[str]] = {}  # what we last set each variable to
+        self._allocation: Optional[numbering.Allocation] = None
+
+    # -- the environment ------------------------------------------------------------------------
+    def set_env(self, name: str, value: Optional[str]) -> None:
+        """Set (or, with None, remove) a variable CUDA or TensorFlow reads, remembering we did."""
+        if value is None:
+            self.env.pop(name, None)
+        else:
+            self.env[name] = value
+        self._written[name] = value
+
+    def unmanaged_value(self, name: str) -> Optional[str]:
+        """The variable as the user or the environment left it: ours undone, a hand-made value kept."""
+        if name in self._written and self.env.get(name) == self._written[name]:
+            return self.inherited[name]
+        return self.env.get(name)
+
+    # -- GPUs -----------------------------------------------------------------------------------
+    def gpu_count(self) -> Optional[int]:
+        return self.nvml.device_count() if self.nvml.available() else None
+
+    def uuids(self) -> Optional[list[Optional[str]]]:
+        """Every GPU's UUID in nvidia-smi order, or None without NVML."""
+        count = self.gpu_count()
+        return None if count is None else [self.nvml.uuid(i) for i in range(count)]
+
+    def totals_mib(self) -> dict[int, Optional[int]]:
+        count = self.gpu_count()
+        if count is None:
+            return {}
+        totals = {i: self.nvml.total_bytes(i) for i in range(count)}
+        return {i: None if t is None else t // MIB for i, t in totals.items()}
+
+    def allocation(self) -> numbering.Allocation:
+        """The GPUs the environment allocated to this kernel (read once NVML can match UUIDs)."""
+        if self._allocation is None or (self._allocation.gpus is None and self.nvml.available()):
+            self._allocation = numbering.allocation_from(self.inherited["CUDA_VISIBLE_DEVICES"], self.uuids())
+        return self._allocation
+
+    # -- CUDA's numbering -----------------------------------------------------------------------
+    def cuda_env(self) -> dict[str, Optional[str]]:
+        """CUDA's variables as CUDA read them at enumeration, or as it would read them now."""
+        seen = self.tf.cuda_seen
+        if seen is not None:
+            return dict(seen.env)
+        return {name: self.env.get(name) for name in CUDA_ENV}
+
+    def cuda_map(self) -> list[int]:
+        """nvidia-smi index of each CUDA device (TensorFlow's physical GPU k is entry k)."""
+        uuids = self.uuids()
+        if uuids is None:  # no NVML: trust the indices as written
+            return numbering.cuda_to_nvml(self.cuda_env(), [None] * 64)
+        return numbering.cuda_to_nvml(self.cuda_env(), uuids)
+
+    def numbering_note(self) -> Optional[str]:
+        """Why CUDA's numbers may differ from nvidia-smi's, when they may (once CUDA has numbered them)."""
+        if self.tf.cuda_seen is None:
+            return None
+        env = self.cuda_env()
+        if numbering.order_is_nvml(env):
+            return None
+        names = {self.nvml.name(i) for i in range(self.gpu_count() or 0)}
+        if len(names) <= 1:
+            return None  # one model: fastest-first ties fall back to bus order
+        return (
+            f"CUDA numbered the GPUs with CUDA_DEVICE_ORDER={env.get('CUDA_DEVICE_ORDER') or 'FASTEST_FIRST'} "
+            "before tfgpu_magic was loaded, so on this machine of mixed GPUs its numbers may not be "
+            "nvidia-smi's; load the extension before TensorFlow lists its devices"
+        )
+
+    def cuda_found(self) -> Optional[tuple[int, ...]]:
+        """nvidia-smi indices of the GPUs TensorFlow found at enumeration; None before it."""
+        if self.tf.stage() < Stage.ENUMERATED:
+            return None
+        cuda_map = self.cuda_map()
+        found = self.tf.physical_gpu_indices()
+        return tuple(sorted(cuda_map[k] for k in found if k < len(cuda_map)))
+
+    def facts(self) -> MachineFacts:
+        """What :func:`tfgpu_magic.plan.resolve` needs, read now."""
+        count = self.gpu_count()
+        allocation = self.allocation()
+        cuda_found = self.cuda_found()
+        if cuda_found is not None:
+            default = cuda_found
+        elif count is None:
+            default = None
+        else:
+            raw = self.unmanaged_value("CUDA_VISIBLE_DEVICES")
+            default = tuple(sorted(numbering.cuda_to_nvml({"CUDA_VISIBLE_DEVICES": raw}, self.uuids() or [])))
+        return MachineFacts(
+            count=count,
+            totals_mib=self.totals_mib(),
+            allocated=allocation.gpus,
+            allocation_text=allocation.describe() if allocation.restricted else None,
+            cuda_found=cuda_found,
+            default_visible=default,
+        )
+
