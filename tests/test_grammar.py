@@ -93,7 +93,9 @@ def test_valid_forms(line, command):
         ("free now", f"unexpected 'now'; {grammar.usage('free')}"),
         ("status --xml", f"unexpected '--xml'; {grammar.usage('status')}"),
         ("monitor --interval 0.01", f"--interval must be 0.1 s to 60 s; {grammar.usage('monitor')}"),
-        ("use 'unclosed", "cannot read \"use 'unclosed\" (No closing quotation); " + grammar.usage()),
+        ("use 'unclosed", "cannot read \"use 'unclosed\" (No closing quotation); " + USE),
+        ("'unclosed", "cannot read \"'unclosed\" (No closing quotation); " + grammar.usage()),
+        ("limit 4G\\", f"cannot read 'limit 4G\\\\' (No escaped character); {LIMIT}"),
     ],
 )
 def test_errors_name_the_valid_forms(line, message):
@@ -103,8 +105,12 @@ def test_errors_name_the_valid_forms(line, message):
     assert "\n" not in message
 
 
-def test_usage_lists_every_verb():
-    assert grammar.usage().count("%gpu") == len(grammar.FORMS)
+def test_an_unknown_verb_is_answered_with_every_form():
+    every = grammar.usage()
+    assert every.startswith("valid: %gpu | %gpu status | %gpu status --json | %gpu use 1 | ")
+    assert every.count(" | ") + 1 == sum(len(forms) for forms in grammar.FORMS.values())
+    for forms in grammar.FORMS.values():
+        assert all(form in every for form in forms)
 
 
 # -- the table: each verb declared once, everything else read from it ---------------------------
@@ -173,13 +179,14 @@ def test_any_text_is_a_command_or_a_grammar_error(line):
     try:
         grammar.parse(line)
     except GrammarError as err:
-        assert "valid" in str(err)
+        assert "valid: " in str(err) and str(err).isprintable()  # printable: one line, always
 
 
 words = st.sampled_from(
     ["use", "grow", "limit", "split", "precision", "allocator", "status", "free", "reset", "trace",
      "monitor", "off", "on", "all", "none", "auto", "auto:2", "1", "0,2", "1,1", "-1", "4G", "50%",
-     "101%", "0", "12abc", "--json", "--wait", "10m", "--min-free", "--sidebar", "mixed_float16"]
+     "101%", "0", "12abc", "--json", "--wait", "10m", "--min-free", "--sidebar", "mixed_float16",
+     "budget", "--interval", "--window", "0.1", "2", "²", "9" * 400]
 )
 
 
@@ -189,4 +196,4 @@ def test_any_sequence_of_keywords_is_a_command_or_a_grammar_error(tokens):
     try:
         grammar.parse(" ".join(tokens))
     except GrammarError as err:
-        assert "valid" in str(err)
+        assert "valid: " in str(err) and str(err).isprintable()

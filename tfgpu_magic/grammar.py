@@ -149,13 +149,57 @@ Command = Union[Use, Grow, Limit, Split, Allocator, Precision, Free, Status, Res
 PRECISIONS = ("mixed_float16", "mixed_bfloat16", "float32")
 MAX_SPLIT = 16
 
+# Upper bounds, checked before any int() or float() result is used: hostile input (a 400-digit
+# limit, say) must be refused in one line, never overflow.  Each is far beyond real use.
+MAX_SIZE_MIB = 1024**3  # 1 PiB
+MAX_DURATION_S = 365 * 24 * 3600.0
+MAX_GPU_INDEX = 1023  # GPU numbers (nvidia-smi's) 0..1023
+MAX_GPUS = MAX_GPU_INDEX + 1
+
+# The memory panel's own bounds (monitor.MIN_INTERVAL_S; widget.MemoryPanel's `window` trait):
+# a line the panel would refuse with a TraitError must be refused here, with the valid forms.
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 60.0
+MIN_WINDOW_S, MAX_WINDOW_S = 5.0, 24 * 3600.0
+MIN_SAMPLES_SHOWN = 10  # a window holds at least this many intervals
+
 
 def _fail(verb: str, what: str) -> GrammarError:
     return GrammarError(f"{what}; {usage(verb)}")
 
 
+def _shown(text: str) -> str:
+    """What the user typed, quoted for a message: repr() escapes control characters and line
+    breaks (the message stays one line), and long input shows its first 37 characters."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+class _Refused(Exception):
+    """Why a value was refused; the caller adds its verb's valid forms (see :func:`_fail`)."""
+
+
+class _NotASize(_Refused):
+    """Not written as a size at all (``%%gpu budget`` words this its own way)."""
+
+
+# -- numbers ------------------------------------------------------------------------------------
+# ASCII digits only: str.isdigit() and a Unicode \d also take '²' (which int() refuses) and
+# '١' or '４' (which int() and float() read as 1 and 4): neither belongs in a command.
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
+def _bounded_int(digits: str, most: int) -> int:
+    """The value of ASCII ``digits``; a string too long to be at most ``most`` gives ``most + 1``.
+
+    So long strings never reach int(), which refuses more than 4,300 digits with a ValueError.
+    """
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(most)):
+        return most + 1
+    return int(significant)
+
+
 # -- sizes and durations ------------------------------------------------------------------------
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]i?b?|%)?$", re.IGNORECASE)
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b?|%)?", re.IGNORECASE | re.ASCII)
 _UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
@@ -163,24 +207,35 @@ def parse_size(text: str, verb: str = "limit", percent: bool = True) -> Size:
     """``4096`` (MiB), ``512M``, ``4G``, ``1.5GiB``, ``50%`` -> MiB as int, or :class:`Percent`.
 
     Units are binary, as nvidia-smi and TensorFlow count: ``G``, ``GB`` and ``GiB`` all mean
-    1024 MiB.  A bare number is MiB, like TensorFlow's ``memory_limit``.
+    1024 MiB.  A bare number is MiB, like TensorFlow's ``memory_limit``.  At most 1 PiB.
     """
-    match = _SIZE.match(text.strip())
+    try:
+        return _size(text, percent)
+    except _Refused as refused:
+        raise _fail(verb, str(refused)) from None
+
+
+def _size(text: str, percent: bool) -> Size:
+    match = _SIZE.fullmatch(text.strip())
     if not match:
-        raise _fail(verb, f"{text!r} is not a size")
+        raise _NotASize(f"{_shown(text)} is not a size")
+    # float() of a digit string is finite or inf, never an error; inf fails the bounds below,
+    # so int() never sees it.
     number, unit = float(match.group(1)), (match.group(2) or "").lower()
     if unit == "%":
         if not percent:
-            raise _fail(verb, f"{text!r}: a percentage is not allowed here")
+            raise _NotASize(f"{_shown(text)}: a percentage is not allowed here")
         if not 0 < number <= 100:
-            raise _fail(verb, f"{text!r}: a percentage must be above 0 and at most 100")
+            raise _Refused(f"{_shown(text)}: a percentage must be above 0 and at most 100")
         return Percent(number)
     if not unit and "." in match.group(1):
-        raise _fail(verb, f"{text!r}: a bare number is whole MiB")
-    mib = int(number * _UNIT_MIB[unit[0]] if unit else number)
-    if mib < 1:
-        raise _fail(verb, f"{text!r}: a size must be at least 1 MiB")
-    return mib
+        raise _Refused(f"{_shown(text)}: a bare number is whole MiB")
+    mib = number * _UNIT_MIB[unit[0]] if unit else number
+    if mib > MAX_SIZE_MIB:
+        raise _Refused(f"{_shown(text)}: a size must be at most 1 PiB")
+    if int(mib) < 1:
+        raise _Refused(f"{_shown(text)}: a size must be at least 1 MiB")
+    return int(mib)
 
 
 def parse_bytes(text: str, verb: str) -> int:
@@ -188,22 +243,25 @@ def parse_bytes(text: str, verb: str) -> int:
     return int(parse_size(text, verb, percent=False)) * MIB
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h)?$", re.IGNORECASE)
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?", re.IGNORECASE | re.ASCII)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "": 1}
 
 
 def parse_duration(text: str, verb: str) -> float:
-    """``30``, ``30s``, ``10m``, ``1h``, ``200ms`` -> seconds."""
-    match = _DURATION.match(text.strip())
+    """``30``, ``30s``, ``10m``, ``1h``, ``200ms`` -> seconds, at most 365 days."""
+    match = _DURATION.fullmatch(text.strip())
     if not match:
-        raise _fail(verb, f"{text!r} is not a duration (like 30s, 10m, 1h)")
-    return float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "").lower()]
+        raise _fail(verb, f"{_shown(text)} is not a duration (like 30s, 10m, 1h)")
+    seconds = float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "").lower()]
+    if seconds > MAX_DURATION_S:  # inf included: a float of 309+ digits
+        raise _fail(verb, f"{_shown(text)}: a duration must be at most 365 days")
+    return seconds
 
 
 def _size_list(text: str, verb: str, percent: bool = True) -> tuple[Size, ...]:
     parts = text.split(",")
     if any(not p.strip() for p in parts):
-        raise _fail(verb, f"{text!r} has an empty entry")
+        raise _fail(verb, f"{_shown(text)} has an empty entry")
     return tuple(parse_size(p, verb, percent) for p in parts)
 
 
@@ -217,7 +275,7 @@ def _options(
     for token in items:
         name = token[2:] if token.startswith("--") else None
         if name not in allowed:
-            raise _fail(verb, f"unexpected {token!r}")
+            raise _fail(verb, f"unexpected {_shown(token)}")
         if name in found:
             raise _fail(verb, f"{token} given twice")
         convert = allowed[name]
@@ -233,7 +291,7 @@ def _options(
 
 def _no_more(verb: str, tokens: list[str]) -> None:
     if tokens:
-        raise _fail(verb, f"unexpected {' '.join(tokens)!r}")
+        raise _fail(verb, f"unexpected {_shown(' '.join(tokens))}")
 
 
 def _one(verb: str, tokens: list[str]) -> str:
@@ -244,7 +302,7 @@ def _one(verb: str, tokens: list[str]) -> str:
 
 
 # -- line verbs ---------------------------------------------------------------------------------
-_INDEX_LIST = re.compile(r"^\d+(,\d+)*$")
+_INDEX_LIST = re.compile(r"[0-9]+(,[0-9]+)*", re.ASCII)
 _AUTO_OPTIONS: dict[str, Optional[Callable[[str], object]]] = {
     "min-free": lambda v: parse_bytes(v, "use"),
     "wait": lambda v: parse_duration(v, "use"),
@@ -267,11 +325,13 @@ def _use(tokens: list[str]) -> Use:
     if first == "auto" or first.startswith("auto:"):
         return Use(_auto(first, rest))
     _no_more("use", rest)
-    if not _INDEX_LIST.match(first):
-        raise _fail("use", f"{tokens[0]!r} is not a GPU number or a comma list of them")
-    gpus = tuple(int(x) for x in first.split(","))
+    if not _INDEX_LIST.fullmatch(first):
+        raise _fail("use", f"{_shown(tokens[0])} is not a GPU number or a comma list of them")
+    gpus = tuple(_bounded_int(x, MAX_GPU_INDEX) for x in first.split(","))
+    if max(gpus) > MAX_GPU_INDEX:
+        raise _fail("use", f"{_shown(tokens[0])}: a GPU number is at most {MAX_GPU_INDEX}")
     if len(set(gpus)) != len(gpus):
-        raise _fail("use", f"{tokens[0]!r} names a GPU twice")
+        raise _fail("use", f"{_shown(tokens[0])} names a GPU twice")
     return Use(gpus)
 
 
@@ -279,9 +339,11 @@ def _auto(first: str, rest: list[str]) -> Auto:
     count = 1
     if first.startswith("auto:"):
         text = first[5:]
-        if not text.isdigit() or int(text) < 1:
-            raise _fail("use", f"{first!r}: auto:N needs a whole number N of at least 1")
-        count = int(text)
+        count = _bounded_int(text, MAX_GPUS) if _DIGITS.fullmatch(text) else 0
+        if count < 1:
+            raise _fail("use", f"{_shown(first)}: auto:N needs a whole number N of at least 1")
+        if count > MAX_GPUS:
+            raise _fail("use", f"{_shown(first)}: auto:N asks for at most {MAX_GPUS} GPUs")
     opts = _options("use", rest, _AUTO_OPTIONS)
     return Auto(count, opts.get("min-free"), opts.get("wait"))  # type: ignore[arg-type]
 
@@ -291,7 +353,7 @@ def _on_off(verb: str, tokens: list[str]) -> bool:
         return True
     word = _one(verb, tokens).lower()
     if word not in ("on", "off"):
-        raise _fail(verb, f"unexpected {word!r}")
+        raise _fail(verb, f"unexpected {_shown(word)}")
     return word == "on"
 
 
@@ -314,13 +376,13 @@ def _split(tokens: list[str]) -> Split:
     text = _one("split", tokens)
     if text.lower() == "off":
         return Split()
-    if text.isdigit():
-        count = int(text)
+    if _DIGITS.fullmatch(text):
+        count = _bounded_int(text, MAX_SPLIT)
         if not 1 <= count <= MAX_SPLIT:
-            raise _fail("split", f"{text!r}: the number of logical GPUs must be 1 to {MAX_SPLIT}")
+            raise _fail("split", f"{_shown(text)}: the number of logical GPUs must be 1 to {MAX_SPLIT}")
         return Split(count=count)
     if not any(c.isalpha() for c in text) and "," not in text:
-        raise _fail("split", f"{text!r} is neither a count nor a list of sizes")
+        raise _fail("split", f"{_shown(text)} is neither a count nor a list of sizes")
     sizes = _size_list(text, "split", percent=False)
     if len(sizes) > MAX_SPLIT:
         raise _fail("split", f"at most {MAX_SPLIT} logical GPUs per GPU")
@@ -330,19 +392,19 @@ def _split(tokens: list[str]) -> Split:
 def _allocator(tokens: list[str]) -> Allocator:
     name = _one("allocator", tokens).lower()
     if name not in ("async", "default"):
-        raise _fail("allocator", f"unknown allocator {name!r}")
+        raise _fail("allocator", f"unknown allocator {_shown(name)}")
     return Allocator(name)
 
 
 def _precision(tokens: list[str]) -> Precision:
     policy = _one("precision", tokens)
     if policy not in PRECISIONS:
-        raise _fail("precision", f"unknown precision {policy!r}")
+        raise _fail("precision", f"unknown precision {_shown(policy)}")
     return Precision(policy)
 
 
 def _status(tokens: list[str]) -> Status:
-    return Status(**{"json": bool(_options("status", tokens, _STATUS_OPTIONS))})
+    return Status(json=bool(_options("status", tokens, _STATUS_OPTIONS)))
 
 
 def _monitor(tokens: list[str]) -> Monitor:
@@ -352,10 +414,14 @@ def _monitor(tokens: list[str]) -> Monitor:
     opts = _options("monitor", tokens, _MONITOR_OPTIONS)
     interval = float(opts.get("interval", 0.5))  # type: ignore[arg-type]
     window = float(opts.get("window", 300.0))  # type: ignore[arg-type]
-    if not 0.1 <= interval <= 60:
-        raise _fail("monitor", "--interval must be 0.1 s to 60 s")
-    if not interval * 10 <= window <= 24 * 3600:
-        raise _fail("monitor", "--window must hold at least 10 samples and at most 24 h")
+    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+        raise _fail("monitor", f"--interval must be {MIN_INTERVAL_S:g} s to {MAX_INTERVAL_S:g} s")
+    if not (MIN_WINDOW_S <= window <= MAX_WINDOW_S and interval * MIN_SAMPLES_SHOWN <= window):
+        raise _fail(
+            "monitor",
+            f"--window must be {MIN_WINDOW_S:g} s to {MAX_WINDOW_S / 3600:g} h "
+            f"and hold at least {MIN_SAMPLES_SHOWN} samples",
+        )
     return Monitor(bool(opts.get("sidebar", False)), interval, window)
 
 
@@ -376,9 +442,11 @@ def _budget(tokens: list[str]) -> int:
     if not tokens:
         raise _fail("budget", "`%%gpu budget` needs a size")
     try:
-        mib = parse_size(tokens[0], "budget", percent=False)
-    except GrammarError:
-        raise _fail("budget", f"{tokens[0]!r} is not a size (like 512M, 2G or 1.5GiB; a bare number is MiB)") from None
+        mib = _size(tokens[0], percent=False)
+    except _NotASize:
+        raise _fail("budget", f"{_shown(tokens[0])} is not a size (like 512M, 2G or 1.5GiB; a bare number is MiB)") from None
+    except _Refused as refused:  # a size, but out of bounds
+        raise _fail("budget", str(refused)) from None
     return int(mib) * MIB
 
 
@@ -386,9 +454,12 @@ def _on(tokens: list[str]) -> int:
     """The GPU's NVML index, as nvidia-smi and `%gpu use` number GPUs."""
     if not tokens:
         raise _fail("on", "`%%gpu on` needs a GPU number")
-    if not tokens[0].isdigit():
-        raise _fail("on", f"{tokens[0]!r} is not a GPU number (as nvidia-smi shows them)")
-    return int(tokens[0])
+    if not _DIGITS.fullmatch(tokens[0]):
+        raise _fail("on", f"{_shown(tokens[0])} is not a GPU number (as nvidia-smi shows them)")
+    gpu = _bounded_int(tokens[0], MAX_GPU_INDEX)
+    if gpu > MAX_GPU_INDEX:
+        raise _fail("on", f"{_shown(tokens[0])}: a GPU number is at most {MAX_GPU_INDEX}")
+    return gpu
 
 
 # -- the table: each verb declared once ----------------------------------------------------------
@@ -547,12 +618,12 @@ CELL_FORMS = tuple(form for verb in _CELL_VERBS.values() for form in verb.forms)
 
 
 def usage(verb: Optional[str] = None) -> str:
-    """The valid forms of one verb, or every ``%gpu`` verb, as one line.
+    """The valid forms of one verb, or of every ``%gpu`` verb, as one line.
 
     Cell words share one line (``%%gpu on 1 budget 2G``), so each names the forms of all of them.
     """
-    if verb is None:
-        return "valid: " + " | ".join(f"%gpu {v}" if v != "status" else "%gpu" for v in FORMS)
+    if verb is None:  # a line whose verb is unknown: every form, so the right one is in sight
+        return "valid: " + " | ".join(form for forms in FORMS.values() for form in forms)
     if verb in _CELL_VERBS:
         return cell_usage()
     return "valid: " + " | ".join(_LINE_VERBS[verb].forms)
@@ -568,14 +639,24 @@ def parse(line: str) -> Command:
     """Parse the text after ``%gpu``.  An empty line is ``status``."""
     try:
         tokens = shlex.split(line)
-    except ValueError as err:
-        raise GrammarError(f"cannot read {line!r} ({err}); {usage()}") from None
+    except ValueError as err:  # an unclosed quote, a trailing backslash
+        raise GrammarError(f"cannot read {_shown(line)} ({err}); {usage(_first_verb(line))}") from None
     if not tokens:
         return Status()
-    verb = _LINE_VERBS.get(tokens[0].lower())
+    word = tokens[0].lower()
+    if word in _CELL_VERBS:
+        form = _CELL_VERBS[word].forms[0]
+        raise GrammarError(f"`%gpu {word}` is a cell magic: put `{form}` on the cell's first line; {cell_usage()}")
+    verb = _LINE_VERBS.get(word)
     if verb is None:
-        raise GrammarError(f"unknown subcommand {tokens[0]!r}; {usage()}")
+        raise GrammarError(f"unknown subcommand {_shown(tokens[0])}; {usage()}")
     return verb.parse(tokens[1:])  # type: ignore[return-value]
+
+
+def _first_verb(line: str) -> Optional[str]:
+    """The verb a line that shlex cannot read starts with, if it is one: its forms help most."""
+    words = line.split(maxsplit=1)
+    return words[0].lower() if words and words[0].lower() in _LINE_VERBS else None
 
 
 def parse_cell(line: str) -> dict[str, object]:
@@ -588,7 +669,7 @@ def parse_cell(line: str) -> dict[str, object]:
         word, tokens = tokens[0].lower(), tokens[1:]
         verb = _CELL_VERBS.get(word)
         if verb is None:
-            raise GrammarError(f"unknown cell subcommand {word!r}; {cell_usage()}")
+            raise GrammarError(f"unknown cell subcommand {_shown(word)}; {cell_usage()}")
         if word in found:
             raise GrammarError(f"`{word}` given twice; {cell_usage()}")
         found[word] = verb.parse(tokens[:1])  # each word takes one value
