@@ -93,7 +93,9 @@ def test_valid_forms(line, command):
         ("free now", f"unexpected 'now'; {grammar.usage('free')}"),
         ("status --xml", f"unexpected '--xml'; {grammar.usage('status')}"),
         ("monitor --interval 0.01", f"--interval must be 0.1 s to 60 s; {grammar.usage('monitor')}"),
-        ("use 'unclosed", "cannot read \"use 'unclosed\" (No closing quotation); " + grammar.usage()),
+        ("use 'unclosed", "cannot read \"use 'unclosed\" (No closing quotation); " + USE),
+        ("'unclosed", "cannot read \"'unclosed\" (No closing quotation); " + grammar.usage()),
+        ("limit 4G\\", f"cannot read 'limit 4G\\\\' (No escaped character); {LIMIT}"),
     ],
 )
 def test_errors_name_the_valid_forms(line, message):
@@ -103,8 +105,72 @@ def test_errors_name_the_valid_forms(line, message):
     assert "\n" not in message
 
 
-def test_usage_lists_every_verb():
-    assert grammar.usage().count("%gpu") == len(grammar.FORMS)
+def test_an_unknown_verb_is_answered_with_every_form():
+    every = grammar.usage()
+    assert every.startswith("valid: %gpu | %gpu status | %gpu status --json | %gpu use 1 | ")
+    assert every.count(" | ") + 1 == sum(len(forms) for forms in grammar.FORMS.values())
+    for forms in grammar.FORMS.values():
+        assert all(form in every for form in forms)
+
+
+# -- the table: each verb declared once, everything else read from it ---------------------------
+def test_each_verb_is_declared_once_and_the_names_come_from_the_table():
+    names = [verb.name for verb in grammar.TABLE]
+    assert len(names) == len(set(names))
+    assert grammar.VERBS == ("status", "use", "grow", "limit", "split", "allocator", "precision", "free",
+                             "monitor", "trace", "reset")
+    assert grammar.CELL_VERBS == ("budget", "on")
+    assert tuple(grammar.FORMS) == grammar.VERBS
+    assert grammar.CELL_FORMS == ("%%gpu budget 2G", "%%gpu on 1")
+
+
+@pytest.mark.parametrize("verb", grammar.TABLE, ids=lambda verb: verb.name)
+def test_every_declared_form_parses(verb):
+    for form in verb.forms:
+        if verb.cell:
+            assert grammar.parse_cell(form.removeprefix("%%gpu"))
+        else:
+            assert type(grammar.parse(form.removeprefix("%gpu"))).__name__.lower() == verb.name
+    for flag in verb.flags:  # every flag Tab offers is shown in (and so parsed by) a valid form
+        assert f"--{flag}" in " ".join(verb.forms)
+
+
+def test_the_manual_is_generated_from_the_table():
+    manual = grammar.manual()
+    assert manual.startswith("TensorFlow GPU settings, memory and sharing, from inside the notebook.\n")
+    for verb in grammar.TABLE:
+        for form, text in verb.manual:
+            assert f"  {form}" in manual and text in manual
+    assert "  %gpu limit 4096         cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)\n" in manual
+    assert "  %gpu precision mixed_float16   the Keras global dtype policy (mixed_bfloat16 | float32)\n" in manual
+    assert "  %%gpu on 1              run the cell with TensorFlow's ops placed on GPU 1\n" in manual
+    assert "Sizes are binary: 4G = 4GiB = 4096 MiB" in manual
+    assert "Examples:\n  %gpu use 1\n" in manual
+    assert manual.endswith('Defaults for every kernel (ipython_config.py):\n  c.GpuMagics.defaults = ["grow", "limit 50%"]\n')
+
+
+@pytest.mark.parametrize(
+    "line, offered",
+    [
+        ("", list(grammar.VERBS)),
+        ("%gpu", list(grammar.VERBS)),
+        ("%gpu ", list(grammar.VERBS)),
+        ("%gpu li", list(grammar.VERBS)),
+        ("%gpu precision ", list(grammar.PRECISIONS)),
+        ("%gpu precision mixed", list(grammar.PRECISIONS)),
+        ("%gpu USE ", ["all", "none", "auto", "auto:2", "--min-free", "--wait"]),
+        ("%gpu use auto ", ["all", "none", "auto", "auto:2", "--min-free", "--wait"]),
+        ("%gpu monitor ", ["off", "--sidebar", "--interval", "--window"]),
+        ("%gpu status ", ["--json"]),
+        ("%gpu free ", []),
+        ("%gpu bogus ", []),
+        ("%%gpu ", ["budget", "on"]),
+        ("%%gpu on 1 ", ["budget"]),
+        ("%%gpu budget 2G on 1 ", []),
+    ],
+)
+def test_completion_offers_verbs_then_the_verbs_words(line, offered):
+    assert grammar.complete(line) == offered
 
 
 @settings(max_examples=400, deadline=None)
@@ -113,13 +179,14 @@ def test_any_text_is_a_command_or_a_grammar_error(line):
     try:
         grammar.parse(line)
     except GrammarError as err:
-        assert "valid" in str(err)
+        assert "valid: " in str(err) and str(err).isprintable()  # printable: one line, always
 
 
 words = st.sampled_from(
     ["use", "grow", "limit", "split", "precision", "allocator", "status", "free", "reset", "trace",
      "monitor", "off", "on", "all", "none", "auto", "auto:2", "1", "0,2", "1,1", "-1", "4G", "50%",
-     "101%", "0", "12abc", "--json", "--wait", "10m", "--min-free", "--sidebar", "mixed_float16"]
+     "101%", "0", "12abc", "--json", "--wait", "10m", "--min-free", "--sidebar", "mixed_float16",
+     "budget", "--interval", "--window", "0.1", "2", "²", "9" * 400]
 )
 
 
@@ -129,4 +196,4 @@ def test_any_sequence_of_keywords_is_a_command_or_a_grammar_error(tokens):
     try:
         grammar.parse(" ".join(tokens))
     except GrammarError as err:
-        assert "valid" in str(err)
+        assert "valid: " in str(err) and str(err).isprintable()

@@ -23,8 +23,8 @@ from .units import MIB, format_size
 
 __all__ = ["BudgetExceeded", "CELL_FORMS", "CellCommand", "check_budget", "execute", "parse_cell_line", "run_cell_magic"]
 
-CELL_FORMS = ("%%gpu budget 2G", "%%gpu on 1")
-USAGE = "valid: " + " | ".join(CELL_FORMS)
+CELL_FORMS = grammar.CELL_FORMS  # declared, with their parsers, in grammar.TABLE
+USAGE = grammar.cell_usage()
 
 
 class BudgetExceeded(RuntimeError):
@@ -43,39 +43,8 @@ class CellCommand:
 # -- the line ------------------------------------------------------------------------------------
 def parse_cell_line(line: str) -> CellCommand:
     """``budget 2G``, ``on 1``, or both, in any order; raises GrammarError naming the forms."""
-    tokens = line.split()
-    if not tokens:
-        raise _fail("`%%gpu` needs `budget SIZE` or `on GPU`")
-    found: dict[str, Any] = {}
-    while tokens:
-        word, tokens = tokens[0].lower(), tokens[1:]
-        if word not in ("budget", "on"):
-            raise _fail(f"unknown cell subcommand {word!r}")
-        if word in found:
-            raise _fail(f"`{word}` given twice")
-        if not tokens:
-            raise _fail(f"`%%gpu {word}` needs {'a size' if word == 'budget' else 'a GPU number'}")
-        value, tokens = tokens[0], tokens[1:]
-        found[word] = _budget_bytes(value) if word == "budget" else _gpu_number(value)
-    return CellCommand(found.get("budget"), found.get("on"))
-
-
-def _fail(what: str) -> grammar.GrammarError:
-    return grammar.GrammarError(f"{what}; {USAGE}")
-
-
-def _budget_bytes(text: str) -> int:
-    try:
-        mib = grammar.parse_size(text, "limit", percent=False)
-    except grammar.GrammarError:
-        raise _fail(f"{text!r} is not a size (like 512M, 2G or 1.5GiB; a bare number is MiB)") from None
-    return int(mib) * MIB
-
-
-def _gpu_number(text: str) -> int:
-    if not text.isdigit():
-        raise _fail(f"{text!r} is not a GPU number (as nvidia-smi shows them)")
-    return int(text)
+    found = grammar.parse_cell(line)
+    return CellCommand(found.get("budget"), found.get("on"))  # type: ignore[arg-type]
 
 
 # -- running --------------------------------------------------------------------------------------

@@ -18,41 +18,7 @@ from .session import Session, SessionError, get_session
 
 __all__ = ["GpuMagics", "MANUAL"]
 
-MANUAL = """TensorFlow GPU settings, memory and sharing, from inside the notebook.
-
-GPU numbers are nvidia-smi's.  Settings land before TensorFlow's first op, even when
-`import tensorflow` comes later in the same cell; once TensorFlow has started, an identical
-setting is accepted quietly and a different one is refused with the line to put at the top
-of the notebook.
-
-  %gpu, %gpu status       what was asked, what is in force, TensorFlow's stage, the GPUs
-  %gpu status --json      the same as JSON, for scripts
-  %gpu use 1              show TensorFlow only GPU 1 (also: 0,2 | all | none)
-  %gpu use auto           pick the freest GPU and claim it (auto:2, --min-free 10G, --wait 10m)
-  %gpu grow [off]         memory growth on every visible GPU
-  %gpu limit 4096         cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)
-  %gpu split 2            two logical GPUs on each visible GPU (split 4G,4G | split off)
-  %gpu allocator async    TF_GPU_ALLOCATOR=cuda_malloc_async, which returns freed memory
-  %gpu precision mixed_float16   the Keras global dtype policy (mixed_bfloat16 | float32)
-  %gpu free               Keras clear_session + garbage collection, with an honest report
-  %gpu monitor            a live memory chart (--sidebar, --interval 0.2, --window 10m)
-  %gpu monitor off        stop every panel of this kernel and its sampling thread
-  %%gpu budget 2G         run the cell; fail it if TensorFlow's peak exceeds 2 GiB
-  %%gpu on 1              run the cell with TensorFlow's ops placed on GPU 1
-  %gpu trace [off]        after each cell: TensorFlow allocator peak and retained change
-  %gpu reset              forget requested settings not yet in force
-
-Sizes are binary: 4G = 4GiB = 4096 MiB; a bare number is MiB, like TensorFlow's memory_limit.
-
-Examples:
-  %gpu use 1
-  %gpu grow
-  %gpu limit 50%
-  import tensorflow as tf      # the settings above are applied here, before any op
-
-Defaults for every kernel (ipython_config.py):
-  c.GpuMagics.defaults = ["grow", "limit 50%"]
-"""
+MANUAL = grammar.manual()  # generated from grammar.TABLE, where each verb is declared once
 
 
 @magics_class
@@ -214,20 +180,5 @@ def _planned(session: Session, command: Any) -> Any:
 
 
 def complete(shell: Any, event: Any) -> list[str]:
-    """Tab completion: verbs after ``%gpu``, then each verb's words."""
-    words = event.line.split()
-    typing_new_word = event.line.endswith(" ")
-    if len(words) <= 1 or (len(words) == 2 and not typing_new_word):
-        return list(grammar.VERBS)
-    verb = words[1]
-    return {
-        "use": ["all", "none", "auto", "auto:2", "--min-free", "--wait"],
-        "grow": ["on", "off"],
-        "limit": ["off", "50%", "4G"],
-        "split": ["2", "off"],
-        "allocator": ["async", "default"],
-        "precision": list(grammar.PRECISIONS),
-        "status": ["--json"],
-        "monitor": ["--sidebar", "--interval", "--window", "off"],
-        "trace": ["on", "off"],
-    }.get(verb, [])
+    """Tab completion: verbs after ``%gpu``, then each verb's words (see grammar.complete)."""
+    return grammar.complete(event.line)
