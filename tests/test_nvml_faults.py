@@ -226,11 +226,41 @@ def test_an_error_whose_text_fails_still_gives_a_note():
     survived(server)
 
 
+def test_an_old_binding_or_a_malformed_answer_is_one_failed_reading(server):
+    server.nvmlDeviceGetMigMode = None  # an old pynvml without the function: calling it is a TypeError
+    server.nvmlDeviceGetUtilizationRates = lambda handle: object()  # no .gpu: AttributeError
+    gpu = Nvml(lib=server).gpu(FAULTY)
+    assert (gpu.mig_enabled, gpu.utilization_percent, gpu.lost) == (None, None, False)
+    assert gpu.notes == (
+        "utilization: AttributeError: 'object' object has no attribute 'gpu'",
+        "MIG mode: TypeError: 'NoneType' object is not callable",
+    )
+    assert gpu.memory == clean().memory(FAULTY)
+
+
 def test_interrupts_are_not_swallowed():
     server = shared_server(ME)
     server.gpus[FAULTY].faults["utilization"] = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
         Nvml(lib=server).gpu(FAULTY)
+
+
+def test_memory_stays_one_nvml_call_on_the_sampling_path(server):
+    nvml = Nvml(lib=server)
+    nvml.memory(1)
+    calls = server.calls
+    nvml.memory(1)
+    assert server.calls - calls == 1
+
+
+def test_nvml_shut_down_under_us_is_a_failed_reading_then_a_fresh_start(server):
+    nvml = Nvml(lib=server)
+    assert nvml.gpu(1).utilization_percent == 35
+    server.nvmlShutdown()  # another library's unbalanced nvmlShutdown
+    gpu = nvml.gpu(1)
+    assert gpu.memory is None and gpu.lost is False and "memory: Uninitialized" in gpu.notes
+    assert nvml.gpu(1) == Nvml(lib=shared_server()).gpu(1)
+    assert server.init_calls == 2
 
 
 def test_gpu_info_keeps_its_positional_constructor():
@@ -343,8 +373,10 @@ READING_NOTES_SHOWN = pytest.mark.xfail(
 def test_status_shows_why_a_reading_is_missing(reading, kind):
     server = faulty_server(reading, kind)
     report = _report(server)
+    text = status.render_text(report)
+    survived(server)  # no crash; what is missing is the note in the report
     assert note(reading, kind) in report["gpus"][FAULTY]["notes"]
-    assert f"note: {note(reading, kind)}" in status.render_text(report)
+    assert f"note: {note(reading, kind)}" in text
 
 
 @pytest.mark.parametrize("kind", list(ERRORS))
