@@ -70,3 +70,11 @@ def test_static_facts_are_read_once(server):
     for _ in range(5):
         nvml.uuid(2), nvml.total_bytes(2)
     assert server.calls == calls
+
+
+def test_a_refused_reading_is_missing_and_says_why(server):
+    server.gpus[1].faults["utilization"] = SimulatedNvml.NVMLError(SimulatedNvml.NVML_ERROR_NO_PERMISSION)
+    gpu = Nvml(lib=server).gpu(1)
+    assert gpu.utilization_percent is None and gpu.memory is not None
+    assert gpu.notes == ("utilization: Insufficient Permissions",)
+    assert Nvml(lib=server).gpu(3).notes == ("utilization: Not Supported",)

@@ -1,17 +1,48 @@
 """NVML readings: the only module that imports ``pynvml`` (package ``nvidia-ml-py``).
 
-NVML starts lazily, once, under a lock, and is shut down at interpreter exit; it is never
-started at import.  The library is injected (``Nvml(lib=...)``): by default the real
-``pynvml`` module, in tests a fake with the same functions (``tfgpu_magic.simulated``).
+NVML starts lazily, under a lock, and is shut down at interpreter exit; it is never started at
+import.  The library is injected (``Nvml(lib=...)``): by default the real ``pynvml`` module, in
+tests a fake with the same functions (``tfgpu_magic.simulated``).
 
-Readings are typed, with units in the names.  A reading the GPU does not support is ``None``
-(shown as missing), never 0.  Indices are NVML's, i.e. what ``nvidia-smi`` shows.
+Readings are typed, with units in the names.  Indices are NVML's, i.e. what ``nvidia-smi``
+shows.
+
+The contract (what callers may rely on)
+---------------------------------------
+* A failure is confined to its reading, or at worst its GPU, and says why.  Nothing the
+  library raises (``NVMLError`` of any code, or any other ``Exception``: a ``TypeError`` from a
+  mismatched binding, a ``RuntimeError`` from a wrapper) leaves a public method as itself.
+* **NvmlUnavailable**: NVML cannot start (no driver, no ``pynvml``, ``nvmlInit`` or the device
+  count failed).  Every reading method (all but :meth:`Nvml.available`, :meth:`Nvml.shutdown`
+  and :attr:`Nvml.lib`) may raise it.  A failed start is not final: it is tried again, at
+  most once per ``retry_s`` (5 s, monotonic clock), so a driver that comes back is used
+  without a restart, while a dead driver costs one ``nvmlInit`` per 5 s, not one per sample.
+  :meth:`Nvml.available` follows the same rule and never raises.
+* :meth:`Nvml.gpu` and :meth:`Nvml.gpus` raise nothing else.  A reading that fails is
+  ``None`` (never 0) and :attr:`GpuInfo.notes` gains ``"<reading>: <reason>"``, e.g.
+  ``"utilization: Insufficient Permissions"``, ``"name: RuntimeError: boom"``,
+  ``"MIG mode: Not Supported"``.  If the device handle cannot be had, every reading of that
+  GPU is ``None`` with the note ``"device handle: <reason>"``.  Only ``GPU is lost`` / ``GPU not
+  found`` mark the GPU ``lost=True`` (all readings ``None``, the note names the reading that
+  found it).  Other GPUs are unaffected.
+* :meth:`Nvml.uuid`, :meth:`Nvml.name`, :meth:`Nvml.total_bytes` (static facts, read once and
+  cached) return ``None`` when unreadable or lost, and raise nothing else; a failed reading
+  is not cached, so a later call tries again.
+* :meth:`Nvml.memory` (the sampling path: one NVML call when the handle is known) and
+  :meth:`Nvml.processes` raise :class:`GpuLost` when the GPU stopped answering and
+  :class:`ReadingFailed` for any other failure (``str()`` is the reason, ``.note`` is
+  ``"<reading>: <reason>"``).  ``processes`` raises rather than returning ``[]`` because an
+  unknown listing must not look like an idle GPU; only the graphics listing may fail quietly
+  (compute-only GPUs refuse it).
+* An index outside ``range(device_count())`` is the caller's bug: ``IndexError``.
+* ``KeyboardInterrupt`` (any ``BaseException`` that is not an ``Exception``) passes through.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
@@ -22,11 +53,25 @@ __all__ = [
     "MemoryInfo",
     "Nvml",
     "NvmlUnavailable",
+    "ReadingFailed",
 ]
 
 T = TypeVar("T")
 
 MIB = 1024 * 1024
+RETRY_S = 5.0  # a failed start is tried again after this long (monotonic seconds)
+
+# Reading names, as notes and ReadingFailed.reading show them.
+HANDLE = "device handle"
+UUID = "uuid"
+NAME = "name"
+PCI = "PCI bus id"
+MEMORY = "memory"
+UTILIZATION = "utilization"
+COMPUTE_CAPABILITY = "compute capability"
+MIG = "MIG mode"
+PROCESSES = "processes"
+GRAPHICS_PROCESSES = "graphics processes"
 
 
 class NvmlUnavailable(RuntimeError):
@@ -34,7 +79,33 @@ class NvmlUnavailable(RuntimeError):
 
 
 class GpuLost(RuntimeError):
-    """A GPU stopped answering (fell off the bus, was reset, or vanished)."""
+    """A GPU stopped answering (fell off the bus, was reset, or vanished).
+
+    ``note`` is ``"<reading>: <reason>"`` for the reading that found it (None if not known).
+    """
+
+    def __init__(self, message: str, note: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.note = note
+
+
+class ReadingFailed(RuntimeError):
+    """One reading of one GPU failed, for any reason but a lost GPU.
+
+    ``str(err)`` is the reason (``"Insufficient Permissions"``, ``"RuntimeError: boom"``), or
+    the whole note when the reading asked for failed because the device handle did;
+    ``reading`` names what failed, ``note`` is ``"<reading>: <reason>"``, ``index`` the GPU.
+    """
+
+    def __init__(self, index: int, reading: str, reason: str, message: Optional[str] = None) -> None:
+        super().__init__(message or reason)
+        self.index = index
+        self.reading = reading
+        self.reason = reason
+
+    @property
+    def note(self) -> str:
+        return f"{self.reading}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -48,7 +119,7 @@ class MemoryInfo:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One physical GPU.  ``None`` means NVML could not give that reading."""
+    """One physical GPU.  ``None`` means NVML could not give that reading; ``notes`` say why."""
 
     index: int  # NVML index, as nvidia-smi shows it
     uuid: Optional[str]
@@ -59,6 +130,7 @@ class GpuInfo:
     compute_capability: Optional[tuple[int, int]]
     mig_enabled: Optional[bool]
     lost: bool = False  # True when the GPU stopped answering; other fields are then None
+    notes: tuple[str, ...] = ()  # "<reading>: <reason>" for each reading that failed
 
 
 @dataclass(frozen=True)
@@ -72,20 +144,29 @@ class GpuProcess:
 
 
 class Nvml:
-    """A thread-safe, lazily started view of NVML.
+    """A thread-safe, lazily started view of NVML; see the module docstring for the contract.
 
-    Every public method raises :class:`NvmlUnavailable` (with a hint) when there is no driver,
-    and :class:`GpuLost` when the GPU asked about stopped answering.
+    ``clock`` (monotonic seconds) and ``retry_s`` set when a failed start is tried again.
     """
 
-    def __init__(self, lib: Any = None) -> None:
+    def __init__(
+        self,
+        lib: Any = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        retry_s: float = RETRY_S,
+    ) -> None:
         self._lib = lib
+        self._clock = clock
+        self._retry_s = retry_s
         self._lock = threading.Lock()
         self._started = False
-        self._failure: Optional[NvmlUnavailable] = None
+        self._failure: Optional[str] = None  # why the last start failed
+        self._retry_at = 0.0  # when a failed start may be tried again (clock time)
+        self._exit_registered = False
         self._handles: dict[int, Any] = {}
         self._count = 0
-        self._static: dict[int, tuple[Optional[str], Optional[str], Optional[int]]] = {}  # uuid, name, total
+        self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total": value}
 
     # -- start and stop -------------------------------------------------------------------
     def _ensure_started(self) -> Any:
@@ -94,29 +175,52 @@ class Nvml:
         with self._lock:
             if self._started:
                 return self._lib
-            if self._failure is not None:
-                raise self._failure
+            if self._failure is not None and self._clock() < self._retry_at:
+                raise NvmlUnavailable(self._failure)
             try:
-                if self._lib is None:
-                    import pynvml  # the one place pynvml is imported
-
-                    self._lib = pynvml
-                self._lib.nvmlInit()
-                self._count = int(self._lib.nvmlDeviceGetCount())
-            except ImportError as err:
-                self._failure = NvmlUnavailable(
-                    "NVML is not installed (HINT: pip install nvidia-ml-py)"
-                )
-                raise self._failure from err
-            except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-                self._failure = NvmlUnavailable(
-                    f"no NVIDIA driver could be reached through NVML ({err}); "
-                    "GPU readings are unavailable (HINT: check `nvidia-smi` on this machine)"
-                )
-                raise self._failure from err
+                self._count = self._start()
+            except NvmlUnavailable as err:
+                self._failure = str(err)
+                self._retry_at = self._clock() + self._retry_s
+                raise
+            self._failure = None
             self._started = True
-            atexit.register(self.shutdown)
+            if not self._exit_registered:
+                atexit.register(self.shutdown)
+                self._exit_registered = True
             return self._lib
+
+    def _start(self) -> int:
+        """nvmlInit and the device count; any failure is :class:`NvmlUnavailable`."""
+        if self._lib is None:
+            try:
+                import pynvml  # the one place pynvml is imported
+            except ImportError as err:
+                raise NvmlUnavailable("NVML is not installed (HINT: pip install nvidia-ml-py)") from err
+            except Exception as err:
+                raise NvmlUnavailable(
+                    f"NVML could not be loaded ({_reason(err, False)}) (HINT: pip install -U nvidia-ml-py)"
+                ) from err
+            self._lib = pynvml
+        lib = self._lib
+        try:
+            lib.nvmlInit()
+        except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            raise NvmlUnavailable(
+                f"no NVIDIA driver could be reached through NVML ({_reason(err, _is_nvml_error(lib, err))}); "
+                "GPU readings are unavailable (HINT: check `nvidia-smi` on this machine)"
+            ) from err
+        try:
+            return int(lib.nvmlDeviceGetCount())
+        except Exception as err:
+            try:
+                lib.nvmlShutdown()
+            except Exception:  # already failing; the first error is the one to report
+                pass
+            raise NvmlUnavailable(
+                f"NVML started but could not count the GPUs ({_reason(err, _is_nvml_error(lib, err))}); "
+                "GPU readings are unavailable (HINT: check `nvidia-smi` on this machine)"
+            ) from err
 
     def shutdown(self) -> None:
         """Stop NVML if this object started it.  Safe to call more than once."""
@@ -125,13 +229,14 @@ class Nvml:
                 return
             self._started = False
             self._handles.clear()
+            self._static.clear()  # a later start may see other GPUs
             try:
                 self._lib.nvmlShutdown()
             except Exception:  # nothing useful to do at exit
                 pass
 
     def available(self) -> bool:
-        """True when NVML answers; never raises."""
+        """True when NVML answers; never raises (a failed start is retried after a backoff)."""
         try:
             self._ensure_started()
         except NvmlUnavailable:
@@ -144,58 +249,83 @@ class Nvml:
         return self._count
 
     def memory(self, index: int) -> MemoryInfo:
-        """Driver-level memory of one GPU, in bytes.  Cheap: the sampling path uses it."""
+        """Driver-level memory of one GPU, in bytes.  Cheap: the sampling path uses it.
+
+        Raises :class:`GpuLost` or :class:`ReadingFailed` (and :class:`NvmlUnavailable`).
+        """
         lib = self._ensure_started()
         handle = self._handle(index)
-        info = self._call(index, lib.nvmlDeviceGetMemoryInfo, handle)
-        return MemoryInfo(int(info.total), int(info.used), int(info.free))
+        return self._read(index, MEMORY, _memory_info, lib, handle)
 
-    # UUID, name and total memory never change: read once per GPU (unless it was lost).
+    # UUID, name and total memory never change: read once per GPU, cached only when read.
     def uuid(self, index: int) -> Optional[str]:
-        """The GPU's UUID (cached); None if unreadable or lost."""
-        return self._static_facts(index)[0]
+        """The GPU's UUID (cached); None if unreadable or lost (tried again next call)."""
+        return self._fact(index, "uuid", UUID, _uuid)
 
     def name(self, index: int) -> Optional[str]:
-        """The GPU's product name (cached); None if unreadable or lost."""
-        return self._static_facts(index)[1]
+        """The GPU's product name (cached); None if unreadable or lost (tried again next call)."""
+        return self._fact(index, "name", NAME, _name)
 
     def total_bytes(self, index: int) -> Optional[int]:
-        """The GPU's total memory in bytes (cached); None if unreadable or lost."""
-        return self._static_facts(index)[2]
+        """The GPU's total memory in bytes (cached); None if unreadable or lost (tried again next call)."""
+        return self._fact(index, "total", MEMORY, _total_bytes)
 
-    def _static_facts(self, index: int) -> tuple[Optional[str], Optional[str], Optional[int]]:
-        facts = self._static.get(index)
-        if facts is None:
-            gpu = self.gpu(index)
-            facts = (gpu.uuid, gpu.name, gpu.memory.total_bytes if gpu.memory else None)
-            if not gpu.lost:
-                self._static[index] = facts
-        return facts
+    def _fact(self, index: int, key: str, reading: str, read: Callable[[Any, Any], T]) -> Optional[T]:
+        value = self._static.get(index, {}).get(key)
+        if value is not None:
+            return value
+        lib = self._ensure_started()
+        try:
+            value = self._read(index, reading, read, lib, self._handle(index))
+        except (GpuLost, ReadingFailed):
+            return None
+        self._remember(index, key, value)
+        return value
+
+    def _remember(self, index: int, key: str, value: Any) -> None:
+        if value is not None:
+            self._static.setdefault(index, {})[key] = value
 
     def gpu(self, index: int) -> GpuInfo:
-        """Everything we show about one GPU; a lost GPU comes back with ``lost=True``."""
+        """Everything we show about one GPU; never raises for a failing reading (see the contract)."""
         lib = self._ensure_started()
         try:
             handle = self._handle(index)
-            memory = self._optional(index, lambda: self.memory(index))
-            return GpuInfo(
+        except ReadingFailed as err:
+            return GpuInfo(index, None, None, None, None, None, None, None, notes=(err.note,))
+        except GpuLost as err:
+            return _lost(index, err)
+        notes: list[str] = []
+        cached = self._static.get(index, {})
+
+        def optional(reading: str, read: Callable[[Any, Any], T]) -> Optional[T]:
+            try:
+                return self._read(index, reading, read, lib, handle)
+            except ReadingFailed as err:
+                notes.append(err.note)
+                return None
+
+        try:
+            memory = optional(MEMORY, _memory_info)
+            uuid = cached.get("uuid") or optional(UUID, _uuid)
+            name = cached.get("name") or optional(NAME, _name)
+            info = GpuInfo(
                 index=index,
-                uuid=self._optional(index, lambda: _text(lib.nvmlDeviceGetUUID(handle))),
-                name=self._optional(index, lambda: _text(lib.nvmlDeviceGetName(handle))),
-                pci_bus_id=self._optional(index, lambda: _pci_bus_id(lib, handle)),
+                uuid=uuid,
+                name=name,
+                pci_bus_id=optional(PCI, _pci_bus_id),
                 memory=memory,
-                utilization_percent=self._optional(
-                    index, lambda: int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
-                ),
-                compute_capability=self._optional(
-                    index, lambda: tuple(lib.nvmlDeviceGetCudaComputeCapability(handle))
-                ),
-                mig_enabled=self._optional(
-                    index, lambda: bool(lib.nvmlDeviceGetMigMode(handle)[0])
-                ),
+                utilization_percent=optional(UTILIZATION, _utilization),
+                compute_capability=optional(COMPUTE_CAPABILITY, _compute_capability),
+                mig_enabled=optional(MIG, _mig_enabled),
+                notes=tuple(notes),
             )
-        except GpuLost:
-            return GpuInfo(index, None, None, None, None, None, None, None, lost=True)
+        except GpuLost as err:
+            return _lost(index, err)
+        self._remember(index, "uuid", uuid)
+        self._remember(index, "name", name)
+        self._remember(index, "total", memory.total_bytes if memory else None)
+        return info
 
     def gpus(self) -> list[GpuInfo]:
         return [self.gpu(i) for i in range(self.device_count())]
@@ -208,56 +338,123 @@ class Nvml:
     def processes(self, index: int) -> list[GpuProcess]:
         """Compute and graphics processes on one GPU; a process listed in both counts once.
 
-        If the compute listing itself fails (not supported, no permission) this raises the
-        NVML error: an unknown listing must not look like an idle GPU.  A failing graphics
-        listing is only skipped (compute-only GPUs often refuse it).
+        If the compute listing itself fails (not supported, no permission, any error) this
+        raises :class:`ReadingFailed` (or :class:`GpuLost`): an unknown listing must not look
+        like an idle GPU.  A failing graphics listing is only skipped (compute-only GPUs often
+        refuse it), unless it finds the GPU lost.
         """
         lib = self._ensure_started()
         handle = self._handle(index)
+        compute = self._read(index, PROCESSES, _listing, lib, handle, index, "compute")
+        try:
+            graphics = self._read(index, GRAPHICS_PROCESSES, _listing, lib, handle, index, "graphics")
+        except ReadingFailed:
+            graphics = []
         found: dict[int, GpuProcess] = {}
-        listings = (
-            ("compute", self._call(index, lib.nvmlDeviceGetComputeRunningProcesses, handle)),
-            ("graphics", self._optional(index, lambda: lib.nvmlDeviceGetGraphicsRunningProcesses(handle))),
-        )
-        for kind, listing in listings:
-            for proc in listing or []:
-                used = getattr(proc, "usedGpuMemory", None)
-                pid = int(proc.pid)
-                if pid not in found:
-                    found[pid] = GpuProcess(pid, index, None if used is None else int(used), kind)
+        for proc in compute + graphics:
+            found.setdefault(proc.pid, proc)
         return list(found.values())
 
     # -- helpers --------------------------------------------------------------------------
     def _handle(self, index: int) -> Any:
+        """The device handle (cached once had); raises GpuLost or ReadingFailed."""
         handle = self._handles.get(index)
         if handle is None:
             if not 0 <= index < self._count:
                 raise IndexError(f"no GPU {index}: this machine has {self._count}")
-            handle = self._call(index, self._lib.nvmlDeviceGetHandleByIndex, index)
+            handle = self._read(index, HANDLE, lambda lib, i: lib.nvmlDeviceGetHandleByIndex(i), self._lib, index)
             self._handles[index] = handle
         return handle
 
-    def _call(self, index: int, func: Callable[..., T], *args: Any) -> T:
-        """Call NVML, turning 'GPU is lost' into :class:`GpuLost`."""
+    def _read(self, index: int, reading: str, read: Callable[..., T], *args: Any) -> T:
+        """``read(*args)``, with any failure turned into :class:`GpuLost` or :class:`ReadingFailed`."""
         try:
-            return func(*args)
-        except self._lib.NVMLError as err:
-            if _code(err) in _lost_codes(self._lib):
-                self._handles.pop(index, None)
-                raise GpuLost(f"GPU {index} stopped answering ({err})") from err
-            raise
+            return read(*args)
+        except Exception as err:
+            raise self._failed(index, reading, err) from err
 
-    def _optional(self, index: int, read: Callable[[], T]) -> Optional[T]:
-        """A reading, or None when the GPU does not support it.  A lost GPU still raises."""
-        try:
-            return read()
-        except GpuLost:
-            raise
-        except self._lib.NVMLError as err:
-            if _code(err) in _lost_codes(self._lib):
-                self._handles.pop(index, None)
-                raise GpuLost(f"GPU {index} stopped answering ({err})") from err
-            return None
+    def _failed(self, index: int, reading: str, err: Exception) -> Exception:
+        lib = self._lib
+        nvml_error = _is_nvml_error(lib, err)
+        reason = _reason(err, nvml_error)
+        note = f"{reading}: {reason}"
+        if nvml_error and _code(err) in _lost_codes(lib):
+            self._handles.pop(index, None)
+            return GpuLost(f"GPU {index} stopped answering ({reason})", note)
+        if nvml_error and _code(err) == getattr(lib, "NVML_ERROR_UNINITIALIZED", None):
+            self._restart_later()  # someone shut NVML down under us: start again on the next call
+        return ReadingFailed(index, reading, reason, note if reading == HANDLE else None)
+
+    def _restart_later(self) -> None:
+        with self._lock:
+            self._started = False
+            self._handles.clear()
+
+
+# -- one reading each: the whole conversion inside, so a malformed answer fails that reading ----
+def _memory_info(lib: Any, handle: Any) -> MemoryInfo:
+    info = lib.nvmlDeviceGetMemoryInfo(handle)
+    return MemoryInfo(int(info.total), int(info.used), int(info.free))
+
+
+def _total_bytes(lib: Any, handle: Any) -> int:
+    return int(lib.nvmlDeviceGetMemoryInfo(handle).total)
+
+
+def _uuid(lib: Any, handle: Any) -> str:
+    return _text(lib.nvmlDeviceGetUUID(handle))
+
+
+def _name(lib: Any, handle: Any) -> str:
+    return _text(lib.nvmlDeviceGetName(handle))
+
+
+def _pci_bus_id(lib: Any, handle: Any) -> str:
+    return _text(lib.nvmlDeviceGetPciInfo(handle).busId)
+
+
+def _utilization(lib: Any, handle: Any) -> int:
+    return int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+
+def _compute_capability(lib: Any, handle: Any) -> tuple[int, int]:
+    major, minor = lib.nvmlDeviceGetCudaComputeCapability(handle)
+    return (int(major), int(minor))
+
+
+def _mig_enabled(lib: Any, handle: Any) -> bool:
+    return bool(lib.nvmlDeviceGetMigMode(handle)[0])
+
+
+def _listing(lib: Any, handle: Any, index: int, kind: str) -> list[GpuProcess]:
+    call = lib.nvmlDeviceGetComputeRunningProcesses if kind == "compute" else lib.nvmlDeviceGetGraphicsRunningProcesses
+    result = []
+    for proc in call(handle) or []:
+        used = getattr(proc, "usedGpuMemory", None)
+        result.append(GpuProcess(int(proc.pid), index, None if used is None else int(used), kind))
+    return result
+
+
+def _lost(index: int, err: GpuLost) -> GpuInfo:
+    notes = (err.note,) if err.note else ()
+    return GpuInfo(index, None, None, None, None, None, None, None, lost=True, notes=notes)
+
+
+def _is_nvml_error(lib: Any, err: BaseException) -> bool:
+    nvml_error = getattr(lib, "NVMLError", None)
+    return isinstance(nvml_error, type) and isinstance(err, nvml_error)
+
+
+def _reason(err: BaseException, nvml_error: bool) -> str:
+    """A short reason: NVML's own text for NVML errors, ``Type: text`` for anything else."""
+    try:
+        text = str(err).strip()
+    except Exception:  # an exception whose text itself fails
+        text = ""
+    if nvml_error:
+        return text or f"NVML error {_code(err)}"
+    name = type(err).__name__
+    return f"{name}: {text}" if text else name
 
 
 def _code(err: Exception) -> Optional[int]:
@@ -278,6 +475,3 @@ def _lost_codes(lib: Any) -> tuple[int, ...]:
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
-
-def _pci_bus_id(lib: Any, handle: Any) -> str:
-    return _text(lib.nvmlDeviceGetPciInfo(handle).busId)

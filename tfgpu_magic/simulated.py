@@ -8,6 +8,21 @@ Hand it to :class:`tfgpu_magic.nvml.Nvml` in place of ``pynvml``::
 It implements the ``pynvml`` functions tfgpu_magic calls, with NVML's error codes, so the
 real translation code (unsupported readings, lost GPUs) runs in tests, benchmarks and
 tutorials on machines without a GPU.  Scenarios are changed by mutating the dataclasses.
+
+Faults are injected the same way:
+
+* ``SimulatedGpu.unsupported`` (a set of reading names): those readings raise
+  ``NVMLError(NVML_ERROR_NOT_SUPPORTED)``;
+* ``SimulatedGpu.lost = True``: every reading of that GPU raises ``NVML_ERROR_GPU_IS_LOST``;
+* ``SimulatedGpu.faults`` (reading name -> exception): that reading raises the exception,
+  any exception (``NVMLError(NVML_ERROR_NO_PERMISSION)``, ``RuntimeError("boom")``, ...), before
+  the checks above; ``SimulatedNvml.faults_raised`` counts how often one was raised;
+* ``SimulatedNvml.driver = False``: ``nvmlInit`` raises ``NVML_ERROR_DRIVER_NOT_LOADED``;
+  ``SimulatedNvml.init_error`` (an exception, or None): ``nvmlInit`` raises it instead.
+
+Reading names (see :data:`READINGS`): ``handle`` (``nvmlDeviceGetHandleByIndex``), ``name``,
+``uuid``, ``pci``, ``memory``, ``utilization``, ``compute_capability``, ``mig``, and
+``processes`` (both process listings) or ``compute_processes`` / ``graphics_processes`` (one).
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Optional
 
-__all__ = ["SimulatedGpu", "SimulatedNvml", "SimulatedProcess", "busy_server", "shared_server"]
+__all__ = ["READINGS", "SimulatedGpu", "SimulatedNvml", "SimulatedProcess", "busy_server", "shared_server"]
 
 MIB = 1024 * 1024
 
@@ -30,6 +45,23 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_UNKNOWN = 999
+
+# The reading names that ``SimulatedGpu.faults`` and ``SimulatedGpu.unsupported`` understand.
+READINGS = (
+    "handle",
+    "name",
+    "uuid",
+    "pci",
+    "memory",
+    "utilization",
+    "compute_capability",
+    "mig",
+    "processes",
+    "compute_processes",
+    "graphics_processes",
+)
 
 
 class NVMLError(Exception):
@@ -48,6 +80,8 @@ class NVMLError(Exception):
             NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
             NVML_ERROR_NOT_FOUND: "Not Found",
             NVML_ERROR_UNINITIALIZED: "Uninitialized",
+            NVML_ERROR_GPU_NOT_FOUND: "GPU not found",
+            NVML_ERROR_UNKNOWN: "Unknown Error",
         }.get(self.value, f"NVML error {self.value}")
 
 
@@ -76,6 +110,9 @@ class SimulatedGpu:
     processes: list[SimulatedProcess] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)  # e.g. {"utilization", "processes"}
     lost: bool = False
+    # reading name (see READINGS) -> the exception that reading raises, e.g.
+    # {"utilization": NVMLError(NVML_ERROR_NO_PERMISSION), "name": RuntimeError("boom")}
+    faults: dict[str, BaseException] = field(default_factory=dict)
 
     @property
     def used_mib(self) -> int:
@@ -94,13 +131,17 @@ class SimulatedNvml:
     NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
     NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_ERROR_GPU_NOT_FOUND = NVML_ERROR_GPU_NOT_FOUND
+    NVML_ERROR_UNKNOWN = NVML_ERROR_UNKNOWN
 
     def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
         self.gpus = gpus
         self.driver = driver
+        self.init_error: Optional[BaseException] = None  # raised by nvmlInit when set
         self.initialized = False
         self.init_calls = 0
         self.calls = 0  # every NVML call, for benchmarks and 'how many reads' tests
+        self.faults_raised = 0  # injected faults (SimulatedGpu.faults) raised so far
         for i, gpu in enumerate(gpus):
             gpu.uuid = gpu.uuid or f"GPU-{i:08x}-fake-0000-0000-{i:012x}"
             gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x17 + i * 0x10:02X}:00.0"
@@ -108,6 +149,8 @@ class SimulatedNvml:
     # -- lifecycle --------------------------------------------------------------------------
     def nvmlInit(self) -> None:
         self.init_calls += 1
+        if self.init_error is not None:
+            raise self.init_error
         if not self.driver:
             raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
         self.initialized = True
@@ -123,6 +166,7 @@ class SimulatedNvml:
         self._check()
         if not 0 <= index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self._fault(self.gpus[index], "handle")
         return index  # the handle is the index; readings look the GPU up again each call
 
     # -- readings ---------------------------------------------------------------------------
@@ -172,9 +216,18 @@ class SimulatedNvml:
         if not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
 
-    def _gpu(self, handle: int, reading: str) -> SimulatedGpu:
+    def _fault(self, gpu: SimulatedGpu, *readings: str) -> None:
+        for reading in readings:
+            fault = gpu.faults.get(reading)
+            if fault is not None:
+                self.faults_raised += 1
+                raise fault
+
+    def _gpu(self, handle: int, reading: str, *also: str) -> SimulatedGpu:
+        """The GPU behind a handle, raising what is injected for ``reading`` (or ``also``)."""
         self._check()
         gpu = self.gpus[handle]
+        self._fault(gpu, reading, *also)
         if gpu.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if reading in gpu.unsupported:
@@ -182,7 +235,7 @@ class SimulatedNvml:
         return gpu
 
     def _processes(self, handle: int, kind: str) -> list[SimpleNamespace]:
-        gpu = self._gpu(handle, "processes")
+        gpu = self._gpu(handle, "processes", f"{kind}_processes")
         return [
             SimpleNamespace(
                 pid=p.pid, usedGpuMemory=None if p.used_mib is None else p.used_mib * MIB
