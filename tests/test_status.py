@@ -42,6 +42,7 @@ GPU 2  NVIDIA RTX A5000  300 MiB / 24.0 GiB used (driver)  util 0%  visible
 GPU 3  Tesla T4  2,348 MiB / 15.0 GiB used (driver)  util n/a  visible
   [::::::..................................] this kernel 0 MiB · unattributed 2,348 MiB · free 12.7 GiB
   pid 41004    n/a         2,048 MiB  n/a  (exited)
+  note: utilization: Not Supported
   note: pid 41004: exited, but NVML still lists it (or it lives in another pid namespace); counted as unattributed"""
 
 

@@ -206,8 +206,14 @@ def _detail(
         },
         "tensorflow_in_use_bytes": tf[0] if tf else None,
         "tensorflow_peak_bytes": tf[1] if tf else None,
-        "notes": list(usage.notes),
+        "notes": _notes(gpu, usage),
     }
+
+
+def _notes(gpu: GpuInfo, usage: holdings.GpuUsage) -> list[str]:
+    """Why readings are missing, then who-holds-what notes; a reading's note said twice is said once."""
+    readings = [n for n in gpu.notes if not any(n in other for other in usage.notes)]
+    return [*readings, *usage.notes]
 
 
 def _process(p: holdings.ProcessEntry) -> dict[str, Any]:
