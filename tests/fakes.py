@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from tfgpu_magic.owners import OwnerLookupTable
 from tfgpu_magic.simulated import SimulatedNvml
-from tfgpu_magic.tf_runtime import AllocatorStats, Stage, TensorFlow
+from tfgpu_magic.tf_runtime import AllocatorStats, InForce, Stage, TensorFlow
 
 
 def fake_process_table(server: SimulatedNvml, me: str = "me", my_pid: Optional[int] = None) -> OwnerLookupTable:
@@ -41,6 +41,7 @@ class FakeTensorFlow(TensorFlow):
         self.resets: list[str] = []
         self.scopes: list[str] = []
         self.reset_works = True
+        self.applied: list[tuple] = []
 
     def stage(self) -> Stage:
         return self.fake_stage
@@ -51,6 +52,13 @@ class FakeTensorFlow(TensorFlow):
 
     def physical_gpu_indices(self) -> list[int]:
         return list(self.found)
+
+    def apply(self, visible: Any, logical_mib: Any, growth: Any, cuda_map: list[int]) -> None:
+        self.applied.append((visible, dict(logical_mib), growth))  # what tf.config would be given
+
+    def in_force(self, cuda_map: list[int], env: Any) -> InForce:
+        visible = tuple(sorted({cuda_map[k] for k in self.found if k < len(cuda_map)}))
+        return InForce(visible, {i: None for i in visible}, None, "default")
 
     def gpu_names(self, cuda_map: list[int]) -> dict[str, int]:
         return dict(self.gpus) if self.fake_stage >= Stage.ENUMERATED else {}

@@ -40,6 +40,7 @@ class MemoryCallback(keras.callbacks.Callback):
         super().__init__()
         self.log_dir = log_dir
         self._tf = tf if tf is not None else get_session().tf  # the kernel's adapter
+        self._tf.attach()  # Keras imported TensorFlow before this callback could exist
         self._window: Optional[PeakWindow] = None
         self._writers: dict[str, Any] = {}
 

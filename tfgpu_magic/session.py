@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 from collections.abc import MutableMapping
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from . import grammar, numbering
@@ -82,10 +83,17 @@ class Session:
             say(f"tfgpu_magic: {note}")
 
     # -- the resolution -------------------------------------------------------------------------
-    def resolution(self, plan: Optional[Plan] = None) -> Resolution:
-        """The request (or ``plan``) on this machine; raises SessionError if it cannot hold."""
+    def resolution(self, plan: Optional[Plan] = None, *, started: bool = False) -> Resolution:
+        """The request (or ``plan``) on this machine; raises SessionError if it cannot hold.
+
+        ``started``: TensorFlow's GPUs are fixed, so the question is only whether the plan
+        equals them (a GPU CUDA never listed is then "different", with the restart remedy).
+        """
+        facts = self.machine.facts()
+        if started:
+            facts = replace(facts, cuda_found=None)
         try:
-            return resolve(self.requested if plan is None else plan, self.machine.facts())
+            return resolve(self.requested if plan is None else plan, facts)
         except PlanError as err:
             raise SessionError(str(err)) from None
 
@@ -128,7 +136,7 @@ class Session:
             if isinstance(command, grammar.Precision):  # the Keras policy is never frozen
                 return f"{what}: {self._set_precision(plan)}"
             stage = self.tf.stage()
-            resolution = self.resolution(plan)
+            resolution = self.resolution(plan, started=stage is Stage.STARTED)
             shown = what + _resolved_suffix(command, resolution)
             if stage is Stage.STARTED:
                 if plan != self.requested:
@@ -191,6 +199,8 @@ class Session:
         if stage < Stage.ENUMERATED:
             machine.set_env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA numbers GPUs as nvidia-smi does
             machine.set_env("CUDA_VISIBLE_DEVICES", self._visible_env(resolution))
+        elif plan.visible is None:  # CUDA has read it; the variable should not claim a request that is gone
+            machine.set_env("CUDA_VISIBLE_DEVICES", machine.unmanaged_value("CUDA_VISIBLE_DEVICES"))
         growth = None if plan.growth is None else ("true" if plan.growth else "false")
         machine.set_env("TF_FORCE_GPU_ALLOW_GROWTH", growth or machine.unmanaged_value("TF_FORCE_GPU_ALLOW_GROWTH"))
         allocator = {"async": ASYNC_ALLOCATOR, "default": None}

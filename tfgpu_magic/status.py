@@ -120,6 +120,9 @@ def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.P
 def _in_force(session: Session, stage: Stage) -> list[str]:
     """What TensorFlow runs with (started), or the environment it will read at its start."""
     lines: list[str] = []
+    allocation = session.machine.allocation()
+    if allocation.restricted:
+        lines.append(f"allocated by the environment: {allocation.describe()}")
     if stage is Stage.STARTED:
         force = session.in_force()
         assert force is not None

@@ -131,6 +131,16 @@ class TensorFlow:
             self._tf = module
         _watch_device_lib(self)
 
+    def attach(self) -> None:
+        """Take TensorFlow from ``sys.modules`` when the caller knows its import has finished.
+
+        For code on the user's own thread that runs after ``import tensorflow`` (a Keras
+        callback made without ``%load_ext``); background threads never call this.
+        """
+        module = sys.modules.get("tensorflow")
+        if module is not None and self._tf is None:
+            self.on_import(module)
+
     def _watch(self, context_class: Any) -> None:
         """Wrap enumeration and runtime start so the environment is recorded as they happen.
 

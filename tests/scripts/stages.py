@@ -41,9 +41,9 @@ def cell(code: str) -> str:
 
 
 def stage() -> str:
-    from tfgpu_magic import tf_runtime
+    from tfgpu_magic.session import get_session
 
-    return tf_runtime.stage().name
+    return get_session().tf.stage().name
 
 
 def gpu_options() -> dict:
@@ -64,7 +64,7 @@ def fake_cuda_gpus(module) -> None:
     from tfgpu_magic import numbering
     from tfgpu_magic.session import get_session
 
-    uuids = get_session().gpu_uuids()
+    uuids = get_session().machine.uuids()
     ctx = context.context()
     ctx._initialize_physical_devices()
     for k in range(len(numbering.cuda_to_nvml(os.environ, uuids))):

@@ -1,0 +1,203 @@
+"""Issue 9 in a fresh process with the real TensorFlow (CPU build); prints JSON for the tests.
+
+Usage: python truth.py SCENARIO [ARG].  Where GPUs are needed, the CPU build lists fake CUDA
+devices for the GPUs CUDA would show (tensorflow.md's contract recipe: never start the
+runtime then), and NVML is the simulated four-GPU server.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+ip = start_ipython()
+result: dict = {}
+seen_by_cuda: dict = {}  # the environment when the fake CUDA enumerated, recorded by this script
+
+
+def gpu(line: str) -> str:
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out):
+            ip.run_line_magic("gpu", line)
+    except UsageError as err:
+        return f"UsageError: {err}"
+    return out.getvalue().strip()
+
+
+def report() -> dict:
+    return json.loads(gpu("status --json"))
+
+
+def session():
+    from tfgpu_magic.session import get_session
+
+    return get_session()
+
+
+def gpu_options() -> dict:
+    from tensorflow.python.eager import context
+
+    options = context.context()._compute_gpu_options()
+    return {
+        "visible_device_list": options.visible_device_list,
+        "allow_growth": options.allow_growth,
+        "virtual_mib": [[int(m) for m in v.memory_limit_mb] for v in options.experimental.virtual_devices],
+    }
+
+
+def fake_cuda_gpus(module) -> None:
+    """List the GPUs CUDA would show for the environment as it is now (enumeration)."""
+    from tensorflow.python.eager import context
+
+    from tfgpu_magic import numbering
+
+    seen_by_cuda.update({k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")})
+    ctx = context.context()
+    ctx._initialize_physical_devices()
+    for k in range(len(numbering.cuda_to_nvml(os.environ, session().machine.uuids()))):
+        device = context.PhysicalDevice(f"/physical_device:GPU:{k}", "GPU")
+        ctx._physical_devices.append(device)
+        ctx._visible_device_list.append(device)
+        ctx._memory_growth_map[device] = None
+
+
+def simulated_server_with_fake_cuda() -> None:
+    import wrapt
+
+    import tfgpu_magic
+    from tfgpu_magic.simulated import shared_server
+
+    tfgpu_magic.set_device_source(shared_server())
+    wrapt.register_post_import_hook(fake_cuda_gpus, "tensorflow")  # before the extension's hook
+    ip.run_line_magic("load_ext", "tfgpu_magic")
+
+
+def tensorflow_view() -> list[int]:
+    """nvidia-smi indices of the GPUs TensorFlow would start with, worked out from TensorFlow's own
+    GPUOptions and the environment this script saw at enumeration (not through tfgpu_magic's record)."""
+    from tfgpu_magic import numbering
+
+    listed = gpu_options()["visible_device_list"]
+    cuda_map = numbering.cuda_to_nvml(seen_by_cuda, session().machine.uuids())
+    return sorted(cuda_map[int(k)] for k in listed.split(",")) if listed else sorted(cuda_map)
+
+
+# -- scenarios ----------------------------------------------------------------------------------------
+def late_cuda_visible_devices() -> None:
+    """Defect 1: CUDA_VISIBLE_DEVICES changed after enumeration must not change our numbering."""
+    simulated_server_with_fake_cuda()
+    ip.run_cell("import tensorflow as tf")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "2"  # too late: CUDA has read it
+    result["use"] = gpu("use 2")
+    result["options"] = gpu_options()
+    result["tensorflow_view"] = tensorflow_view()
+    result["status_visible"] = report()["visible_gpus"]
+
+
+def inherited_device_order() -> None:
+    """Defect 2: an inherited FASTEST_FIRST is replaced before CUDA starts, and said once."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        simulated_server_with_fake_cuda()
+    result["said"] = out.getvalue().strip()
+    result["order"] = os.environ.get("CUDA_DEVICE_ORDER")
+    ip.run_cell("import tensorflow as tf")
+    result["seen_by_cuda"] = seen_by_cuda
+    result["notes"] = report()["notes"]
+
+
+def allocation() -> None:
+    """Defect 3: an inherited CUDA_VISIBLE_DEVICES=2,3 is the kernel's allocation."""
+    simulated_server_with_fake_cuda()
+    result["use_0"] = gpu("use 0")
+    result["use_all"] = gpu("use all")
+    result["env"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ip.run_cell("import tensorflow as tf")
+    result["tensorflow_view"] = tensorflow_view()
+    result["status_visible"] = report()["visible_gpus"]
+    result["use_3"] = gpu("use 3")
+    result["tensorflow_view_3"] = tensorflow_view()
+    result["in_force"] = report()["in_force"]
+
+
+def start_facts() -> None:
+    """Defect 4: what TensorFlow started with is recorded when it starts."""
+    ip.run_line_magic("load_ext", "tfgpu_magic")
+    ip.run_cell("import tensorflow as tf\nfrom tensorflow.python.client import device_lib")
+    result["before"] = session().tf.stage().name
+    ip.run_cell("devices = device_lib.list_local_devices()")
+    result["after_device_lib"] = session().tf.stage().name
+    ip.run_cell("x = tf.constant(1.0)")
+    os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"  # by hand, after the first op
+    os.environ["TF_GPU_ALLOCATOR"] = "cuda_malloc_async"
+    result["started_with"] = dict(session().tf.started_with.env)
+    force = session().in_force()
+    result["in_force"] = {"growth": force.growth, "allocator": force.allocator}
+    result["grow_off"] = gpu("grow off")
+
+
+def no_gpu_note() -> None:
+    """Defect 9: any GPU setting that cannot take effect is said once, not only a limit."""
+    import tfgpu_magic
+    from tfgpu_magic.simulated import shared_server
+
+    tfgpu_magic.set_device_source(shared_server())  # NVML sees GPUs; the CPU build finds none
+    ip.run_line_magic("load_ext", "tfgpu_magic")
+    result["grow"] = gpu("grow")
+    err = io.StringIO()
+    with redirect_stderr(err):
+        ip.run_cell("import tensorflow as tf\nx = tf.constant(1.0)")
+    result["stderr"] = [line for line in err.getvalue().splitlines() if line.startswith("tfgpu_magic")]
+    result["precision"] = gpu("precision mixed_float16")
+
+
+def reset_precision() -> None:
+    """Defect 6: reset puts the Keras policy back, and says what it cannot undo."""
+    ip.run_line_magic("load_ext", "tfgpu_magic")
+    gpu("precision mixed_float16")
+    gpu("use none")
+    ip.run_cell("import keras\nimport tensorflow as tf\ncpus = tf.config.list_physical_devices('CPU')")
+    import keras
+
+    result["policy_before"] = keras.mixed_precision.global_policy().name
+    result["reset"] = gpu("reset")
+    result["policy_after"] = keras.mixed_precision.global_policy().name
+    result["env"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def steps(encoded: str) -> None:
+    """The property: after random commands, hand-made environment changes and stages, what
+    `%gpu status --json` says equals what TensorFlow would start with."""
+    simulated_server_with_fake_cuda()
+    result["said"] = []
+    for kind, value in json.loads(encoded):
+        if kind == "gpu":
+            result["said"].append(gpu(value))
+        elif kind == "env":
+            name, _, text = value.partition("=")
+            os.environ[name] = text
+        elif kind == "import":
+            ip.run_cell("import tensorflow as tf")
+    ip.run_cell("import tensorflow as tf")
+    data = report()
+    options = gpu_options()
+    result["status_visible"] = data["visible_gpus"]
+    result["tensorflow_view"] = tensorflow_view()
+    result["resolved"] = data["resolved"]
+    result["notes"] = data["notes"]
+    result["virtual_mib"] = options["virtual_mib"]
+    result["env_growth"] = os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH")
+    result["in_force"] = data["in_force"]
+    result["requested"] = session().requested.growth
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])
+    print(json.dumps(result))
