@@ -84,6 +84,10 @@ def tensorflow_view() -> list[int]:
     GPUOptions and the environment this script saw at enumeration (not through tfgpu_magic's record)."""
     from tfgpu_magic import numbering
 
+    from tensorflow.python.eager import context
+
+    if context.context().config.device_count["GPU"] == 0:  # how TensorFlow says "no GPU visible"
+        return []
     listed = gpu_options()["visible_device_list"]
     cuda_map = numbering.cuda_to_nvml(seen_by_cuda, session().machine.uuids())
     return sorted(cuda_map[int(k)] for k in listed.split(",")) if listed else sorted(cuda_map)
