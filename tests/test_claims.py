@@ -254,3 +254,15 @@ def test_an_unsafe_directory_is_refused_for_claims_and_noted_for_readers(claim_d
     notes: list[str] = []
     assert claims.holders(["GPU-lll"], notes=notes) == {"GPU-lll": None}
     assert notes == ["claims may be missing: " + str(info.value)]
+
+
+def test_a_strict_umask_still_lets_others_see_and_lock(claim_dir):
+    old = os.umask(0o077)
+    try:
+        with claims.choosing():
+            assert claims.claim("GPU-mmm")
+    finally:
+        os.umask(old)
+    [mine] = claim_files(claim_dir)
+    assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(mine.stat().st_mode) == stat.S_IMODE((claim_dir / "choose.lock").stat().st_mode) == 0o644

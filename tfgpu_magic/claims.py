@@ -285,9 +285,12 @@ def _choose_lock(directory: str, shared: bool, notes: list[str]) -> Optional[int
                 if shared:
                     return None
                 try:
-                    return os.open(CHOOSE_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o644, dir_fd=dfd)
+                    fd = os.open(CHOOSE_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o644, dir_fd=dfd)
                 except FileExistsError:
                     continue
+                with contextlib.suppress(OSError):
+                    os.fchmod(fd, 0o644)  # past the umask: every user locks it (read access is enough)
+                return fd
             if not stat.S_ISREG(info.st_mode):
                 notes.append(f"{path} is a {_kind(info.st_mode)}, not a regular file; went on without the claim lock")
                 return None
