@@ -20,7 +20,6 @@ import resource
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 import time
@@ -300,7 +299,9 @@ def test_a_forged_pid_and_user_name_are_attributed_to_their_real_owner(shared):
     found = result[1]["holders"][KEY2]
     assert found is not None and found["uid"] == B and "alice" not in found["text"], found
     assert found["text"] == f"pid 4242 (uid {B})"
-    TABLE.append(("forged `pid=4242 user=alice` in B's own claim", "B", "shown as pid 4242 (uid 54322): B's statement under B's uid"))
+    TABLE.append(
+        ("forged `pid=4242 user=alice` in B's own claim", "B", "shown as pid 4242 (uid 54322): B's statement, B's uid")
+    )
 
 
 def test_a_claim_cannot_be_deleted_or_replaced_by_another_user(shared):
@@ -577,6 +578,7 @@ def racer(key: str, go: int) -> bool:
 
 def test_racing_users_without_the_directory_lock_never_share_a_gpu(shared):
     directory, children = shared
+    rounds_won = 0
     for round_ in range(8):
         go_r, go_w = os.pipe()
         started = []
@@ -609,8 +611,12 @@ def test_racing_users_without_the_directory_lock_never_share_a_gpu(shared):
             os.waitpid(pid, 0)
         os.close(go_r)
         os.close(go_w)
-        assert won.count(b"1") <= 1, (round_, won)
-    TABLE.append(("three users claim one GPU at the same instant, no directory lock", "A, B, C", "never two winners (8 rounds)"))
+        assert set(won) <= {b"0", b"1"} and won.count(b"1") <= 1, (round_, won)  # no error, one winner at most
+        rounds_won += won.count(b"1")
+    assert rounds_won >= 1  # racing does not simply make everyone lose
+    TABLE.append(
+        ("three users claim one GPU at the same instant, no directory lock", "A, B, C", "never two winners (8 rounds)")
+    )
 
 
 def test_zz_attack_table():
