@@ -20,6 +20,7 @@ import math
 import os
 import threading
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
@@ -46,7 +47,12 @@ MAX_INTERVAL_S = 60.0  # `%gpu monitor --interval` allows 0.1 s to 60 s
 MAX_WINDOW_S = 24 * 3600.0  # `%gpu monitor --window` allows up to 24 h
 SLOW_SOURCES_S = 2.0  # limits, visible GPUs, TF numbering: configuration, re-read this often
 STOP_WAIT_S = 5.0  # how long a stop waits for a reading in progress before saying it still runs
-MAX_HISTORY = 6000  # samples kept in Python whatever the window: bounds memory (8 GPUs: ~5 MB)
+# Samples kept in the kernel whatever the window (10 min at 0.1 s, 50 min at the default 0.5 s),
+# packed (see _Stored).  Measured 2026-11-22 on a 2-core Intel Xeon VM, CPython 3.11.7, Linux
+# x86_64, with tracemalloc and with a sys.getsizeof walk (they agree): a full history of 8 GPUs
+# whose every reading changes on every tick holds 3.25 MiB, about 70 bytes per GPU per sample
+# (tests/test_panel_history.py measures it again).  Kept as DeviceSample objects it held 19 MiB.
+MAX_HISTORY = 6000
 THREAD_NAME = "tfgpu-monitor"
 
 TfStats = Callable[[], Mapping[str, Any]]  # "GPU:0" -> object with current_bytes, peak_bytes
@@ -75,6 +81,70 @@ class Sample:
     time_s: float  # Unix time, seconds
     devices: tuple[DeviceSample, ...]
     status: Optional[str] = None  # a panel-wide message, e.g. "no NVIDIA GPU"
+
+
+# The readings of a DeviceSample, in the order of its fields after key and label.
+_READINGS = ("total_bytes", "used_bytes", "mine_bytes", "tf_in_use_bytes", "tf_peak_bytes", "limit_bytes")
+_GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
+
+
+def _int64(value: Any) -> int:
+    """A reading as an int64 for the packed array; anything that is not one becomes a gap."""
+    try:
+        value = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return _GAP
+    return value if _GAP < value < 2**63 else _GAP
+
+
+class _Stored:
+    """A sample as the history keeps it: ~70 bytes per device instead of ~400.
+
+    The readings of all devices sit in one ``array('q')``; the device keys and labels, the
+    error messages and the status are shared with the previous sample when unchanged (they
+    rarely change), so a sample costs one small object, one float and one array.
+    """
+
+    __slots__ = ("time_s", "layout", "readings", "errors", "status")
+
+    def __init__(self, time_s: float, layout: tuple, readings: array, errors: Optional[tuple], status: Optional[str]):
+        self.time_s = time_s
+        self.layout = layout  # ((key, label), ...)
+        self.readings = readings  # len(_READINGS) per device, _GAP where missing
+        self.errors = errors  # one per device, or None when there is none
+        self.status = status
+
+    @classmethod
+    def pack(cls, sample: Sample, previous: Optional[_Stored]) -> _Stored:
+        devices = sample.devices
+        layout = tuple((d.key, d.label) for d in devices)
+        errors: Optional[tuple] = tuple(d.error for d in devices)
+        if not any(errors):
+            errors = None
+        status = sample.status
+        if previous is not None:  # share what did not change (equal strings, one copy)
+            layout = previous.layout if layout == previous.layout else layout
+            errors = previous.errors if errors == previous.errors else errors
+            status = previous.status if status == previous.status else status
+        values = [getattr(d, name) for d in devices for name in _READINGS]
+        try:
+            readings = array("q", [_GAP if v is None else v for v in values])
+        except (TypeError, OverflowError):  # not an int, or out of range: shown as a gap
+            readings = array("q", [_int64(v) for v in values])
+        return cls(float(sample.time_s), layout, readings, errors, status)
+
+    def unpack(self) -> Sample:
+        n = len(_READINGS)
+        errors = self.errors or (None,) * len(self.layout)
+        devices = tuple(
+            DeviceSample(key, label, *(None if v == _GAP else v for v in self.readings[i * n : (i + 1) * n]), errors[i])
+            for i, (key, label) in enumerate(self.layout)
+        )
+        return Sample(self.time_s, devices, self.status)
+
+    @property
+    def devices(self) -> tuple[DeviceSample, ...]:  # reads like a Sample (history[-1].devices)
+        return self.unpack().devices
 
 
 def _no_stats() -> dict:
@@ -113,7 +183,7 @@ class Sampler:
         self._interval = _checked_interval(interval)
         self._keep_s = _checked_keep(keep_s)
         self._lock = threading.Lock()  # guards history and listeners
-        self.history: deque[Sample] = deque(maxlen=self._history_len())
+        self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
         self._layout: tuple[tuple[str, str], ...] = ()  # the devices of the last good sample
         self._listeners: list[Callable[[Sample], None]] = []
         # Configuration sources may read every GPU in full; they change rarely, so they are
@@ -162,12 +232,14 @@ class Sampler:
     def snapshot(self) -> list[Sample]:
         """Every sample kept, oldest first."""
         with self._lock:
-            return list(self.history)
+            stored = list(self.history)
+        return [s.unpack() for s in stored]
 
     def latest(self) -> Optional[Sample]:
         """The newest sample kept, or None before the first."""
         with self._lock:
-            return self.history[-1] if self.history else None
+            stored = self.history[-1] if self.history else None
+        return None if stored is None else stored.unpack()
 
     # -- the thread -----------------------------------------------------------------------
     @property
@@ -251,9 +323,10 @@ class Sampler:
         except Exception as err:
             sample, failed = self._failed(err), True
         with self._lock:
-            self.history.append(sample)
+            stored = _Stored.pack(sample, self.history[-1] if self.history else None)
+            self.history.append(stored)
             if not failed:
-                self._layout = tuple((d.key, d.label) for d in sample.devices)
+                self._layout = stored.layout
             listeners = list(self._listeners)
         for listener in listeners:
             try:
