@@ -264,3 +264,17 @@ def test_a_tick_never_raises():
     s.tick()
     sample = s.tick()
     assert sample.status.startswith("sampling failed (ZeroDivisionError")
+
+
+def test_a_refused_window_leaves_nothing_behind():
+    widget = pytest.importorskip("tfgpu_magic.widget")
+    import traitlets
+
+    before = registries()
+    with pytest.raises(traitlets.TraitError, match="window"):
+        monitor.open_panel(interval=0.5, window=10 * 24 * 3600, nvml=Nvml(lib=shared_server()), display=False)
+    assert registries() == before and monitor.active_sampler() is None
+    # What ipywidgets' __del__ does to such a half-made panel: close() must have nothing to do.
+    half_made = widget.MemoryPanel.__new__(widget.MemoryPanel)
+    half_made.stop()
+    half_made.close()

@@ -97,6 +97,11 @@ class MemoryPanel(anywidget.AnyWidget):
     devices = traitlets.List().tag(sync=True)  # [{key, label, gpu}], in chart order
     running = traitlets.Bool(False).tag(sync=True)  # False once stopped: no more points come
 
+    # Until __init__ has joined the hub (a refused window, say), stop() and close() have nothing to do.
+    sidecar: Optional[Any] = None  # set when shown in JupyterLab's side panel
+    _hub: Optional[Hub] = None
+    _sampler: Optional[Sampler] = None
+
     def __init__(
         self,
         hub: Hub,
@@ -106,7 +111,6 @@ class MemoryPanel(anywidget.AnyWidget):
         **kwargs: Any,
     ) -> None:
         super().__init__(interval=interval, window=window, **kwargs)
-        self.sidecar: Optional[Any] = None  # set when shown in JupyterLab's side panel
         self._hub = hub
         self._described: list[dict[str, Any]] = []
         self._sampler: Optional[Sampler] = hub.join(self, make, window)
@@ -176,7 +180,8 @@ class MemoryPanel(anywidget.AnyWidget):
     def close(self) -> None:
         """Stop, then release the panel's widgets and comms (its sidebar's too); the chart leaves the page."""
         self.stop()
-        self._hub.forget(self)
+        if self._hub is not None:
+            self._hub.forget(self)
         side, self.sidecar = self.sidecar, None
         if side is not None:
             _close_with_layout(side)
