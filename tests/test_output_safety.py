@@ -50,7 +50,9 @@ def hostile_report() -> dict:
     server.gpus[0].processes[0].command = "python \udcff\udcfe.py"  # bytes that are not UTF-8
     server.gpus[2].name = HOSTILE_NAME
     report = status.build_report(Session(nvml=Nvml(lib=server), env={}), my_pid=ME)
-    report["gpus"][2]["claim"] = {"pid": None, "user": "eve\x1b]52;c;cm0gLXJmIH4=\x07", "since": None, "this_kernel": False}
+    report["gpus"][2]["claim"] = {  # OSC 52 writes to the clipboard
+        "pid": None, "user": "eve\x1b]52;c;cm0gLXJmIH4=\x07", "since": None, "this_kernel": False,
+    }
     report["gpus"][2]["notes"].append("pid 666: left\nNote: forged \x1b[31mred")
     report["notes"].append("claims could not be read: \x1b[2J\r\n")
     return report
