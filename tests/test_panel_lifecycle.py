@@ -88,6 +88,10 @@ def test_monitor_off_during_a_slow_reading_tells_the_truth_and_the_next_panel_re
     assert "has ended" not in answer
     assert monitor.sampler_running() and len(monitor_threads()) == 1  # what the answer said
     assert not panel.running
+    assert monitor.stop_panels() == (  # asked again while the reading still hangs
+        "No memory panel is running in this kernel; the sampling thread is still finishing a reading "
+        "(a GPU driver call that has not returned) and ends when it returns."
+    )
 
     second = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False)
     assert monitor.active_sampler() is first  # taken back, not a second thread beside it
