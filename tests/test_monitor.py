@@ -172,8 +172,8 @@ def test_a_longer_interval_shrinks_history_and_keeps_the_newest():
 
 
 @pytest.mark.parametrize("seconds", [0.05, 0, -1, float("nan")])
-def test_interval_below_the_minimum_is_refused(seconds):
-    with pytest.raises(ValueError, match=r"interval must be at least 0.1 s"):
+def test_interval_below_the_minimum_is_refused(seconds):  # and above the maximum: test_panel_lifecycle.py
+    with pytest.raises(ValueError, match=r"interval must be from 0.1 s to 60 s"):
         sampler(interval=seconds)
 
 

@@ -1,17 +1,24 @@
 """``python -m tfgpu_magic`` / ``tfgpu``: the ``%gpu status`` picture in a terminal.
 
 Needs neither IPython nor TensorFlow.  Exit status: 0 with GPU readings, 1 when NVML cannot be
-reached (the report still prints, saying why), 2 for a usage error.
+reached (the report still prints, saying why), 2 for a usage error, 141 when the reader of the
+output went away (``tfgpu | head -n 0``; the status a shell gives a tool ended by SIGPIPE).
+
+Other users' command lines and names are shown, never obeyed (:mod:`tfgpu_magic.safe_text`);
+a terminal that cannot encode a character gets a ``\\x..`` escape rather than a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
 __all__ = ["main"]
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head -1` reports for `yes`
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +37,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
+    except BrokenPipeError:
+        # The reader went away (`tfgpu | head -3`): stop quietly.  As Python's documentation
+        # advises, stdout is pointed at devnull so the interpreter's last flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")  # an ASCII or Latin-1 terminal: \\xb7, no traceback
     args = _parser().parse_args(argv)
     from . import status  # after parsing: `tfgpu --help` stays instant
     from .nvml import Nvml

@@ -7,6 +7,10 @@ GPUs), so tests, benchmarks and the GPU machine drive the same code without IPyt
 TensorFlow.  This module imports neither; the widget lives in :mod:`tfgpu_magic.widget`.
 
 Readings are bytes.  A reading that failed is ``None`` (drawn as a gap), never 0.
+
+At most one sampler thread runs per kernel: a stop that finds the thread inside a slow
+reading (a hung NVML call) says so, and a new panel takes that thread back rather than start
+a second one beside it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 import os
 import threading
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
@@ -29,6 +34,9 @@ __all__ = [
     "Hub",
     "Sample",
     "Sampler",
+    "MAX_HISTORY",
+    "MAX_INTERVAL_S",
+    "MAX_WINDOW_S",
     "MIN_INTERVAL_S",
     "active_sampler",
     "open_panel",
@@ -37,8 +45,16 @@ __all__ = [
 ]
 
 MIN_INTERVAL_S = 0.1  # NVML itself refreshes memory readings about this often
+MAX_INTERVAL_S = 60.0  # `%gpu monitor --interval` allows 0.1 s to 60 s
+MAX_WINDOW_S = 24 * 3600.0  # `%gpu monitor --window` allows up to 24 h
 SLOW_SOURCES_S = 2.0  # limits, visible GPUs, TF numbering: configuration, re-read this often
-MAX_HISTORY = 6000  # samples kept in Python whatever the window: bounds memory (8 GPUs: ~5 MB)
+STOP_WAIT_S = 5.0  # how long a stop waits for a reading in progress before saying it still runs
+# Samples kept in the kernel whatever the window (10 min at 0.1 s, 50 min at the default 0.5 s),
+# packed (see _Stored).  Measured 2026-11-22 on a 2-core Intel Xeon VM, CPython 3.11.7, Linux
+# x86_64, with tracemalloc and with a sys.getsizeof walk (they agree): a full history of 8 GPUs
+# whose every reading changes on every tick holds 3.25 MiB, about 70 bytes per GPU per sample
+# (tests/test_panel_history.py measures it again).  Kept as DeviceSample objects it held 19 MiB.
+MAX_HISTORY = 6000
 THREAD_NAME = "tfgpu-monitor"
 
 TfStats = Callable[[], Mapping[str, Any]]  # "GPU:0" -> object with current_bytes, peak_bytes
@@ -67,6 +83,70 @@ class Sample:
     time_s: float  # Unix time, seconds
     devices: tuple[DeviceSample, ...]
     status: Optional[str] = None  # a panel-wide message, e.g. "no NVIDIA GPU"
+
+
+# The readings of a DeviceSample, in the order of its fields after key and label.
+_READINGS = ("total_bytes", "used_bytes", "mine_bytes", "tf_in_use_bytes", "tf_peak_bytes", "limit_bytes")
+_GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
+
+
+def _int64(value: Any) -> int:
+    """A reading as an int64 for the packed array; anything that is not one becomes a gap."""
+    try:
+        value = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return _GAP
+    return value if _GAP < value < 2**63 else _GAP
+
+
+class _Stored:
+    """A sample as the history keeps it: ~70 bytes per device instead of ~400.
+
+    The readings of all devices sit in one ``array('q')``; the device keys and labels, the
+    error messages and the status are shared with the previous sample when unchanged (they
+    rarely change), so a sample costs one small object, one float and one array.
+    """
+
+    __slots__ = ("time_s", "layout", "readings", "errors", "status")
+
+    def __init__(self, time_s: float, layout: tuple, readings: array, errors: Optional[tuple], status: Optional[str]):
+        self.time_s = time_s
+        self.layout = layout  # ((key, label), ...)
+        self.readings = readings  # len(_READINGS) per device, _GAP where missing
+        self.errors = errors  # one per device, or None when there is none
+        self.status = status
+
+    @classmethod
+    def pack(cls, sample: Sample, previous: Optional[_Stored]) -> _Stored:
+        devices = sample.devices
+        layout = tuple((d.key, d.label) for d in devices)
+        errors: Optional[tuple] = tuple(d.error for d in devices)
+        if not any(errors):
+            errors = None
+        status = sample.status
+        if previous is not None:  # share what did not change (equal strings, one copy)
+            layout = previous.layout if layout == previous.layout else layout
+            errors = previous.errors if errors == previous.errors else errors
+            status = previous.status if status == previous.status else status
+        values = [getattr(d, name) for d in devices for name in _READINGS]
+        try:
+            readings = array("q", [_GAP if v is None else v for v in values])
+        except (TypeError, OverflowError):  # not an int, or out of range: shown as a gap
+            readings = array("q", [_int64(v) for v in values])
+        return cls(float(sample.time_s), layout, readings, errors, status)
+
+    def unpack(self) -> Sample:
+        n = len(_READINGS)
+        errors = self.errors or (None,) * len(self.layout)
+        devices = tuple(
+            DeviceSample(key, label, *(None if v == _GAP else v for v in self.readings[i * n : (i + 1) * n]), errors[i])
+            for i, (key, label) in enumerate(self.layout)
+        )
+        return Sample(self.time_s, devices, self.status)
+
+    @property
+    def devices(self) -> tuple[DeviceSample, ...]:  # reads like a Sample (history[-1].devices)
+        return self.unpack().devices
 
 
 def _no_stats() -> dict:
@@ -103,15 +183,18 @@ class Sampler:
         self._limits, self._visible = limits, visible
         self._clock = clock
         self._interval = _checked_interval(interval)
-        self._keep_s = float(keep_s)
+        self._keep_s = _checked_keep(keep_s)
         self._lock = threading.Lock()  # guards history and listeners
-        self.history: deque[Sample] = deque(maxlen=self._history_len())
+        self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
+        self._layout: tuple[tuple[str, str], ...] = ()  # the devices of the last good sample
         self._listeners: list[Callable[[Sample], None]] = []
         # Configuration sources may read every GPU in full; they change rarely, so they are
         # re-read every SLOW_SOURCES_S rather than on every tick: (monotonic time, values).
         self._slow: Optional[tuple[float, tuple[Any, ...]]] = None
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._state = threading.Lock()  # guards starting the thread and its decision to end
+        self._looping = False  # the thread has not yet decided to end
         self._thread: Optional[threading.Thread] = None
 
     # -- settings -------------------------------------------------------------------------
@@ -127,7 +210,7 @@ class Sampler:
 
     def keep(self, seconds: float) -> None:
         """Keep at least ``seconds`` of history (the widest window of the open panels)."""
-        self._keep_s = max(float(seconds), 1.0)
+        self._keep_s = _checked_keep(seconds)
         self._resize_history()
 
     def _history_len(self) -> int:
@@ -149,33 +232,80 @@ class Sampler:
                 self._listeners.remove(listener)
 
     def snapshot(self) -> list[Sample]:
+        """Every sample kept, oldest first."""
         with self._lock:
-            return list(self.history)
+            stored = list(self.history)
+        return [s.unpack() for s in stored]
+
+    def latest(self) -> Optional[Sample]:
+        """The newest sample kept, or None before the first."""
+        with self._lock:
+            stored = self.history[-1] if self.history else None
+        return None if stored is None else stored.unpack()
 
     # -- the thread -----------------------------------------------------------------------
     @property
+    def alive(self) -> bool:
+        """The thread exists: sampling, or finishing its last reading after a stop."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """The thread samples and goes on doing so (it was not told to stop)."""
+        return self.alive and not self._stopping.is_set()
 
     def start(self) -> None:
-        if self.running:
-            return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        self._thread.start()
+        """Start sampling.  A thread told to stop but still inside its last reading carries on
+        instead: this sampler never has two threads."""
+        with self._state:
+            self._stopping.clear()
+            if self._looping:
+                return  # running, or finishing a reading: it goes on
+            old = self._thread
+            if old is not None and old is not threading.current_thread():
+                old.join()  # it has left its loop; only returning is left to it
+            self._looping = True
+            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+            self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread and wait for it, so no sampler outlives its last panel."""
+    def stop(self, timeout: Optional[float] = None) -> bool:
+        """Tell the thread to stop and wait up to ``timeout`` seconds (default ``STOP_WAIT_S``).
+
+        True when the thread has ended.  False when it is still inside a reading (a GPU driver
+        call that has not returned): it ends as soon as that returns, and :meth:`start` meanwhile
+        takes it back rather than start a second thread.
+        """
         self._stopping.set()
         self._wake.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        return self.wait(timeout)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to ``timeout`` seconds (default ``STOP_WAIT_S``) for a stopped thread to end.
+
+        True when it has ended; False when it is still in a reading, or was started again.
+        """
+        thread = self._thread
+        if thread is None:
+            return True
+        if thread is threading.current_thread():
+            return False  # a listener stopping its own sampler: the loop ends after this tick
+        deadline = time.monotonic() + (STOP_WAIT_S if timeout is None else timeout)
+        while thread.is_alive() and self._stopping.is_set():  # start() again: stop waiting
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            thread.join(min(remaining, 0.05))  # returns as soon as the thread ends
+        return not thread.is_alive()
 
     def _run(self) -> None:
         deadline = time.monotonic()
-        while not self._stopping.is_set():
-            self.tick()
+        while True:
+            with self._state:  # the decision to end, and start() taking the thread back, exclude each other
+                if self._stopping.is_set():
+                    self._looping = False
+                    return
+            self.tick()  # never raises
             # Sleep to a deadline rather than for `interval`, so ticks do not drift by the
             # time a reading takes; after a stall (suspended VM) restart from now.
             deadline = max(deadline + self._interval, time.monotonic())
@@ -185,9 +315,20 @@ class Sampler:
                 deadline = time.monotonic()
 
     def tick(self) -> Sample:
-        sample = self.read()
+        """Take one sample, keep it and hand it to the listeners.
+
+        Never raises: a reading that fails in a way :meth:`read` does not expect becomes a
+        sample of gaps with a note, and the next tick tries again.
+        """
+        try:
+            sample, failed = self.read(), False
+        except Exception as err:
+            sample, failed = self._failed(err), True
         with self._lock:
-            self.history.append(sample)
+            stored = _Stored.pack(sample, self.history[-1] if self.history else None)
+            self.history.append(stored)
+            if not failed:
+                self._layout = stored.layout
             listeners = list(self._listeners)
         for listener in listeners:
             try:
@@ -195,6 +336,15 @@ class Sampler:
             except Exception:  # a broken panel must not stop the others' sampling
                 pass
         return sample
+
+    def _failed(self, err: Exception) -> Sample:
+        note = f"sampling failed ({type(err).__name__}: {err}); trying again next tick"
+        try:
+            now = float(self._clock())
+        except Exception:
+            now = time.time()
+        devices = tuple(DeviceSample(key=key, label=label, error=note) for key, label in self._layout)
+        return Sample(now, devices, note)
 
     # -- one reading ------------------------------------------------------------------------
     def read(self) -> Sample:
@@ -268,9 +418,15 @@ class Sampler:
 
 def _checked_interval(seconds: float) -> float:
     seconds = float(seconds)
-    if not seconds >= MIN_INTERVAL_S:  # also rejects NaN
-        raise ValueError(f"interval must be at least {MIN_INTERVAL_S} s, got {seconds!r}")
+    if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # also refuses NaN and infinities
+        raise ValueError(f"interval must be from {MIN_INTERVAL_S:g} s to {MAX_INTERVAL_S:g} s, got {seconds!r}")
     return seconds
+
+
+def _checked_keep(seconds: float) -> float:
+    """A window of history, held to 1 s .. MAX_WINDOW_S (NaN counts as the least)."""
+    seconds = float(seconds)
+    return min(seconds, MAX_WINDOW_S) if seconds >= 1.0 else 1.0
 
 
 def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, Optional[str]]:
@@ -299,14 +455,18 @@ def _tf_only(name: str, stats: Any) -> DeviceSample:
 class Hub:
     """The one sampler of this kernel, shared by every open panel.
 
-    The first panel starts it; it stops when the last panel leaves (or at exit).
+    The first panel starts it; it stops when the last panel leaves (or at exit).  A sampler
+    whose thread was still inside a reading when it was stopped is kept as *finishing*: the
+    next panel takes it back instead of starting a second thread beside it.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sampler: Optional[Sampler] = None
+        self._finishing: Optional[Sampler] = None  # stopped; its thread may still be in a reading
         self._members: dict[int, float] = {}  # id(panel) -> that panel's window, seconds
         self._panels: dict[int, Any] = {}  # id(panel) -> panel, for `%gpu monitor off`
+        self._shown: dict[int, Any] = {}  # stopped panels still on screen (their Stop button): `off` closes them
 
     @property
     def sampler(self) -> Optional[Sampler]:
@@ -314,8 +474,12 @@ class Hub:
 
     def join(self, member: object, make: Callable[[], Sampler], window_s: float) -> Sampler:
         with self._lock:
+            self._shown.pop(id(member), None)
             if self._sampler is None:
-                self._sampler = make()
+                finishing, self._finishing = self._finishing, None
+                # One sampler thread at most: one still finishing a reading serves again (with
+                # the sources it was made with) rather than run beside a new one.
+                self._sampler = finishing if finishing is not None and finishing.alive else make()
             self._members[id(member)] = window_s
             self._panels[id(member)] = member
             self._sampler.keep(max(self._members.values()))
@@ -328,26 +492,60 @@ class Hub:
                 self._members[id(member)] = window_s
                 self._sampler.keep(max(self._members.values()))
 
-    def leave(self, member: object) -> None:
+    def leave(self, member: object, *, shown: bool = False, timeout: Optional[float] = None) -> bool:
+        """``member`` stops following the sampler; the last one to leave stops it.
+
+        ``shown``: the member stays on screen, stopped, until :meth:`forget` (``%gpu monitor off``
+        closes such panels).  Returns True when no sampler thread is left, False while one runs
+        or is still finishing a reading (see :meth:`Sampler.stop`).
+        """
         with self._lock:
             self._members.pop(id(member), None)
-            self._panels.pop(id(member), None)
+            panel = self._panels.pop(id(member), None)
+            if shown and panel is not None:
+                self._shown[id(member)] = panel
             if self._members or self._sampler is None:
-                return
-            sampler, self._sampler = self._sampler, None
-        sampler.stop()  # outside the lock: the thread may be calling a panel that leaves
+                return self._sampler is None and self._finishing is None
+            self._finishing, self._sampler = self._sampler, None
+            self._finishing.stop(timeout=0)  # told under the lock, so a join cannot take it back first
+        return self._wait_finishing(timeout)  # outside the lock: the thread may be calling a panel that leaves
+
+    def forget(self, member: object) -> None:
+        """``member`` is gone for good (closed): nothing refers to it any more."""
+        with self._lock:
+            self._shown.pop(id(member), None)
 
     def members(self) -> list[Any]:
+        """The panels following the sampler."""
         with self._lock:
             return list(self._panels.values())
 
-    def stop_all(self) -> None:
+    def shown(self) -> list[Any]:
+        """The panels stopped by their own button and still on screen."""
+        with self._lock:
+            return list(self._shown.values())
+
+    def stop_all(self, timeout: Optional[float] = None) -> bool:
+        """Every member leaves and the sampler stops; True when its thread has ended."""
         with self._lock:
             self._members.clear()
             self._panels.clear()
-            sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            sampler.stop()
+            if self._sampler is not None:
+                self._finishing, self._sampler = self._sampler, None
+            if self._finishing is not None:
+                self._finishing.stop(timeout=0)
+        return self._wait_finishing(timeout)
+
+    def _wait_finishing(self, timeout: Optional[float]) -> bool:
+        with self._lock:
+            finishing = self._finishing
+        if finishing is None:
+            return True
+        ended = finishing.wait(timeout)  # returns early if a join took it back meanwhile
+        with self._lock:
+            if ended and self._finishing is finishing:
+                self._finishing = None
+            return self._finishing is None and self._sampler is None
 
 
 _hub = Hub()
@@ -359,18 +557,39 @@ def active_sampler() -> Optional[Sampler]:
     return _hub.sampler
 
 
-def stop_panels() -> str:
-    """``%gpu monitor off``: stop every panel of this kernel; the sampler's thread ends with them."""
-    panels = _hub.members()
-    for panel in panels:
-        stop = getattr(panel, "stop", None)
-        if stop is not None:
-            stop()  # a panel leaves the hub; its chart stays on screen, frozen
-    _hub.stop_all()  # members that are not panels (tests) go too
-    if not panels:
-        return "No memory panel is running in this kernel."
-    count = "1 memory panel" if len(panels) == 1 else f"{len(panels)} memory panels"
-    return f"Stopped {count}; the sampling thread has ended. `%gpu monitor` starts a new one."
+def stop_panels(timeout: Optional[float] = None) -> str:
+    """``%gpu monitor off``: stop and close every panel of this kernel, and the sampler's thread.
+
+    Waits up to ``timeout`` seconds (default ``STOP_WAIT_S``) for a reading in progress, and
+    says so if the thread outlives the wait.  The panels are closed (their models, layouts and
+    sidebars), so open/off cycles leave nothing behind in the kernel; their charts leave the page.
+    """
+    running = _hub.members()
+    shown = _hub.shown()
+    ended = _hub.stop_all(timeout)  # one wait, however many panels; members that are not panels (tests) go too
+    for panel in running + shown:
+        close = getattr(panel, "close", None) or getattr(panel, "stop", None)
+        if close is not None:
+            close()
+    finishing = "the sampling thread is still finishing a reading (a GPU driver call that has not returned)"
+    if not running:
+        answer = "No memory panel is running in this kernel"
+        if shown:
+            answer += f"; closed {_panels(len(shown), 'stopped panel')}"
+        if not ended:
+            answer += f"; {finishing} and ends when it returns"
+        return answer + "."
+    count = _panels(len(running), "memory panel")
+    if ended:
+        return f"Stopped {count}; the sampling thread has ended. `%gpu monitor` starts a new one."
+    return (
+        f"Stopped {count}; {finishing} and ends when it returns. "
+        "`%gpu monitor` meanwhile takes that thread back rather than start a second one."
+    )
+
+
+def _panels(n: int, what: str) -> str:
+    return f"1 {what}" if n == 1 else f"{n} {what}s"
 
 
 def sampler_running() -> bool:

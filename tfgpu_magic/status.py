@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from . import claims, holdings, owners
 from .nvml import GpuInfo, NvmlUnavailable
+from .safe_text import safe_tree
 from .session import Session, SessionError
 from .tf_runtime import Stage
 from .units import format_bytes
@@ -161,7 +162,7 @@ def _tf_names(tf_gpus: dict[str, int]) -> dict[int, list[str]]:
 def _holders(session: Session, gpus: list[GpuInfo], notes: list[str]) -> dict[int, Optional[claims.Holder]]:
     keys = {g.index: g.uuid for g in gpus if not g.lost and g.uuid}
     try:
-        found = claims.holders(list(keys.values()))
+        found = claims.holders(list(keys.values()), notes=notes)  # unusable claim files: a note each
     except (claims.ClaimError, OSError) as err:
         notes.append(f"claims could not be read: {err}")
         return {}
@@ -234,6 +235,8 @@ def _process(p: holdings.ProcessEntry) -> dict[str, Any]:
 
 # -- text ---------------------------------------------------------------------------------------
 def render_text(report: dict[str, Any]) -> str:
+    """The report as a terminal table; other users' text is shown, never obeyed (see :mod:`.safe_text`)."""
+    report = safe_tree(report)  # every string: commands, users, claims, GPU names, notes
     lines = [
         "Requested:  " + ("; ".join(report["requested"]) or "nothing (TensorFlow's defaults)"),
         "In force:   " + ("; ".join(report["in_force"]) or "TensorFlow's defaults"),
@@ -375,7 +378,12 @@ _CELL = (  # tables inherit no font in some hosts (quirks mode, old notebook CSS
 
 
 def render_html(report: dict[str, Any]) -> str:
-    """A self-contained card (inline styles, JupyterLab theme variables with fallbacks)."""
+    """A self-contained card (inline styles, JupyterLab theme variables with fallbacks).
+
+    Every string is made safe (:mod:`.safe_text`: no bidi override reorders the card, no lone
+    surrogate breaks the kernel's message) and then HTML-escaped.
+    """
+    report = safe_tree(report)
     parts = [f'<div class="tfgpu-status" style="{_BOX}">', _summary_html(report)]
     if report["nvml_error"]:
         parts.append(f'<div style="{_MUTED}">GPUs: {_e(report["nvml_error"])}</div>')

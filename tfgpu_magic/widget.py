@@ -6,6 +6,12 @@ re-rendered).  Sending happens on the sampler thread, which is why the chart kee
 while a cell holds the kernel.  Clicks on the panel's controls, in contrast, arrive on the
 shell channel and take effect once the running cell ends; pause is handled in the browser
 alone, so it answers at once.
+
+A panel is two widgets in the kernel (its model and the ``Layout`` every DOM widget has), four
+with a sidebar (the ``Sidecar`` output and its ``Layout``), each with a comm.  ``close()``
+releases them all; ``%gpu monitor off`` closes every panel, so repeated open/off cycles leave
+nothing behind.  The *Stop* button only stops a panel: its frozen chart stays on screen until
+``%gpu monitor off`` or ``close()``.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import pathlib
 from typing import Any, Callable, Iterable, Optional
 
 import anywidget
+import ipywidgets
 import traitlets
 
-from .monitor import MIN_INTERVAL_S, DeviceSample, Hub, Sample, Sampler
+from .monitor import MAX_INTERVAL_S, MAX_WINDOW_S, MIN_INTERVAL_S, DeviceSample, Hub, Sample, Sampler
 
 __all__ = ["MemoryPanel", "batch"]
 
@@ -84,11 +91,16 @@ class MemoryPanel(anywidget.AnyWidget):
     _esm = _STATIC / "widget.js" if (_STATIC / "widget.js").is_file() else _MISSING_BUNDLE
     _css = _STATIC / "widget.css" if (_STATIC / "widget.css").is_file() else ""
 
-    interval = traitlets.Float(0.5, min=MIN_INTERVAL_S).tag(sync=True)  # seconds per sample
-    window = traitlets.Float(300.0, min=5.0).tag(sync=True)  # seconds shown
+    interval = traitlets.Float(0.5, min=MIN_INTERVAL_S, max=MAX_INTERVAL_S).tag(sync=True)  # seconds per sample
+    window = traitlets.Float(300.0, min=5.0, max=MAX_WINDOW_S).tag(sync=True)  # seconds shown
     min_interval = traitlets.Float(MIN_INTERVAL_S, read_only=True).tag(sync=True)
     devices = traitlets.List().tag(sync=True)  # [{key, label, gpu}], in chart order
     running = traitlets.Bool(False).tag(sync=True)  # False once stopped: no more points come
+
+    # Until __init__ has joined the hub (a refused window, say), stop() and close() have nothing to do.
+    sidecar: Optional[Any] = None  # set when shown in JupyterLab's side panel
+    _hub: Optional[Hub] = None
+    _sampler: Optional[Sampler] = None
 
     def __init__(
         self,
@@ -99,19 +111,18 @@ class MemoryPanel(anywidget.AnyWidget):
         **kwargs: Any,
     ) -> None:
         super().__init__(interval=interval, window=window, **kwargs)
-        self.sidecar: Optional[Any] = None  # set when shown in JupyterLab's side panel
         self._hub = hub
         self._described: list[dict[str, Any]] = []
         self._sampler: Optional[Sampler] = hub.join(self, make, window)
         self._share_interval(interval)  # the newest panel's choice serves all of them
-        recent = self._sampler.snapshot()[-1:]
-        if recent:
-            self._describe_devices(recent[0])
+        recent = self._sampler.latest()
+        if recent is not None:
+            self._describe_devices(recent)
         self._sampler.subscribe(self._on_sample)
         self.running = True
         self.on_msg(self._on_message)
-        if self.comm is not None:  # the front end closed the model (or the page went with it)
-            self.comm.on_close(lambda _msg: self.stop())
+        if self.comm is not None:  # the front end closed the model: release it here too
+            self.comm.on_close(lambda _msg: self.close())
         self.observe(self._on_interval, "interval")
         self.observe(self._on_window, "window")
 
@@ -154,17 +165,34 @@ class MemoryPanel(anywidget.AnyWidget):
 
     # -- lifecycle --------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stop following the sampler; the last panel to stop ends the sampler's thread."""
+        """Stop following the sampler; the chart stays on screen, frozen.
+
+        The last panel to stop ends the sampler's thread.  The panel stays open (in the kernel
+        and on the page) until ``close()`` or ``%gpu monitor off``.
+        """
         sampler, self._sampler = self._sampler, None
         if sampler is None:
             return
         sampler.unsubscribe(self._on_sample)
-        self._hub.leave(self)
+        self._hub.leave(self, shown=True)
         self.running = False
 
     def close(self) -> None:
+        """Stop, then release the panel's widgets and comms (its sidebar's too); the chart leaves the page."""
         self.stop()
-        if self.sidecar is not None:
-            side, self.sidecar = self.sidecar, None
-            side.close()
+        if self._hub is not None:
+            self._hub.forget(self)
+        side, self.sidecar = self.sidecar, None
+        if side is not None:
+            _close_with_layout(side)
+        layout = self._trait_values.get("layout")  # without creating one
         super().close()
+        if isinstance(layout, ipywidgets.Widget):
+            layout.close()
+
+
+def _close_with_layout(widget: Any) -> None:
+    layout = getattr(widget, "_trait_values", {}).get("layout")
+    widget.close()
+    if isinstance(layout, ipywidgets.Widget):
+        layout.close()
