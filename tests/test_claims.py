@@ -69,7 +69,7 @@ def my_name() -> str:
 
 
 def claim_files(claim_dir: Path) -> list[Path]:
-    return sorted(p for p in claim_dir.iterdir() if p.name != "choose.lock")
+    return sorted(p for p in claim_dir.iterdir() if p.name != "tfgpu_magic-choose.lock")
 
 
 def test_the_directory_is_shared_by_every_user_and_each_claim_file_by_its_owner(claim_dir):
@@ -82,7 +82,7 @@ def test_the_directory_is_shared_by_every_user_and_each_claim_file_by_its_owner(
     info = mine.stat()
     assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.geteuid(), 0o644)  # only its owner writes it
     assert mine.read_text() == f"pid={os.getpid()}\nkey=GPU-aaa\n"
-    assert stat.S_IMODE((claim_dir / "choose.lock").stat().st_mode) == 0o644  # flock needs no write access
+    assert stat.S_IMODE((claim_dir / "tfgpu_magic-choose.lock").stat().st_mode) == 0o644  # flock needs no write access
     claims.release("GPU-aaa")
     assert claim_files(claim_dir) == []  # released: its file goes too
 
@@ -265,4 +265,4 @@ def test_a_strict_umask_still_lets_others_see_and_lock(claim_dir):
         os.umask(old)
     [mine] = claim_files(claim_dir)
     assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o1777
-    assert stat.S_IMODE(mine.stat().st_mode) == stat.S_IMODE((claim_dir / "choose.lock").stat().st_mode) == 0o644
+    assert stat.S_IMODE(mine.stat().st_mode) == stat.S_IMODE((claim_dir / "tfgpu_magic-choose.lock").stat().st_mode) == 0o644

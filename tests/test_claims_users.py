@@ -245,7 +245,7 @@ def test_a_fifo_under_any_claim_name_hangs_nobody(shared):
 
 def test_a_fifo_in_place_of_the_choose_lock_hangs_nobody(shared):
     directory, children = shared
-    as_user(B, os.mkfifo, str(directory / "choose.lock"))
+    as_user(B, os.mkfifo, str(directory / "tfgpu_magic-choose.lock"))
     a_holds(children)
     a_still_holds(attack="FIFO planted as choose.lock before anyone chose")
 
@@ -470,7 +470,7 @@ def test_a_file_size_limit_on_the_record_gives_one_line(shared):
 
 
 def hold_choose_lock(directory: str) -> bool:
-    path = os.path.join(directory, "choose.lock")
+    path = os.path.join(directory, "tfgpu_magic-choose.lock")
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

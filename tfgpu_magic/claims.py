@@ -20,9 +20,10 @@ with ``fstat``, and skip anything that is not a regular file owned by the uid in
 with a note; nothing read from a file reaches the screen unescaped.  A claim counts only while
 its locked file is still the one at its path.
 
-The directory is ``/tmp/tfgpu_magic-claims`` (mode 1777, like ``/tmp``), or
-``$TFGPU_MAGIC_CLAIM_DIR``.  It must belong to root or to the user, and be sticky if others
-may write to it: whoever owns it could delete everybody's claims.
+The directory is ``/tmp`` itself, or ``$TFGPU_MAGIC_CLAIM_DIR``.  It must belong to root or to
+the user, and be sticky if others may write to it: whoever owns it could delete everybody's
+claims.  ``/tmp`` is root's and sticky everywhere; a directory of our own inside it would belong
+to whichever user's kernel made it first, and every other user would then have to refuse it.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ __all__ = [
     "release_all",
 ]
 
-DEFAULT_DIR = "/tmp/tfgpu_magic-claims"
+DEFAULT_DIR = "/tmp"  # root's and sticky (see the docstring)
 ENV_DIR = "TFGPU_MAGIC_CLAIM_DIR"
-CHOOSE_LOCK = "choose.lock"
+CHOOSE_LOCK = "tfgpu_magic-choose.lock"
 # A chooser holds the directory lock for milliseconds; any user can hold it forever, so nobody
 # waits longer than this: choosing without it is still safe (see the module's docstring).
 LOCK_TIMEOUT_S = 2.0

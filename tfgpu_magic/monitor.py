@@ -623,8 +623,10 @@ def open_panel(
 
     _checked_interval(interval)
 
-    def make() -> Sampler:  # called only when no sampler runs yet
-        return Sampler(interval=interval, keep_s=window, **{**_kernel_sources(session, nvml), **sources})
+    def make() -> Sampler:  # called only when no sampler runs yet, on this (the user's) thread
+        readers = {**_kernel_sources(session, nvml), **sources}
+        readers["nvml"].available()  # imports pynvml here: the sampler thread must never import anything
+        return Sampler(interval=interval, keep_s=window, **readers)
 
     panel = MemoryPanel(_hub, make, interval=interval, window=window)
     if display:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import tf_runtime
+from .safe_text import safe
 from .units import MIB, format_size
 
 __all__ = ["Facts", "OomSite", "explain", "gather", "install", "next_steps", "parse_message", "render"]
@@ -145,7 +146,7 @@ def _cpu_limit_text() -> str:
     if os.environ.get(tf_runtime.CPU_STATS_ENV, "").lower() != "true":
         return "none of TensorFlow's own (the default CPU allocator takes what the system gives)"
     raw = os.environ.get(tf_runtime.CPU_LIMIT_ENV)
-    if raw and raw.isdigit():
+    if raw and raw.isascii() and raw.isdigit():  # '²'.isdigit() is True; int('²') fails
         return f"{format_size(int(raw) * MIB)} ({tf_runtime.CPU_LIMIT_ENV}={raw})"
     return f"{format_size(tf_runtime.CPU_DEFAULT_LIMIT_MIB * MIB)} (TensorFlow's default for the CPU BFC allocator)"
 
@@ -194,8 +195,8 @@ def _process_line(entry: Any) -> str:
     used = "memory n/a" if entry.used_memory_bytes is None else format_size(entry.used_memory_bytes)
     if not entry.alive:
         return f"pid {entry.pid}: {used} (exited, but the driver still lists it)"
-    user = entry.user or "unknown user"
-    command = f", {entry.command}" if entry.command else ""
+    user = safe(entry.user) if entry.user else "unknown user"  # other users' text: never raw escapes
+    command = f", {safe(entry.command)}" if entry.command else ""
     return f"pid {entry.pid}: {used} ({user}{command})"
 
 

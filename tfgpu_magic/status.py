@@ -88,8 +88,8 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
     except SessionError as err:
         report["notes"].append(f"the request cannot hold on this machine: {err}")
         return
-    report["requested"] = resolution.describe()
     report["resolved"] = {
+        "summary": resolution.describe(),  # `requested`, with percentages and splits worked out per GPU
         "visible": None if resolution.visible is None else list(resolution.visible),
         "gpus": [
             {"index": g.index, "limit_mib": g.cap_mib, "logical_mib": None if g.logical_mib is None else list(g.logical_mib)}
@@ -238,7 +238,7 @@ def render_text(report: dict[str, Any]) -> str:
     """The report as a terminal table; other users' text is shown, never obeyed (see :mod:`.safe_text`)."""
     report = safe_tree(report)  # every string: commands, users, claims, GPU names, notes
     lines = [
-        "Requested:  " + ("; ".join(report["requested"]) or "nothing (TensorFlow's defaults)"),
+        "Requested:  " + ("; ".join(_requested(report)) or "nothing (TensorFlow's defaults)"),
         "In force:   " + ("; ".join(report["in_force"]) or "TensorFlow's defaults"),
         "TensorFlow: " + report["tensorflow"]["description"],
     ]
@@ -260,6 +260,12 @@ def render_text(report: dict[str, Any]) -> str:
         lines.extend("  " + line for line in _gpu_details(gpu, label))
     lines.extend(f"Note: {note}" for note in report["notes"])
     return "\n".join(lines)
+
+
+def _requested(report: dict[str, Any]) -> list[str]:
+    """What was asked, with sizes resolved per GPU where the request left them relative."""
+    resolved = report.get("resolved")
+    return resolved["summary"] if resolved else report["requested"]
 
 
 def _me_line(report: dict[str, Any]) -> str:
@@ -395,7 +401,7 @@ def render_html(report: dict[str, Any]) -> str:
 
 def _summary_html(report: dict[str, Any]) -> str:
     rows = [
-        ("Requested", "; ".join(report["requested"]) or "nothing (TensorFlow's defaults)"),
+        ("Requested", "; ".join(_requested(report)) or "nothing (TensorFlow's defaults)"),
         ("In force", "; ".join(report["in_force"]) or "TensorFlow's defaults"),
         ("TensorFlow", report["tensorflow"]["description"]),
     ]
