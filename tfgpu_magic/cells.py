@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 from . import grammar, tf_runtime, trace
 from .session import SessionError
 from .tf_runtime import Stage
-from .units import MIB, format_size
+from .units import format_size
 
 __all__ = ["BudgetExceeded", "CELL_FORMS", "CellCommand", "check_budget", "execute", "parse_cell_line", "run_cell_magic"]
 

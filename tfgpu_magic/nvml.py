@@ -58,7 +58,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-MIB = 1024 * 1024
 RETRY_S = 5.0  # a failed start is tried again after this long (monotonic seconds)
 
 # Reading names, as notes and ReadingFailed.reading show them.

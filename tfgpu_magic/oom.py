@@ -79,7 +79,7 @@ def _hook(shell: Any, session: Any) -> None:
 
 def _print_explanation(session: Any, error: BaseException) -> None:
     try:
-        text = render(gather(session, error))
+        text = explain(session, error)
     except Exception as err:  # the traceback is already shown; say why nothing follows
         text = f"tfgpu_magic: no out-of-memory explanation ({err!r})"
     print(text)
@@ -214,6 +214,7 @@ def _freer_gpu(nvml: Any, index: int, memory: Any) -> Optional[tuple[int, int]]:
 
 # -- the text -------------------------------------------------------------------------------------
 def explain(session: Any, error: BaseException) -> str:
+    """The explanation printed under an out-of-memory traceback (the one path to it)."""
     return render(gather(session, error))
 
 
