@@ -12,7 +12,7 @@ import os
 import sys
 from contextlib import redirect_stdout
 
-from IPython.core.error import UsageError
+from harness import add_fake_cuda_gpus, run_gpu
 from IPython.testing.globalipapp import start_ipython
 
 ip = start_ipython()
@@ -20,14 +20,7 @@ result: dict = {}
 
 
 def gpu(line: str) -> str:
-    """Run `%gpu LINE`; return what it printed, or 'UsageError: ...'."""
-    out = io.StringIO()
-    try:
-        with redirect_stdout(out):
-            ip.run_line_magic("gpu", line)
-    except UsageError as err:
-        return f"UsageError: {err}"
-    return out.getvalue().strip()
+    return run_gpu(ip, line)
 
 
 def cell(code: str) -> str:
@@ -59,19 +52,7 @@ def gpu_options() -> dict:
 
 def fake_cuda_gpus(module) -> None:
     """Make the CPU build list the GPUs CUDA would show (contract tests; never start TF)."""
-    from tensorflow.python.eager import context
-
-    from tfgpu_magic import numbering
-    from tfgpu_magic.session import get_session
-
-    uuids = get_session().machine.uuids()
-    ctx = context.context()
-    ctx._initialize_physical_devices()
-    for k in range(len(numbering.cuda_to_nvml(os.environ, uuids))):
-        device = context.PhysicalDevice(f"/physical_device:GPU:{k}", "GPU")
-        ctx._physical_devices.append(device)
-        ctx._visible_device_list.append(device)
-        ctx._memory_growth_map[device] = None
+    add_fake_cuda_gpus()
 
 
 def not_imported() -> None:

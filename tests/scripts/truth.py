@@ -13,7 +13,7 @@ import os
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 
-from IPython.core.error import UsageError
+from harness import add_fake_cuda_gpus, run_gpu
 from IPython.testing.globalipapp import start_ipython
 
 ip = start_ipython()
@@ -22,13 +22,7 @@ seen_by_cuda: dict = {}  # the environment when the fake CUDA enumerated, record
 
 
 def gpu(line: str) -> str:
-    out = io.StringIO()
-    try:
-        with redirect_stdout(out):
-            ip.run_line_magic("gpu", line)
-    except UsageError as err:
-        return f"UsageError: {err}"
-    return out.getvalue().strip()
+    return run_gpu(ip, line)
 
 
 def report() -> dict:
@@ -53,19 +47,8 @@ def gpu_options() -> dict:
 
 
 def fake_cuda_gpus(module) -> None:
-    """List the GPUs CUDA would show for the environment as it is now (enumeration)."""
-    from tensorflow.python.eager import context
-
-    from tfgpu_magic import numbering
-
-    seen_by_cuda.update({k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")})
-    ctx = context.context()
-    ctx._initialize_physical_devices()
-    for k in range(len(numbering.cuda_to_nvml(os.environ, session().machine.uuids()))):
-        device = context.PhysicalDevice(f"/physical_device:GPU:{k}", "GPU")
-        ctx._physical_devices.append(device)
-        ctx._visible_device_list.append(device)
-        ctx._memory_growth_map[device] = None
+    """List the GPUs CUDA would show now (enumeration), noting what CUDA read."""
+    add_fake_cuda_gpus(seen_by_cuda)
 
 
 def simulated_server_with_fake_cuda() -> None:
