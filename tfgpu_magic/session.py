@@ -334,7 +334,7 @@ class Session:
             if stage is Stage.STARTED or not plan.gpu_settings:
                 return
             try:
-                if self.tf.physical_gpu_indices() == [] and self.nvml_sees_gpus():
+                if self.tf.physical_gpu_indices() == []:  # a CPU-only build, or no driver at all
                     self._hook_failed(
                         f"TensorFlow found no GPU (a CPU-only build, or no working NVIDIA driver), so "
                         f"these GPU settings cannot take effect: {'; '.join(plan.describe())}"
@@ -343,9 +343,6 @@ class Session:
                 self._apply_tf(self.resolution(plan), self.tf.stage())
             except Exception as err:  # never break the user's import
                 self._hook_failed(f"could not apply {'; '.join(plan.describe())}: {err}")
-
-    def nvml_sees_gpus(self) -> bool:
-        return bool(self.machine.gpu_count())
 
     def _on_keras_import(self, module: Any) -> None:
         policy = self.requested.precision
