@@ -84,3 +84,19 @@ def test_cuda_numbering(env, expected):
 def test_visible_env_value():
     assert visible_env_value([1, 3]) == "1,3"
     assert visible_env_value([]) == "-1"
+
+
+@pytest.mark.parametrize(
+    "plan, needs_gpu",
+    [
+        (Plan(), False),
+        (Plan(allocator="default", growth=False, visible="all"), False),  # TensorFlow's own defaults
+        (Plan(visible="none", precision="mixed_float16"), False),
+        (Plan(visible=(1,)), True),
+        (Plan(growth=True), True),
+        (Plan(limits=(4096,)), True),
+        (Plan(allocator="async"), True),
+    ],
+)
+def test_only_settings_that_need_a_gpu_are_said_not_to_take_effect_without_one(plan, needs_gpu):
+    assert plan.gpu_settings is needs_gpu

@@ -99,8 +99,15 @@ class Plan:
 
     @property
     def gpu_settings(self) -> bool:
-        """True when anything but the precision is asked (those need a GPU to take effect)."""
-        return replace(self, precision=None) != Plan()
+        """True when something is asked that needs a GPU to take effect.
+
+        TensorFlow's own defaults (`use all`, `use none`, `grow off`, `allocator default`) hold
+        without one; the precision is Keras's, not the GPU's.
+        """
+        named_gpus = isinstance(self.visible, tuple) and bool(self.visible)
+        return named_gpus or self.growth is True or self.limits is not None or self.split is not None or (
+            self.allocator == "async"
+        )
 
 
 def _sizes_text(sizes: tuple[Size, ...]) -> str:
