@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Optional
 
 from tfgpu_magic.owners import OwnerLookupTable
@@ -13,6 +14,15 @@ from tfgpu_magic.tf_runtime import AllocatorStats, InForce, Stage, TensorFlow
 def fake_process_table(server: SimulatedNvml, me: str = "me", my_pid: Optional[int] = None) -> OwnerLookupTable:
     """The simulated server's process table (``owner_of``) as an ``owners.ProcessTable``."""
     return OwnerLookupTable(server.owner_of, me=me, my_pid=my_pid)
+
+
+def wait_for(condition: Any, timeout: float = 5.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds (threads in tests)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
 
 
 class FakeTensorFlow(TensorFlow):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from fakes import wait_for
 from tfgpu_magic import monitor
 from tfgpu_magic.monitor import MAX_HISTORY, THREAD_NAME, Hub, Sampler
 from tfgpu_magic.nvml import Nvml
@@ -178,14 +179,6 @@ def test_interval_below_the_minimum_is_refused(seconds):  # and above the maximu
 
 
 # -- lifecycle -----------------------------------------------------------------------------
-def wait_for(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
-
-
 def test_one_sampler_is_shared_and_stops_with_its_last_member():
     hub, made = Hub(), []
 

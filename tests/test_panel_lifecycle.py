@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from fakes import wait_for
 from tfgpu_magic import monitor
 from tfgpu_magic.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, THREAD_NAME, Hub, Sampler
 from tfgpu_magic.nvml import Nvml
@@ -21,14 +22,6 @@ ME = 4242
 
 def monitor_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == THREAD_NAME]
-
-
-def wait_for(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
 
 
 class Gate:

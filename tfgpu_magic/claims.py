@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Optional
 
+from .safe_text import safe
+
 __all__ = [
     "Choice",
     "ClaimError",
@@ -133,9 +135,8 @@ def claim_dir() -> str:
 
 # -- what may be shown ----------------------------------------------------------------------------
 def _shown(text: str, limit: int = 80) -> str:
-    """``text`` safe for a terminal: control characters, escapes and bidi controls written as ``\\x..``."""
-    out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[:limit])
-    return out + ("..." if len(text) > limit else "")
+    """``text`` safe for a terminal (:func:`tfgpu_magic.safe_text.safe`), cut to ``limit`` characters."""
+    return safe(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def _user(uid: int) -> str:

@@ -27,9 +27,6 @@ from .units import format_bytes, format_change
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
 
-GPU_COMMANDS = (grammar.Use, grammar.Grow, grammar.Limit, grammar.Split, grammar.Allocator)
-
-
 class SessionError(ValueError):
     """A command that cannot be carried out; the message (one line) says what to do."""
 

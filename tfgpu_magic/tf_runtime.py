@@ -163,10 +163,6 @@ class TensorFlow:
             self.started_with = _capture(START_ENV)
 
     # -- the stage ------------------------------------------------------------------------------
-    @property
-    def imported(self) -> bool:
-        return self._tf is not None
-
     def stage(self) -> Stage:
         """TensorFlow's start-up stage, read without advancing it (safe on any thread)."""
         if self._tf is None:
