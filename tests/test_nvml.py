@@ -78,3 +78,35 @@ def test_a_refused_reading_is_missing_and_says_why(server):
     assert gpu.utilization_percent is None and gpu.memory is not None
     assert gpu.notes == ("utilization: Insufficient Permissions",)
     assert Nvml(lib=server).gpu(3).notes == ("utilization: Not Supported",)
+
+
+# -- used memory as nvidia-smi counts it ------------------------------------------------------
+def test_used_memory_leaves_out_the_drivers_reservation_like_nvidia_smi(server):
+    """On a real idle H100 (driver 580) NVML's version-1 reading said 480 MiB used, nvidia-smi 0."""
+    server.gpus[2].reserved_mib = 480
+    memory = Nvml(lib=server).memory(2)
+    assert memory.used_bytes == 300 * MIB  # the listed overhead only, as nvidia-smi shows it
+    assert memory.reserved_bytes == 480 * MIB
+    assert memory.free_bytes == (24576 - 300 - 480) * MIB
+
+
+def test_a_driver_without_the_version_2_reading_falls_back_to_version_1(server):
+    server.gpus[2].reserved_mib = 480
+    server.memory_v2 = False
+    memory = Nvml(lib=server).memory(2)
+    assert (memory.used_bytes, memory.reserved_bytes) == ((300 + 480) * MIB, None)
+
+
+def test_a_binding_without_the_version_argument_falls_back_to_version_1(server):
+    class OldBinding(SimulatedNvml):
+        def nvmlDeviceGetMemoryInfo(self, handle):  # nvidia-ml-py before the version argument
+            return super().nvmlDeviceGetMemoryInfo(handle)
+
+    old = OldBinding(server.gpus)
+    assert Nvml(lib=old).memory(1).reserved_bytes is None
+
+
+def test_a_gpu_lost_during_the_version_2_reading_is_still_lost(server):
+    server.gpus[2].lost = True
+    with pytest.raises(GpuLost):
+        Nvml(lib=server).memory(2)

@@ -109,11 +109,18 @@ class ReadingFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class MemoryInfo:
-    """Device memory as the driver sees it, in bytes (all processes, all users)."""
+    """Device memory as the driver sees it, in bytes (all processes, all users).
+
+    ``used_bytes`` is nvidia-smi's "used": where the driver offers NVML's version-2 reading,
+    the memory it reserves for itself (about 500 MiB on an H100) is ``reserved_bytes`` and not
+    part of ``used_bytes``, so an idle GPU reads 0 used, as nvidia-smi shows it.  With only the
+    version-1 reading (older drivers) ``reserved_bytes`` is None and ``used_bytes`` includes it.
+    """
 
     total_bytes: int
     used_bytes: int
     free_bytes: int
+    reserved_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -392,8 +399,29 @@ class Nvml:
 
 # -- one reading each: the whole conversion inside, so a malformed answer fails that reading ----
 def _memory_info(lib: Any, handle: Any) -> MemoryInfo:
+    """nvidia-smi's figures: the version-2 reading where the driver has it, else version 1.
+
+    Version 1 counts the driver's own reservation as used, so an idle H100 would show 480 MiB
+    that no process holds (seen on a real H100, driver 580, 2026-11-22) while nvidia-smi says 0.
+    """
+    version_2 = getattr(lib, "nvmlMemory_v2", None)
+    if version_2 is not None:
+        try:
+            info = lib.nvmlDeviceGetMemoryInfo(handle, version=version_2)
+            return MemoryInfo(int(info.total), int(info.used), int(info.free), int(info.reserved))
+        except Exception as err:
+            if not _version_2_missing(lib, err):
+                raise
     info = lib.nvmlDeviceGetMemoryInfo(handle)
     return MemoryInfo(int(info.total), int(info.used), int(info.free))
+
+
+def _version_2_missing(lib: Any, err: Exception) -> bool:
+    """An older driver or binding without ``nvmlDeviceGetMemoryInfo_v2``: use version 1."""
+    if isinstance(err, TypeError):  # a binding whose function takes no ``version``
+        return True
+    missing = (getattr(lib, "NVML_ERROR_FUNCTION_NOT_FOUND", 13), getattr(lib, "NVML_ERROR_NOT_SUPPORTED", 3))
+    return _is_nvml_error(lib, err) and _code(err) in missing
 
 
 def _total_bytes(lib: Any, handle: Any) -> int:

@@ -43,6 +43,7 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_GPU_NOT_FOUND = 28
@@ -79,6 +80,7 @@ class NVMLError(Exception):
             NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
             NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
             NVML_ERROR_NOT_FOUND: "Not Found",
+            NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
             NVML_ERROR_UNINITIALIZED: "Uninitialized",
             NVML_ERROR_GPU_NOT_FOUND: "GPU not found",
             NVML_ERROR_UNKNOWN: "Unknown Error",
@@ -102,6 +104,7 @@ class SimulatedGpu:
     name: str = "NVIDIA A100-SXM4-40GB"
     total_mib: int = 40960
     base_used_mib: int = 300  # driver/context overhead not owned by a listed process
+    reserved_mib: int = 0  # the driver's own reservation: "used" in NVML's version-1 reading only
     utilization: int = 0
     uuid: str = ""
     pci_bus_id: str = ""
@@ -133,6 +136,9 @@ class SimulatedNvml:
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     NVML_ERROR_GPU_NOT_FOUND = NVML_ERROR_GPU_NOT_FOUND
     NVML_ERROR_UNKNOWN = NVML_ERROR_UNKNOWN
+    NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
+    nvmlMemory_v2 = 0x02000028  # pynvml's constant: asks for the version-2 memory reading
+    memory_v2 = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2
 
     def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
         self.gpus = gpus
@@ -179,11 +185,15 @@ class SimulatedNvml:
     def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self._gpu(handle, "pci").pci_bus_id)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: Optional[int] = None) -> SimpleNamespace:
+        if version is not None and not self.memory_v2:
+            self.calls += 1
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
         gpu = self._gpu(handle, "memory")
-        used = gpu.used_mib * MIB
-        total = gpu.total_mib * MIB
-        return SimpleNamespace(total=total, used=used, free=total - used)
+        used, reserved, total = gpu.used_mib * MIB, gpu.reserved_mib * MIB, gpu.total_mib * MIB
+        if version is None:  # version 1 counts the driver's reservation as used
+            return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
+        return SimpleNamespace(total=total, reserved=reserved, used=used, free=total - used - reserved)
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(gpu=self._gpu(handle, "utilization").utilization, memory=0)
