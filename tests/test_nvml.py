@@ -78,3 +78,17 @@ def test_a_refused_reading_is_missing_and_says_why(server):
     assert gpu.utilization_percent is None and gpu.memory is not None
     assert gpu.notes == ("utilization: Insufficient Permissions",)
     assert Nvml(lib=server).gpu(3).notes == ("utilization: Not Supported",)
+
+
+def test_pci_bus_id_and_compute_capability_are_read_once_a_failure_is_read_again(server):
+    nvml = Nvml(lib=server)
+    server.gpus[2].faults["pci"] = SimulatedNvml.NVMLError(SimulatedNvml.NVML_ERROR_NO_PERMISSION)
+    first = nvml.gpu(2)
+    assert first.pci_bus_id is None and first.notes == ("PCI bus id: Insufficient Permissions",)
+    server.gpus[2].faults.clear()
+    second = nvml.gpu(2)  # the failure was not remembered: read now
+    assert second.pci_bus_id == server.gpus[2].pci_bus_id and second.compute_capability == (8, 6)
+    calls = server.calls
+    third = nvml.gpu(2)
+    assert third == second
+    assert server.calls - calls == 3  # memory, utilization, MIG mode: the static facts are remembered
