@@ -164,9 +164,9 @@ class PsutilProcessTable:
     same as when it was found.  Only complete answers (alive, owner and command read, no note)
     about processes at least ``min_age_s`` old are remembered, so a refusal, a half-read answer
     or a process still starting is read again next time; an exited pid is reported exited and
-    forgotten.  At most ``max_processes`` are kept (least recently
-    looked up dropped first).  Safe to call from several threads: the slow look-ups run outside
-    the lock, which guards only the dictionary.
+    forgotten.  At most ``max_processes`` are kept (least recently looked up dropped first).
+    Safe to call from several threads: the slow look-ups run outside the lock, which guards
+    only the dictionary.
     """
 
     def __init__(
