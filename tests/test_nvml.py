@@ -110,3 +110,17 @@ def test_a_gpu_lost_during_the_version_2_reading_is_still_lost(server):
     server.gpus[2].lost = True
     with pytest.raises(GpuLost):
         Nvml(lib=server).memory(2)
+
+
+def test_pci_bus_id_and_compute_capability_are_read_once_a_failure_is_read_again(server):
+    nvml = Nvml(lib=server)
+    server.gpus[2].faults["pci"] = SimulatedNvml.NVMLError(SimulatedNvml.NVML_ERROR_NO_PERMISSION)
+    first = nvml.gpu(2)
+    assert first.pci_bus_id is None and first.notes == ("PCI bus id: Insufficient Permissions",)
+    server.gpus[2].faults.clear()
+    second = nvml.gpu(2)  # the failure was not remembered: read now
+    assert second.pci_bus_id == server.gpus[2].pci_bus_id and second.compute_capability == (8, 6)
+    calls = server.calls
+    third = nvml.gpu(2)
+    assert third == second
+    assert server.calls - calls == 3  # memory, utilization, MIG mode: the static facts are remembered

@@ -27,7 +27,9 @@ The contract (what callers may rely on)
   found it).  Other GPUs are unaffected.
 * :meth:`Nvml.uuid`, :meth:`Nvml.name`, :meth:`Nvml.total_bytes` (static facts, read once and
   cached) return ``None`` when unreadable or lost, and raise nothing else; a failed reading
-  is not cached, so a later call tries again.
+  is not cached, so a later call tries again.  :meth:`Nvml.gpu` reads those, the PCI bus id
+  and the compute capability (static too) once per GPU the same way; memory in use,
+  utilization and MIG mode are read on every call.
 * :meth:`Nvml.memory` (the sampling path: one NVML call when the handle is known) and
   :meth:`Nvml.processes` raise :class:`GpuLost` when the GPU stopped answering and
   :class:`ReadingFailed` for any other failure (``str()`` is the reason, ``.note`` is
@@ -172,7 +174,7 @@ class Nvml:
         self._exit_registered = False
         self._handles: dict[int, Any] = {}
         self._count = 0
-        self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total": value}
+        self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total"|"pci"|"cc": value}
 
     # -- start and stop -------------------------------------------------------------------
     def _ensure_started(self) -> Any:
@@ -315,14 +317,16 @@ class Nvml:
             memory = optional(MEMORY, _memory_info)
             uuid = cached.get("uuid") or optional(UUID, _uuid)
             name = cached.get("name") or optional(NAME, _name)
+            pci = cached.get("pci") or optional(PCI, _pci_bus_id)
+            capability = cached.get("cc") or optional(COMPUTE_CAPABILITY, _compute_capability)
             info = GpuInfo(
                 index=index,
                 uuid=uuid,
                 name=name,
-                pci_bus_id=optional(PCI, _pci_bus_id),
+                pci_bus_id=pci,
                 memory=memory,
                 utilization_percent=optional(UTILIZATION, _utilization),
-                compute_capability=optional(COMPUTE_CAPABILITY, _compute_capability),
+                compute_capability=capability,
                 mig_enabled=optional(MIG, _mig_enabled),
                 notes=tuple(notes),
             )
@@ -331,6 +335,8 @@ class Nvml:
         self._remember(index, "uuid", uuid)
         self._remember(index, "name", name)
         self._remember(index, "total", memory.total_bytes if memory else None)
+        self._remember(index, "pci", pci)
+        self._remember(index, "cc", capability)
         return info
 
     def gpus(self) -> list[GpuInfo]:

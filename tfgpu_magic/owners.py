@@ -3,11 +3,20 @@
 NVML lists the processes on a GPU by pid only; a :class:`ProcessTable` says whose they are
 (psutil on a real machine, the simulated server's own table in tests and ``tfgpu --demo``).
 Every failure becomes a missing field and a note.  psutil is not touched at import.
+
+The psutil table remembers what it found, because the endpoint and ``%gpu`` refresh the same
+inventory again and again: a process's owner and command are kept while its pid *and start
+time* stay the same (checked on every lookup with one small read of ``/proc/<pid>/stat`` on
+Linux, psutil's create time elsewhere), and user names per uid.  A pid reused by a new process,
+an exited or zombie process, and any failure are never answered from the cache.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
@@ -20,6 +29,7 @@ __all__ = [
     "ProcessTable",
     "PsutilProcessTable",
     "process_table_for",
+    "shared_psutil_table",
 ]
 
 
@@ -40,47 +50,217 @@ class ProcessTable(Protocol):
 
 
 EXITED_NOTE = "exited, but NVML still lists it (or it lives in another pid namespace)"
+EXITED = ProcessDetails(None, None, False, EXITED_NOTE)
+
+MAX_PROCESSES = 1024  # remembered processes per table (least recently looked up goes first)
+MAX_USERS = 4096  # remembered uid -> name entries
+NAMELESS_RETRY_S = 60.0  # a uid without a passwd entry is asked again after this long
+# A process younger than this is read every time, never remembered: right after fork it still
+# shows its parent's command line, and while it execs its command line is briefly empty (the
+# start time does not change, the name may not).  A GPU process is far older by the time NVML lists it.
+MIN_AGE_S = 1.0
+
+
+class _UserNames:
+    """uid -> user name, remembered (``pwd`` may ask LDAP or sssd: milliseconds a call).
+
+    A name found is kept; a uid with no entry shows as its number and is asked again after
+    ``NAMELESS_RETRY_S``, so a user added later is named without a restart.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._names: dict[int, tuple[str, Optional[float]]] = {}  # uid -> (name, retry at or None)
+
+    def name(self, uid: int) -> str:
+        found = self._names.get(uid)  # one dict read: atomic under the GIL, no lock needed
+        if found is not None and (found[1] is None or self._clock() < found[1]):
+            return found[0]
+        import pwd
+
+        try:
+            entry: tuple[str, Optional[float]] = (pwd.getpwuid(uid).pw_name, None)
+        except KeyError:  # a uid without a passwd entry (containers): the number still says who
+            entry = (str(uid), self._clock() + NAMELESS_RETRY_S)
+        with self._lock:
+            if len(self._names) >= MAX_USERS:
+                self._names.clear()
+            self._names[uid] = entry
+        return entry[0]
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+
+_USER_NAMES = _UserNames()  # the process-wide uid -> name cache
+
+
+# What identifies a process beyond its pid: (start time, name) from /proc, or psutil's create time.
+_GONE = object()  # the pid has no live process (exited, or a zombie)
+_UNKNOWN = object()  # cannot tell (not allowed to read, no /proc and no psutil): never cached
+
+
+def _stat_identity(pid: int) -> object:
+    """(start time in clock ticks since boot, process name) from ``/proc/<pid>/stat`` (Linux).
+
+    One open and read of a small file, about 4 µs; a zombie counts as gone.
+    """
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except (FileNotFoundError, ProcessLookupError):
+        return _GONE
+    except OSError:  # hidepid, or /proc misbehaving: let psutil say what it can
+        return _UNKNOWN
+    try:
+        data = os.read(fd, 2048)
+    except ProcessLookupError:  # exited between open and read
+        return _GONE
+    except OSError:
+        return _UNKNOWN
+    finally:
+        os.close(fd)
+    close = data.rfind(b")")  # the name may hold spaces and parentheses: it ends at the last ')'
+    fields = data[close + 2 :].split(None, 20) if close > 0 else []
+    if len(fields) < 20:  # not the format we know: not cached
+        return _UNKNOWN
+    if fields[0] in (b"Z", b"X", b"x"):  # field 3, the state: zombie or dead
+        return _GONE
+    return (fields[19], data[data.find(b"(") + 1 : close])  # field 22, starttime; field 2, comm
+
+
+def _stat_age_s(identity: Any) -> float:
+    """Seconds since the process of a ``_stat_identity`` started (the same clock as the kernel's)."""
+    return time.clock_gettime(_BOOT_CLOCK) - int(identity[0]) / _TICKS_PER_S
+
+
+_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", getattr(time, "CLOCK_MONOTONIC", 1))
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _psutil_identity(pid: int) -> object:
+    """psutil's create time (macOS, Windows, the BSDs)."""
+    try:
+        import psutil
+    except ImportError:
+        return _UNKNOWN
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:  # ZombieProcess is a NoSuchProcess
+        return _GONE
+    except Exception:  # AccessDenied, or anything odd: not known, so not cached
+        return _UNKNOWN
+
+
+def _psutil_age_s(identity: Any) -> float:
+    return time.time() - float(identity)
 
 
 class PsutilProcessTable:
-    """Owners and commands from psutil.  Every failure becomes a missing field and a note."""
+    """Owners and commands from psutil, remembered per process.  Every failure becomes a missing field and a note.
+
+    A lookup first reads the pid's identity (start time, and on Linux its name, which changes
+    when it execs another program); a remembered answer is used only when the identity is the
+    same as when it was found.  Only complete answers (alive, owner and command read, no note)
+    about processes at least ``min_age_s`` old are remembered, so a refusal, a half-read answer
+    or a process still starting is read again next time; an exited pid is reported exited and
+    forgotten.  At most ``max_processes`` are kept (least recently looked up dropped first).
+    Safe to call from several threads: the slow look-ups run outside the lock, which guards
+    only the dictionary.
+    """
+
+    def __init__(
+        self,
+        max_processes: int = MAX_PROCESSES,
+        user_names: Optional[_UserNames] = None,
+        min_age_s: float = MIN_AGE_S,
+    ) -> None:
+        self._max = max(1, max_processes)
+        self._names = user_names or _UserNames()
+        self._min_age_s = min_age_s
+        self._lock = threading.Lock()
+        self._known: OrderedDict[int, tuple[object, ProcessDetails]] = OrderedDict()
+        if os.path.exists("/proc/self/stat"):
+            self._identity, self._age_s = _stat_identity, _stat_age_s
+        else:
+            self._identity, self._age_s = _psutil_identity, _psutil_age_s
 
     def lookup(self, pid: int) -> ProcessDetails:
+        identity = self._identity(pid)
+        if identity is _GONE:
+            self._forget(pid)
+            return EXITED
+        if identity is not _UNKNOWN:
+            with self._lock:
+                known = self._known.get(pid)
+                if known is not None and known[0] == identity:
+                    self._known.move_to_end(pid)
+                    return known[1]
+        details = self._read(pid)
+        if not details.alive:
+            self._forget(pid)
+        elif self._worth_keeping(identity, details) and self._identity(pid) == identity:
+            # the same process before and after the read: the answer is its own, so keep it
+            with self._lock:
+                self._known[pid] = (identity, details)
+                self._known.move_to_end(pid)
+                while len(self._known) > self._max:
+                    self._known.popitem(last=False)
+        return details
+
+    def current_user(self) -> Optional[str]:
+        return self._names.name(os.getuid())
+
+    def _worth_keeping(self, identity: object, details: ProcessDetails) -> bool:
+        """A complete answer (alive, owner and command read, no note) about a process past its start."""
+        if identity is _UNKNOWN or not details.alive or details.note is not None:
+            return False
+        if details.user is None or details.command is None:
+            return False
+        return self._min_age_s <= 0 or self._age_s(identity) >= self._min_age_s
+
+    def cache_size(self) -> int:
+        """How many processes are remembered."""
+        return len(self._known)
+
+    def _forget(self, pid: int) -> None:
+        with self._lock:
+            self._known.pop(pid, None)
+
+    def _read(self, pid: int) -> ProcessDetails:
+        """The uncached look-up: psutil, or /proc where psutil is missing."""
         try:
             import psutil  # not at import: `import tfgpu_magic` stays light
         except ImportError:  # a declared dependency, but a bare GPU box may lack it
-            return _proc_lookup(pid)
+            return _proc_lookup(pid, self._names)
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
-                user, user_note = _guarded_read(proc.username, psutil)
+                user, user_note = _guarded_read(lambda: self._user_of(proc), psutil)
                 command, command_note = _guarded_read(lambda: " ".join(proc.cmdline()) or proc.name(), psutil)
         except (psutil.NoSuchProcess, ProcessLookupError):  # ZombieProcess is a NoSuchProcess
-            return ProcessDetails(None, None, False, EXITED_NOTE)
+            return EXITED
         if user_note == "exited" or command_note == "exited":
-            return ProcessDetails(None, None, False, EXITED_NOTE)
+            return EXITED
         note = user_note or command_note
         return ProcessDetails(user, command, True, note)
 
-    def current_user(self) -> Optional[str]:
-        return _user_name(os.getuid())
+    def _user_of(self, proc: Any) -> str:
+        if hasattr(proc, "uids"):  # POSIX: the real uid, as psutil's username() reads it, named once per uid
+            return self._names.name(proc.uids().real)
+        return proc.username()  # Windows
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a lock held by another thread at fork is never released here
+        self._names._after_fork()
 
 
-def _user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:  # a uid without a passwd entry (containers): the number still says who
-        return str(uid)
-
-
-def _proc_lookup(pid: int) -> ProcessDetails:
+def _proc_lookup(pid: int, names: Optional[_UserNames] = None) -> ProcessDetails:
     """Owner and command from /proc, for machines without psutil (Linux only)."""
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except FileNotFoundError:
-        return ProcessDetails(None, None, False, EXITED_NOTE)
+        return EXITED
     except OSError:
         return ProcessDetails(None, None, True, "psutil is not installed and /proc cannot be read")
     try:
@@ -88,7 +268,7 @@ def _proc_lookup(pid: int) -> ProcessDetails:
             command = f.read().replace(b"\0", b" ").decode(errors="replace").strip() or None
     except OSError:
         command = None
-    return ProcessDetails(_user_name(uid), command, True)
+    return ProcessDetails((names or _USER_NAMES).name(uid), command, True)
 
 
 def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[Optional[str], Optional[str]]:
@@ -117,7 +297,7 @@ class OwnerLookupTable:
     def lookup(self, pid: int) -> ProcessDetails:
         found = self._owner_of(pid)
         if found is None:
-            return ProcessDetails(None, None, False, EXITED_NOTE)
+            return EXITED
         return ProcessDetails(getattr(found, "user", None), getattr(found, "command", None), True)
 
     def current_user(self) -> Optional[str]:
@@ -127,10 +307,26 @@ class OwnerLookupTable:
         return getattr(found, "user", None)
 
 
+_SHARED = PsutilProcessTable(user_names=_USER_NAMES)  # cheap to build: psutil is imported on first lookup
+
+
+def shared_psutil_table() -> PsutilProcessTable:
+    """The process-wide psutil table: one cache for ``%gpu status``, the OOM help and the server."""
+    return _SHARED
+
+
+def _after_fork_in_child() -> None:
+    _SHARED._after_fork()  # also renews _USER_NAMES's lock (the shared table uses it)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def process_table_for(nvml: Nvml, my_pid: Optional[int] = None) -> ProcessTable:
-    """The device source's own table when it has one (the fake's ``owner_of``), else psutil."""
+    """The device source's own table when it has one (the fake's ``owner_of``), else the shared psutil table."""
     lib = nvml.lib  # the injected device source; None until real NVML starts
     owner_of = getattr(lib, "owner_of", None)
     if callable(owner_of):
         return OwnerLookupTable(owner_of, my_pid=my_pid)
-    return PsutilProcessTable()
+    return _SHARED

@@ -42,8 +42,8 @@ def build_report(
 ) -> dict[str, Any]:
     """Everything ``%gpu status`` shows, as JSON-ready data.
 
-    ``process_table`` gives owners and commands (default: the device source's own, else
-    psutil); ``my_pid`` is the process whose memory counts as "this kernel" (default: this
+    ``process_table`` gives owners and commands (default: the device source's own, else the
+    process-wide psutil table, which remembers owners between refreshes); ``my_pid`` is the process whose memory counts as "this kernel" (default: this
     one); ``viewer`` names it in the rendering (the CLI says "this process").
     """
     stage = session.tf.stage()

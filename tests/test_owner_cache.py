@@ -1,0 +1,343 @@
+"""The psutil process table remembers owners between refreshes, and never answers wrongly from memory.
+
+Real child processes (sleepers this test starts and ends) stand for the GPU processes; where
+the operating system cannot be made to do something (reuse a pid, refuse a read to root), the
+table's identity read or psutil is monkeypatched.  No timing assertions.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from tfgpu_magic import owners, status
+from tfgpu_magic.nvml import Nvml
+from tfgpu_magic.owners import EXITED, PsutilProcessTable, ProcessDetails
+from tfgpu_magic.session import Session
+from tfgpu_magic.simulated import busy_server
+
+LINUX_PROC = os.path.exists("/proc/self/stat")
+ME = getpass.getuser()
+
+
+def sleeper(tag: str) -> subprocess.Popen:
+    """A sleeping Python, returned once its command line is readable (Popen returns mid-exec)."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(30)  # {tag}"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(tag in arg for arg in psutil.Process(proc.pid).cmdline()):
+        time.sleep(0.001)
+    return proc
+
+
+@pytest.fixture
+def children():
+    """Start sleepers on demand; every one is killed and reaped at teardown."""
+    started: list[subprocess.Popen] = []
+
+    def start(count: int = 1, tag: str = "sleeper") -> list[subprocess.Popen]:
+        new = [sleeper(f"{tag}-{i}") for i in range(count)]
+        started.extend(new)
+        return new
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def fresh_table(**options) -> PsutilProcessTable:
+    """A table that remembers even the sleepers started a moment ago (see the start-up test below)."""
+    return PsutilProcessTable(min_age_s=0, **options)
+
+
+def counting_reads(table: PsutilProcessTable, monkeypatch) -> list[int]:
+    """Record every uncached look-up the table makes (by pid)."""
+    reads: list[int] = []
+    real = table._read
+
+    def read(pid: int) -> ProcessDetails:
+        reads.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(table, "_read", read)
+    return reads
+
+
+def state_of(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rfind(b")") + 2 :].split()[0].decode()
+
+
+# -- answers come from memory only for the same process -------------------------------------------
+def test_a_live_process_is_read_once_then_remembered(children, monkeypatch):
+    (child,) = children(1, "remembered")
+    table = fresh_table()
+    reads = counting_reads(table, monkeypatch)
+    first = table.lookup(child.pid)
+    assert (first.user, first.alive, first.note) == (ME, True, None)
+    assert "remembered-0" in first.command
+    for _ in range(3):
+        assert table.lookup(child.pid) == first
+    assert reads == [child.pid]
+    assert table.cache_size() == 1
+
+
+def test_a_reused_pid_gets_the_new_processes_owner_and_command(children, monkeypatch):
+    (child,) = children(1, "old")
+    table = fresh_table()
+    old = table.lookup(child.pid)
+    assert old.user == ME and "old-0" in old.command
+    real_identity = table._identity(child.pid)
+    if LINUX_PROC:
+        start, name = real_identity
+        reused = (start + b"1", name)  # the same pid, started later: a new process
+    else:
+        reused = real_identity + 1.0
+    new = ProcessDetails("newcomer", "python someone_elses_job.py", True)
+    reads: list[int] = []
+    monkeypatch.setattr(table, "_identity", lambda pid: reused if pid == child.pid else real_identity)
+    monkeypatch.setattr(table, "_read", lambda pid: reads.append(pid) or new)
+    assert table.lookup(child.pid) == new
+    assert table.lookup(child.pid) == new  # and the new answer is the one remembered
+    assert reads == [child.pid]
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="the process name is part of the identity only with /proc")
+def test_a_process_that_execs_another_program_is_read_again(children, monkeypatch):
+    (child,) = children(1, "before-exec")
+    table = fresh_table()
+    assert "before-exec" in table.lookup(child.pid).command
+    start, _name = table._identity(child.pid)
+    after = ProcessDetails(ME, "bash run.sh", True)
+    monkeypatch.setattr(table, "_identity", lambda pid: (start, b"bash"))  # same start time, new program
+    monkeypatch.setattr(table, "_read", lambda pid: after)
+    assert table.lookup(child.pid) == after
+
+
+def test_a_process_still_starting_is_read_every_time_until_it_is_a_second_old(children, monkeypatch):
+    (child,) = children(1, "young")
+    table = PsutilProcessTable()  # the default: remember processes a second old or older
+    assert 0 <= table._age_s(table._identity(child.pid)) < 30
+    assert table._age_s(table._identity(os.getpid())) >= 0
+    reads = counting_reads(table, monkeypatch)
+    monkeypatch.setattr(table, "_age_s", lambda identity: 0.2)  # as if fork or exec just happened
+    table.lookup(child.pid), table.lookup(child.pid)
+    assert reads == [child.pid, child.pid] and table.cache_size() == 0
+    monkeypatch.setattr(table, "_age_s", lambda identity: owners.MIN_AGE_S)
+    table.lookup(child.pid), table.lookup(child.pid)
+    assert reads == [child.pid] * 3 and table.cache_size() == 1
+
+
+def test_an_exited_process_is_reported_exited_and_forgotten(children, monkeypatch):
+    (child,) = children(1, "exits")
+    table = fresh_table()
+    assert table.lookup(child.pid).alive and table.cache_size() == 1
+    child.kill()
+    child.wait(timeout=10)
+    assert table.lookup(child.pid) == EXITED
+    assert table.cache_size() == 0
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="reads the process state from /proc")
+def test_a_zombie_is_reported_exited_not_from_memory(children):
+    (child,) = children(1, "zombie")
+    table = fresh_table()
+    assert table.lookup(child.pid).alive
+    os.kill(child.pid, signal.SIGKILL)  # not reaped: it stays a zombie until teardown waits for it
+    deadline = time.monotonic() + 10
+    while state_of(child.pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state_of(child.pid) == "Z"
+    assert table.lookup(child.pid) == EXITED
+    assert table.cache_size() == 0
+
+
+# -- failures stay notes, asked again next time -------------------------------------------------
+def test_access_denied_is_a_note_and_never_remembered(children, monkeypatch):
+    (child,) = children(1, "secret")
+    table = fresh_table()
+    reads = counting_reads(table, monkeypatch)
+
+    def refuse(*args):
+        raise psutil.AccessDenied(child.pid)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(table, "_user_of", refuse)  # psutil refuses the owner (uids, username)
+        for _ in range(2):
+            denied = table.lookup(child.pid)
+            assert (denied.user, denied.alive) == (None, True)
+            assert denied.note == "owned by a user whose details this account may not read"
+    with monkeypatch.context() as patch:
+        patch.setattr(psutil.Process, "cmdline", refuse)  # the owner is read, the command refused
+        half = table.lookup(child.pid)
+        assert (half.user, half.command, half.note) == (ME, None, "owned by a user whose details this account may not read")
+    assert table.cache_size() == 0
+    allowed = table.lookup(child.pid)  # the refusal ends: read now, not the old note
+    assert (allowed.user, allowed.note) == (ME, None) and "secret-0" in allowed.command
+    assert table.lookup(child.pid) == allowed
+    assert reads == [child.pid] * 4
+
+
+def test_an_unreadable_identity_is_never_cached(children, monkeypatch):
+    (child,) = children(1, "hidden")
+    table = fresh_table()
+    reads = counting_reads(table, monkeypatch)
+    monkeypatch.setattr(table, "_identity", lambda pid: owners._UNKNOWN)  # hidepid, no /proc, ...
+    for _ in range(2):
+        assert table.lookup(child.pid).user == ME
+    assert reads == [child.pid, child.pid] and table.cache_size() == 0
+
+
+# -- user names --------------------------------------------------------------------------------
+def counting_pwd(monkeypatch) -> list[int]:
+    asked: list[int] = []
+    real = pwd.getpwuid
+
+    def getpwuid(uid):
+        asked.append(uid)
+        return real(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+    return asked
+
+
+def test_user_names_are_asked_once_per_uid(children, monkeypatch):
+    asked = counting_pwd(monkeypatch)
+    table = fresh_table()
+    procs = children(3, "named")
+    for _ in range(2):
+        assert table.current_user() == ME
+        assert [table.lookup(p.pid).user for p in procs] == [ME] * 3
+    assert asked == [os.getuid()]
+
+
+def test_a_uid_without_a_name_shows_its_number_and_is_asked_again_later(monkeypatch):
+    asked = []
+
+    def getpwuid(uid):
+        asked.append(uid)
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+    now = [100.0]
+    names = owners._UserNames(clock=lambda: now[0])
+    assert names.name(54321) == "54321"
+    assert names.name(54321) == "54321" and asked == [54321]
+    now[0] += owners.NAMELESS_RETRY_S
+    assert names.name(54321) == "54321" and asked == [54321, 54321]
+
+
+# -- bounded, shared, thread-safe --------------------------------------------------------------
+def test_the_cache_is_bounded_least_recently_looked_up_first(children, monkeypatch):
+    procs = children(5, "bounded")
+    table = fresh_table(max_processes=3)
+    reads = counting_reads(table, monkeypatch)
+    for p in procs:
+        table.lookup(p.pid)
+    assert table.cache_size() == 3
+    reads.clear()
+    for p in procs[2:]:  # the three most recent are remembered
+        table.lookup(p.pid)
+    assert reads == []
+    table.lookup(procs[0].pid)  # forgotten: read again, and the least recent of the rest goes
+    assert reads == [procs[0].pid] and table.cache_size() == 3
+
+
+def test_threads_looking_up_at_once_get_consistent_answers(children):
+    procs = children(6, "threads")
+    pids = [p.pid for p in procs] + [os.getpid()]
+    table = fresh_table(max_processes=4)  # smaller than the pids: eviction races lookups
+    expected = {pid: fresh_table().lookup(pid) for pid in pids}
+    assert all(d.alive and d.user == ME for d in expected.values())
+    wrong: list[tuple[int, ProcessDetails]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def work(offset: int) -> None:
+        try:
+            start.wait()
+            for n in range(150):
+                pid = pids[(n + offset) % len(pids)]
+                found = table.lookup(pid)
+                if found != expected[pid]:
+                    wrong.append((pid, found))
+                table.current_user()
+        except BaseException as err:  # noqa: BLE001 - reported below, in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and not wrong
+    assert table.cache_size() <= 4
+
+
+def test_the_psutil_table_is_one_per_process():
+    first = owners.process_table_for(Nvml())
+    assert first is owners.process_table_for(Nvml()) is owners.shared_psutil_table()
+    assert isinstance(first, PsutilProcessTable)
+
+
+def real_pid_server(pids: list[int], gone: int):
+    """The busy fake server, its processes replaced by real pids, owners left to psutil."""
+    server = busy_server(os.getpid())
+    listed = [p for gpu in server.gpus for p in gpu.processes if p.pid != os.getpid()]
+    for proc, pid in zip(listed, [*pids, gone]):
+        proc.pid = pid
+    server.owner_of = None  # no simulated table: process_table_for falls back to psutil
+    return server
+
+
+def test_status_refreshes_share_the_psutil_cache(children, monkeypatch):
+    procs = children(6, "status")
+    gone = children(1, "gone")[0]
+    gone.kill()
+    gone.wait(timeout=10)
+    server = real_pid_server([p.pid for p in procs], gone.pid)
+    session = Session(nvml=Nvml(lib=server), env={})
+    shared = owners.shared_psutil_table()
+    monkeypatch.setattr(shared, "_min_age_s", 0)  # the sleepers are young
+    reads = counting_reads(shared, monkeypatch)
+    first = status.build_report(session)
+    assert reads  # the first refresh reads the new processes
+    reads.clear()
+    second = status.build_report(session)
+    assert reads == []  # the second: all from the shared table
+    assert second["gpus"] == first["gpus"]
+    rows = {p["pid"]: p for g in second["gpus"] for p in g["processes"]}
+    assert all(rows[p.pid]["user"] == ME and f"status-{i}" in rows[p.pid]["command"] for i, p in enumerate(procs))
+    assert rows[gone.pid]["alive"] is False and rows[gone.pid]["whose"] == "unknown"
+    assert rows[os.getpid()]["whose"] == "this kernel"
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="a /proc detail")
+def test_a_process_name_with_spaces_and_parentheses_is_parsed(children):
+    script = (
+        "import ctypes, sys, time; "
+        "ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0); "  # PR_SET_NAME
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        identity = owners._stat_identity(proc.pid)
+        assert identity[1] == b"a) b (c"
+        assert int(identity[0]) == int(owners._stat_identity(proc.pid)[0])
+        assert fresh_table().lookup(proc.pid).alive
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()
