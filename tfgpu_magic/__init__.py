@@ -1,7 +1,9 @@
 """tfgpu_magic: TensorFlow GPU settings, memory and sharing from inside a Jupyter notebook.
 
 Load with ``%load_ext tfgpu_magic``.  Importing the package imports neither TensorFlow nor
-pynvml (nor IPython): those load when a command needs them.
+pynvml (nor IPython, nor jupyter_server): those load when a command needs them.  The Jupyter
+server extension (``GET tfgpu/api/status``) lives in :mod:`tfgpu_magic.serverext`, named here
+by its entry point only.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Nothing to undo that would be safe: settings already given to TensorFlow stay."""
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """Jupyter server's entry point: the extension's module, imported only by the server."""
+    return [{"module": "tfgpu_magic.serverext"}]
 
 
 def set_device_source(lib: Any) -> None:
