@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from fakes import fake_process_table, wait_for
-from tfgpu_magic import owners
+from tfgpu_magic import kernel_inventory, owners
 from tfgpu_magic.kernel_inventory import (
     FOREIGN_PIDS_NOTE,
     REMOTE_NOTE,
@@ -25,6 +25,7 @@ from tfgpu_magic.kernel_inventory import (
     descendants,
     inventory,
     iso_utc,
+    read_ancestry,
     read_parent_map,
     unavailable,
 )
@@ -266,11 +267,12 @@ def _children(pid: int) -> list[int]:
     return [p.pid for p in psutil.Process(pid).children()]
 
 
-def test_a_real_kernels_child_is_found_through_one_scan_of_the_process_tree(fake_kernel):
+def test_a_real_kernels_child_is_found_by_walking_up_from_the_gpu_process(fake_kernel, monkeypatch):
     kernel_pid, child_pid = fake_kernel
     me = owners.PsutilProcessTable().current_user()
     server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(child_pid, 2048)])])
     kernel = KernelDescription("k", pid=kernel_pid)
+    monkeypatch.setattr(kernel_inventory, "read_parent_map", None)  # no whole-table scan: a server runs thousands
     reply = inventory(Nvml(lib=server), [kernel], owners.PsutilProcessTable(), clock=lambda: NOW)  # real owners
     [found] = reply["kernels"]
     assert (found["child_pids"], found["gpu_memory_bytes"], found["note"]) == ([child_pid], {"0": 2 * GIB}, None)
@@ -282,6 +284,23 @@ def test_the_parent_map_holds_real_processes_and_their_descendants(fake_kernel):
     parents, note = read_parent_map()
     assert note is None and parents[kernel_pid] == os.getpid() and parents[child_pid] == kernel_pid
     assert descendants(kernel_pid, children_of(parents)) == [child_pid]
+
+
+def test_the_ancestry_of_a_pid_reaches_init_and_leaves_out_the_dead(fake_kernel):
+    kernel_pid, child_pid = fake_kernel
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    parents = read_ancestry([child_pid, gone.pid])
+    assert parents[child_pid] == kernel_pid and parents[kernel_pid] == os.getpid()
+    assert parents[os.getpid()] == os.getppid() and gone.pid not in parents
+    assert 1 not in parents  # init's parent is nobody to attribute to
+
+
+def test_a_zombie_has_no_ancestry():
+    zombie = subprocess.Popen(["true"])
+    wait_for(lambda: owners.parent_of(zombie.pid) is None, timeout=10)  # exited, not yet collected
+    assert read_ancestry([zombie.pid]) == {}
+    zombie.wait()
 
 
 def test_descendants_survive_a_cycle_of_reused_pids():

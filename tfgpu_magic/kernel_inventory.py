@@ -9,8 +9,9 @@ machine, a script).  psutil is imported when the first reading is made, not at i
 Attribution is :func:`tfgpu_magic.holdings.attribute`'s, the one ``%gpu`` uses: each process
 NVML lists gets its owner from the process table, and is then mine, another user's, or exited.
 This module only regroups those entries: a process is a kernel's when it is the kernel's
-process or one of its descendants (found in one parent map per reading, not one ``/proc`` scan
-per kernel).  What no kernel accounts for stays "my other processes", "other users" or
+process or one of its descendants, found by walking up from each process NVML lists
+(:func:`read_ancestry`: a few ``/proc`` reads per GPU process, never a scan of the whole
+process table, which on a shared server holds thousands).  What no kernel accounts for stays "my other processes", "other users" or
 "unattributed", as in ``%gpu``.
 
 A kernel whose memory cannot be found gets a ``note`` and ``null`` memory (never a made-up
@@ -41,6 +42,7 @@ __all__ = [
     "descendants",
     "inventory",
     "iso_utc",
+    "read_ancestry",
     "read_parent_map",
     "unavailable",
 ]
@@ -81,10 +83,35 @@ def iso_utc(moment: Optional[datetime]) -> Optional[str]:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+MAX_ANCESTRY = 64  # parents followed above one pid: more than any real process tree is deep
+
+
+def read_ancestry(pids: Iterable[int]) -> dict[int, int]:
+    """``{pid: ppid}`` for each live pid given and every ancestor above it, up to init.
+
+    Enough to tell which kernel a GPU process descends from, at the cost of a few small reads
+    per pid (ancestors shared by several pids are read once).  A pid that has exited or is a
+    zombie is left out: it has exited, only its parent has not yet collected it (a kernel killed
+    a moment ago is one until its manager notices).
+    """
+    parents: dict[int, int] = {}
+    for pid in pids:
+        for _ in range(MAX_ANCESTRY):
+            if pid <= 1 or pid in parents:
+                break
+            ppid = owners.parent_of(pid)
+            if ppid is None:
+                break
+            parents[pid] = ppid
+            pid = ppid
+    return parents
+
+
 def read_parent_map() -> tuple[dict[int, int], Optional[str]]:
     """Every running process's parent, ``{pid: ppid}``, from one psutil scan, and a note if it failed.
 
-    A zombie is left out: it has exited, only its parent has not yet collected it (a kernel
+    A whole-table scan (milliseconds per thousand processes): the simulated server uses it to
+    find the Jupyter server's kernels; the inventory reads only ancestries.  A zombie is left out: it has exited, only its parent has not yet collected it (a kernel
     killed a moment ago is one until its manager notices).
     """
     try:
@@ -116,7 +143,8 @@ def inventory(
     """The contract's reply: GPUs, kernels (most GPU memory first), and everyone else's processes.
 
     ``table`` gives owners and commands (default: the device source's own table, else psutil);
-    ``parents`` maps pid to parent pid (default: :func:`read_parent_map`, one scan); ``notes``
+    ``parents`` maps pid to parent pid (default: :func:`read_ancestry` of the pids NVML lists
+    and the kernels' own); ``notes``
     start the reply's notes.  Never raises for what NVML or the operating system says:
     failures become notes.
     """
@@ -132,8 +160,8 @@ def inventory(
     usages = [holdings.attribute(nvml, gpu, table, _NOBODY, user) for gpu in gpus]
     notes = list(notes)
     if parents is None:
-        parents, note = read_parent_map()
-        notes.extend([note] if note else [])
+        listed = (e.pid for u in usages for e in (u.processes or ()))
+        parents = read_ancestry([*listed, *(k.pid for k in kernels if k.pid is not None)])
     owner_of = _kernel_of_each_pid(kernels, parents)
     foreign = _only_foreign_pids(usages)
     if foreign:
@@ -313,7 +341,7 @@ def _kernel(
 def _kernel_note(kernel: KernelDescription, parents: Mapping[int, int], unlisted: list[int]) -> Optional[str]:
     """What makes this kernel's figures incomplete; None when nothing does."""
     notes = []
-    if parents and kernel.pid not in parents:  # died since the server last heard of it
+    if kernel.pid not in parents:  # died since the server last heard of it
         notes.append(f"its process {kernel.pid} is not running")
     if unlisted:  # a lost GPU is not among them: its memory is gone with it
         shown = ", ".join(map(str, unlisted))
