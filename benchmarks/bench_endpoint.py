@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -111,20 +111,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(port: int, token: str, workdir: str) -> subprocess.Popen:
+def start_server(
+    port: int, token: str, workdir: str, device_source: Optional[str] = "bench_endpoint:busy_with_kernels"
+) -> subprocess.Popen:
+    """``jupyter server`` on loopback with the extension enabled by the shipped file; None: the real driver."""
     config = os.path.join(workdir, "config", "jupyter_server_config.d")
     os.makedirs(config)
     shutil.copy(os.path.join(ROOT, "jupyter-config", "server-config", "tfgpu_magic.json"), config)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks")]),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks"), os.environ.get("PYTHONPATH", "")]),
         "JUPYTER_CONFIG_PATH": os.path.dirname(config),
+        "JUPYTER_RUNTIME_DIR": os.path.join(workdir, "runtime"),  # the kernels' connection files
     }
     command = [
         sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={workdir}",
-        "--TfgpuMagic.device_source=bench_endpoint:busy_with_kernels", f"--TfgpuMagic.refresh_interval={INTERVAL_S}",
+        f"--TfgpuMagic.refresh_interval={INTERVAL_S}",
     ]
+    if device_source is not None:
+        command.append(f"--TfgpuMagic.device_source={device_source}")
     if os.geteuid() == 0:
         command.append("--allow-root")
     log = open(os.path.join(workdir, "server.log"), "w")
