@@ -12,6 +12,14 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load_ipython_extension", "set_device_source", "unload_ipython_extension"]
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the prebuilt JupyterLab extension lives (``jupyter labextension develop`` links it).
+
+    The wheel installs the same files under ``share/jupyter/labextensions/tfgpu-magic``.
+    """
+    return [{"src": "labextension", "dest": "tfgpu-magic"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext tfgpu_magic``: register ``%gpu`` and apply an administrator's defaults."""
     from .magics import GpuMagics, complete
