@@ -1,7 +1,9 @@
 """tfgpu_magic: TensorFlow GPU settings, memory and sharing from inside a Jupyter notebook.
 
 Load with ``%load_ext tfgpu_magic``.  Importing the package imports neither TensorFlow nor
-pynvml (nor IPython): those load when a command needs them.
+pynvml (nor IPython, nor jupyter_server): those load when a command needs them.  The Jupyter
+server extension (``GET tfgpu/api/status``) lives in :mod:`tfgpu_magic.serverext`, named here
+by its entry point only.
 """
 
 from __future__ import annotations
@@ -10,14 +12,6 @@ from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load_ipython_extension", "set_device_source", "unload_ipython_extension"]
-
-
-def _jupyter_labextension_paths() -> list[dict[str, str]]:
-    """Where the prebuilt JupyterLab extension lives (``jupyter labextension develop`` links it).
-
-    The wheel installs the same files under ``share/jupyter/labextensions/tfgpu-magic``.
-    """
-    return [{"src": "labextension", "dest": "tfgpu-magic"}]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -36,6 +30,19 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Nothing to undo that would be safe: settings already given to TensorFlow stay."""
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """Jupyter server's entry point: the extension's module, imported only by the server."""
+    return [{"module": "tfgpu_magic.serverext"}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the prebuilt JupyterLab extension lives (``jupyter labextension develop`` links it).
+
+    The wheel installs the same files under ``share/jupyter/labextensions/tfgpu-magic``.
+    """
+    return [{"src": "labextension", "dest": "tfgpu-magic"}]
 
 
 def set_device_source(lib: Any) -> None:

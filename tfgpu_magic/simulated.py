@@ -28,11 +28,22 @@ Reading names (see :data:`READINGS`): ``handle`` (``nvmlDeviceGetHandleByIndex``
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["READINGS", "SimulatedGpu", "SimulatedNvml", "SimulatedProcess", "busy_server", "shared_server"]
+__all__ = [
+    "READINGS",
+    "LiveKernelsNvml",
+    "SimulatedGpu",
+    "SimulatedNvml",
+    "SimulatedProcess",
+    "busy_server",
+    "kernels_server",
+    "shared_server",
+]
 
 MIB = 1024 * 1024
 
@@ -309,3 +320,130 @@ def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40
             SimulatedProcess(pid, 256 + 64 * n, users[n % len(users)], f"python job_{n}.py", alive=n != processes - 1)
         )
     return server
+
+
+# -- a simulated server holding the real kernels of this process (a Jupyter server) ------------------
+FAKE_PID_BASE = 1 << 22  # above Linux's largest pid_max (2**22): such a pid never names a real process
+KERNEL_GIB_STEP = 1024  # MiB: kernel n holds (n + 1) GiB
+KERNEL_CHILD_MIB = 256  # each process below a kernel
+
+
+class LiveKernelsNvml(SimulatedNvml):
+    """Simulated GPUs that also hold this process's live kernels, found when NVML is read.
+
+    The rule, which tests, demos and the browser tests rely on: the direct children of this
+    process (the Jupyter server) whose command line mentions ``kernel`` (``ipykernel_launcher``,
+    a ``kernel-<id>.json`` connection file), sorted by pid, are kernels 0, 1, 2, ...; kernel
+    ``n`` holds ``(n + 1)`` GiB on GPU ``n % kernel_gpus``, and every process below it (its
+    children, theirs, ...) holds 256 MiB on the same GPU.  They are compute processes; the
+    GPU's used memory includes them.
+
+    The fixed processes in ``gpus`` keep their simulated owners (``owner_of`` answers for their
+    pids, alive or not); every other pid, the kernels included, gets its real owner and command
+    from psutil.  The process tree is scanned at most once per ``scan_ttl_s`` seconds: one
+    reading of the server makes many NVML calls, and a scan of ``/proc`` costs milliseconds.
+    """
+
+    def __init__(
+        self, gpus: list[SimulatedGpu], driver: bool = True, kernel_gpus: int = 2, scan_ttl_s: float = 0.5
+    ) -> None:
+        super().__init__(gpus, driver)
+        self.kernel_gpus = max(1, min(kernel_gpus, len(gpus)))
+        self.scan_ttl_s = scan_ttl_s
+        self._scan_lock = threading.Lock()
+        self._scanned_at: Optional[float] = None
+        self._live: dict[int, list[SimulatedProcess]] = {}
+
+    def live_processes(self) -> dict[int, list[SimulatedProcess]]:
+        """``{gpu index: [the kernels' processes on it]}`` under the rule above (rescanned when stale)."""
+        with self._scan_lock:
+            now = time.monotonic()
+            if self._scanned_at is None or now - self._scanned_at >= self.scan_ttl_s:
+                self._live = self._scan()
+                self._scanned_at = now
+            return self._live
+
+    def _scan(self) -> dict[int, list[SimulatedProcess]]:
+        from .kernel_inventory import children_of, descendants, read_parent_map
+
+        children = children_of(read_parent_map()[0])
+        kernels = sorted(pid for pid in children.get(os.getpid(), []) if _is_kernel(pid))
+        live: dict[int, list[SimulatedProcess]] = {}
+        for n, pid in enumerate(kernels):
+            held = live.setdefault(n % self.kernel_gpus, [])
+            # Owners and commands of these come from psutil (owner_of), not from these records.
+            held.append(SimulatedProcess(pid, (n + 1) * KERNEL_GIB_STEP, user="", command=""))
+            held.extend(SimulatedProcess(child, KERNEL_CHILD_MIB, user="", command="") for child in descendants(pid, children))
+        return live
+
+    # -- the readings that include the kernels ----------------------------------------------
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        info = super().nvmlDeviceGetMemoryInfo(handle)  # faults and lost GPUs first
+        extra = sum(p.used_mib or 0 for p in self.live_processes().get(handle, [])) * MIB
+        used = min(info.used + extra, info.total)
+        return SimpleNamespace(total=info.total, used=used, free=info.total - used)
+
+    def _processes(self, handle: int, kind: str) -> list[SimpleNamespace]:
+        listed = super()._processes(handle, kind)
+        if kind == "compute":
+            listed += [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_mib * MIB) for p in self.live_processes().get(handle, [])]
+        return listed
+
+    def owner_of(self, pid: int) -> Optional[Any]:
+        """A fixed process's simulated owner (None once it exited); any other pid's real one (psutil)."""
+        for gpu in self.gpus:
+            for proc in gpu.processes:
+                if proc.pid == pid:
+                    return proc if proc.alive else None
+        from .owners import PsutilProcessTable
+
+        details = PsutilProcessTable().lookup(pid)
+        return SimpleNamespace(user=details.user, command=details.command) if details.alive else None
+
+
+def _is_kernel(pid: int) -> bool:
+    import psutil
+
+    try:
+        return "kernel" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:  # gone, or not ours to read: not a kernel we can show
+        return False
+
+
+def kernels_server() -> LiveKernelsNvml:
+    """``shared_server``'s four GPUs, with this process's live kernels on GPUs 0 and 1 (see :class:`LiveKernelsNvml`).
+
+    For a Jupyter server: ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``.
+    Fixed processes, with pids no real process can have: alice's training (30 GiB) on GPU 0; my
+    other process (owned by this process's real user, 4 GiB) and bob's fine-tuning (8 GiB) on
+    GPU 1; carol's exited process (2 GiB, still listed) on GPU 3, which has no utilization reading.
+    """
+    from .owners import PsutilProcessTable
+
+    me = PsutilProcessTable().current_user() or "me"
+    return LiveKernelsNvml(
+        [
+            SimulatedGpu(
+                total_mib=40960,
+                utilization=97,
+                processes=[SimulatedProcess(FAKE_PID_BASE + 1, 30720, "alice", "python train_resnet.py")],
+            ),
+            SimulatedGpu(
+                name="NVIDIA A100-SXM4-80GB",
+                total_mib=81920,
+                utilization=35,
+                processes=[
+                    SimulatedProcess(FAKE_PID_BASE + 2, 4096, me, "python train.py --resume"),
+                    SimulatedProcess(FAKE_PID_BASE + 3, 8192, "bob", "python finetune.py"),
+                ],
+            ),
+            SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
+            SimulatedGpu(
+                name="Tesla T4",
+                total_mib=15360,
+                compute_capability=(7, 5),
+                unsupported={"utilization"},
+                processes=[SimulatedProcess(FAKE_PID_BASE + 4, 2048, "carol", "python old.py", alive=False)],
+            ),
+        ]
+    )

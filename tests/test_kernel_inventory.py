@@ -1,0 +1,343 @@
+"""The per-kernel inventory behind ``GET tfgpu/api/status``, without a Jupyter server.
+
+Kernels are described directly; NVML is the simulated server; the process tree is either given
+(a parent map) or read from real processes this test starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from fakes import fake_process_table, wait_for
+from tfgpu_magic import owners
+from tfgpu_magic.kernel_inventory import (
+    FOREIGN_PIDS_NOTE,
+    REMOTE_NOTE,
+    KernelDescription,
+    children_of,
+    descendants,
+    inventory,
+    iso_utc,
+    read_parent_map,
+    unavailable,
+)
+from tfgpu_magic.nvml import Nvml
+from tfgpu_magic.simulated import (
+    NVML_ERROR_NO_PERMISSION,
+    LiveKernelsNvml,
+    NVMLError,
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+)
+
+MIB = 1024**2
+GIB = 1024**3
+SERVER = 500  # the Jupyter server's pid in the given process trees
+NOW = 1763800000.123
+
+
+def small_server() -> SimulatedNvml:
+    """GPU 0: a kernel (1001) and its child (1002), my other process, bob's, an exited one; GPU 1 idle."""
+    return SimulatedNvml(
+        [
+            SimulatedGpu(
+                name="NVIDIA A100-SXM4-80GB",
+                total_mib=81920,
+                utilization=35,
+                processes=[
+                    SimulatedProcess(1001, 4096, "alice", "python -m ipykernel_launcher -f kernel-a.json"),
+                    SimulatedProcess(1002, 1024, "alice", "python worker.py"),
+                    SimulatedProcess(2001, 2048, "alice", "python train.py"),
+                    SimulatedProcess(3001, 8192, "bob", "python finetune.py"),
+                    SimulatedProcess(4001, 512, "carol", "python old.py", alive=False),
+                ],
+            ),
+            SimulatedGpu(name="Tesla T4", total_mib=15360, unsupported={"utilization"}),
+        ]
+    )
+
+
+KERNEL_A = KernelDescription(
+    id="a", name="python3", path="work/a.ipynb", session_name="a.ipynb", session_type="notebook",
+    execution_state="idle", last_activity="2026-11-22T10:00:00.000000Z", pid=1001,
+)
+REMOTE = KernelDescription(id="r", name="python3", path="remote.ipynb", execution_state="busy")
+TREE = {SERVER: 1, 1001: SERVER, 1002: 1001, 2001: 1}
+
+
+def read(server, kernels, parents=TREE, me="alice"):
+    table = fake_process_table(server, me=me, my_pid=SERVER)
+    return inventory(Nvml(lib=server), kernels, table, parents, clock=lambda: NOW)
+
+
+# -- the reply, whole -------------------------------------------------------------------------
+def test_the_reply_for_a_small_server_exactly():
+    assert read(small_server(), [REMOTE, KERNEL_A]) == {
+        "version": 1,
+        "generated_at": NOW,
+        "refresh_interval_s": 2.0,
+        "driver": {"available": True, "reason": None},
+        "user": "alice",
+        "gpus": [
+            {
+                "index": 0, "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-00000000-fake-0000-0000-000000000000",
+                "memory_used_bytes": (300 + 4096 + 1024 + 2048 + 8192 + 512) * MIB,
+                "memory_total_bytes": 80 * GIB, "utilization_percent": 35, "lost": False,
+                "notes": ["pid 4001: exited, but NVML still lists it (or it lives in another pid namespace); "
+                          "counted as unattributed"],
+                "split": {
+                    "kernels_bytes": 5 * GIB, "my_other_bytes": 2 * GIB, "others_bytes": 8 * GIB,
+                    "unattributed_bytes": (300 + 512) * MIB, "free_bytes": (81920 - 16172) * MIB,
+                },
+            },
+            {
+                "index": 1, "name": "Tesla T4", "uuid": "GPU-00000001-fake-0000-0000-000000000001",
+                "memory_used_bytes": 300 * MIB, "memory_total_bytes": 15 * GIB, "utilization_percent": None,
+                "lost": False, "notes": ["utilization: Not Supported"],
+                "split": {
+                    "kernels_bytes": 0, "my_other_bytes": 0, "others_bytes": 0,
+                    "unattributed_bytes": 300 * MIB, "free_bytes": (15360 - 300) * MIB,
+                },
+            },
+        ],
+        "kernels": [
+            {
+                "id": "a", "name": "python3", "path": "work/a.ipynb", "session_name": "a.ipynb",
+                "session_type": "notebook", "execution_state": "idle",
+                "last_activity": "2026-11-22T10:00:00.000000Z", "pid": 1001, "child_pids": [1002],
+                "gpu_memory_bytes": {"0": 5 * GIB}, "total_gpu_memory_bytes": 5 * GIB, "note": None,
+            },
+            {
+                "id": "r", "name": "python3", "path": "remote.ipynb", "session_name": None, "session_type": None,
+                "execution_state": "busy", "last_activity": None, "pid": None, "child_pids": [],
+                "gpu_memory_bytes": {}, "total_gpu_memory_bytes": None, "note": REMOTE_NOTE,
+            },
+        ],
+        "my_other_processes": [{"gpu": 0, "pid": 2001, "used_memory_bytes": 2 * GIB, "command": "python train.py"}],
+        "other_users": [
+            {"gpu": 0, "pid": 3001, "used_memory_bytes": 8 * GIB, "user": "bob", "command": "python finetune.py"}
+        ],
+        "unattributed": [
+            {"gpu": 0, "pid": 4001, "used_memory_bytes": 512 * MIB, "note": owners.EXITED_NOTE}
+        ],
+        "notes": [],
+    }
+
+
+def test_kernels_come_most_memory_first_then_by_path():
+    server = small_server()
+    server.gpus[1].processes.append(SimulatedProcess(1101, 9000, "alice", "python -m ipykernel_launcher"))
+    kernels = [KernelDescription("idle", path="z.ipynb", pid=1201), KernelDescription("b", path="b.ipynb", pid=1101),
+               KERNEL_A, KernelDescription("also-idle", path="c.ipynb", pid=1202)]
+    tree = {**TREE, 1101: SERVER, 1201: SERVER, 1202: SERVER}
+    assert [k["id"] for k in read(server, kernels, tree)["kernels"]] == ["b", "a", "also-idle", "idle"]
+
+
+def test_a_kernel_on_two_gpus_has_one_figure_per_gpu_and_their_total():
+    server = small_server()
+    server.gpus[1].processes.append(SimulatedProcess(1003, 3072, "alice", "python -c 'import cupy'"))
+    [kernel] = read(server, [KERNEL_A], {**TREE, 1003: 1002})["kernels"]  # a grandchild
+    assert kernel["gpu_memory_bytes"] == {"0": 5 * GIB, "1": 3 * GIB}
+    assert (kernel["total_gpu_memory_bytes"], kernel["child_pids"]) == (8 * GIB, [1002, 1003])
+
+
+def test_a_figure_nvml_cannot_give_is_null_not_zero():
+    server = small_server()
+    server.gpus[0].processes[0].used_mib = None
+    server.gpus[0].processes[1].used_mib = None
+    [kernel] = read(server, [KERNEL_A])["kernels"]
+    assert (kernel["gpu_memory_bytes"], kernel["total_gpu_memory_bytes"]) == ({"0": None}, None)
+
+
+# -- what cannot be attributed ----------------------------------------------------------------
+def test_when_no_listed_pid_is_a_process_we_can_see_kernels_get_a_note_not_a_zero():
+    server = small_server()
+    for proc in server.gpus[0].processes:
+        proc.alive = False  # the server's pid namespace is not the GPU processes' one
+    reply = read(server, [KERNEL_A])
+    [kernel] = reply["kernels"]
+    assert (kernel["gpu_memory_bytes"], kernel["total_gpu_memory_bytes"], kernel["note"]) == ({}, None, FOREIGN_PIDS_NOTE)
+    assert reply["notes"] == [
+        "NVML lists pid 1001, 1002, 2001, 3001, 4001, none of them a process this server can see: the server "
+        "probably runs in another pid namespace than the GPU's processes (a container without the host's), "
+        "so no memory can be attributed to kernels"
+    ]
+
+
+def test_an_idle_machine_is_not_taken_for_another_pid_namespace():
+    server = SimulatedNvml([SimulatedGpu()])
+    [kernel] = read(server, [KERNEL_A])["kernels"]
+    assert (kernel["total_gpu_memory_bytes"], kernel["note"]) == (0, None)
+
+
+def test_a_kernel_whose_process_has_died_holds_nothing_and_says_so():
+    server = small_server()
+    server.gpus[0].processes[0].alive = False  # NVML still lists the dead kernel for a moment
+    tree = {SERVER: 1, 1002: 1, 2001: 1}  # its child was handed to init
+    reply = read(server, [KERNEL_A], tree)
+    [kernel] = reply["kernels"]
+    assert (kernel["total_gpu_memory_bytes"], kernel["note"]) == (0, "its process 1001 is not running")
+    assert [p["pid"] for p in reply["unattributed"]] == [1001, 4001]
+    assert 1002 in [p["pid"] for p in reply["my_other_processes"]]  # orphaned: no kernel's any more
+
+
+def test_a_gpu_whose_processes_cannot_be_listed_leaves_the_kernels_figures_open():
+    server = small_server()
+    server.gpus[1].faults["compute_processes"] = NVMLError(NVML_ERROR_NO_PERMISSION)
+    reply = read(server, [KERNEL_A])
+    assert reply["gpus"][1]["split"]["kernels_bytes"] is None
+    assert reply["kernels"][0]["note"] == (
+        "GPU 1: NVML could not list the processes, so the kernel's memory there is unknown"
+    )
+
+
+def test_a_lost_gpu_is_lost_with_nulls_and_the_others_are_read():
+    server = small_server()
+    server.gpus[1].lost = True
+    reply = read(server, [KERNEL_A])
+    lost = reply["gpus"][1]
+    assert (lost["lost"], lost["name"], lost["memory_used_bytes"], lost["utilization_percent"]) == (True, None, None, None)
+    assert set(lost["split"].values()) == {None}
+    assert lost["notes"] == ["memory: GPU is lost", "the GPU stopped answering"]  # as %gpu says it
+    assert reply["kernels"][0]["total_gpu_memory_bytes"] == 5 * GIB and reply["kernels"][0]["note"] is None
+
+
+def test_without_a_driver_the_kernels_are_listed_without_memory():
+    reply = read(SimulatedNvml([SimulatedGpu()], driver=False), [KERNEL_A, REMOTE])
+    assert reply["driver"] == {
+        "available": False,
+        "reason": "no NVIDIA driver could be reached through NVML (Driver Not Loaded); GPU readings are "
+        "unavailable (HINT: check `nvidia-smi` on this machine)",
+    }
+    assert reply["gpus"] == [] and reply["user"] == "alice" and reply["generated_at"] == NOW
+    assert [(k["id"], k["gpu_memory_bytes"], k["total_gpu_memory_bytes"]) for k in reply["kernels"]] == [
+        ("r", {}, None), ("a", {}, None)  # no memory known: by path
+    ]
+
+
+def test_unavailable_says_the_reason_in_the_contracts_shape():
+    reply = unavailable([KERNEL_A], "no GPU\x1b[2J here", refresh_interval_s=5.0, generated_at=NOW, notes=["n"])
+    assert reply["driver"] == {"available": False, "reason": "no GPU\\x1b[2J here"}
+    assert (reply["version"], reply["refresh_interval_s"], reply["notes"], reply["user"]) == (1, 5.0, ["n"], None)
+    assert [reply[k] for k in ("gpus", "my_other_processes", "other_users", "unattributed")] == [[], [], [], []]
+
+
+def test_every_string_from_elsewhere_comes_out_escaped():
+    server = small_server()
+    server.gpus[0].name = "A100\x1b]0;x\x07"
+    server.gpus[0].processes[3].user = "b\u202eob"
+    server.gpus[0].processes[3].command = "python x.py\r\n[tfgpu] fine"
+    server.gpus[0].processes[2].command = "\x9b2Jtrain"
+    kernel = KernelDescription("a\n", name="py\x00", path="a\x1b.ipynb", session_name="\u2028", pid=1001)
+    reply = read(server, [kernel])
+    assert reply["gpus"][0]["name"] == "A100\\x1b]0;x\\x07"
+    assert reply["other_users"][0]["user"] == "b\\u202eob"
+    assert reply["other_users"][0]["command"] == "python x.py\\r\\n[tfgpu] fine"
+    assert reply["my_other_processes"][0]["command"] == "\\x9b2Jtrain"
+    k = reply["kernels"][0]
+    assert (k["id"], k["name"], k["path"], k["session_name"]) == ("a\\n", "py\\x00", "a\\x1b.ipynb", "\\u2028")
+
+
+# -- real processes ---------------------------------------------------------------------------
+@pytest.fixture
+def fake_kernel():
+    """A process with a child of its own, started by this test and killed at its end."""
+    parent = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    children = []
+    wait_for(lambda: children.extend(_children(parent.pid)) or children)
+    yield parent.pid, children[0]
+    parent.kill()
+    parent.wait()
+    for child in children:
+        os.kill(child, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(pid).children()]
+
+
+def test_a_real_kernels_child_is_found_through_one_scan_of_the_process_tree(fake_kernel):
+    kernel_pid, child_pid = fake_kernel
+    me = owners.PsutilProcessTable().current_user()
+    server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(child_pid, 2048)])])
+    kernel = KernelDescription("k", pid=kernel_pid)
+    reply = inventory(Nvml(lib=server), [kernel], owners.PsutilProcessTable(), clock=lambda: NOW)  # real owners
+    [found] = reply["kernels"]
+    assert (found["child_pids"], found["gpu_memory_bytes"], found["note"]) == ([child_pid], {"0": 2 * GIB}, None)
+    assert reply["user"] == me and reply["gpus"][0]["split"]["kernels_bytes"] == 2 * GIB
+
+
+def test_the_parent_map_holds_real_processes_and_their_descendants(fake_kernel):
+    kernel_pid, child_pid = fake_kernel
+    parents, note = read_parent_map()
+    assert note is None and parents[kernel_pid] == os.getpid() and parents[child_pid] == kernel_pid
+    assert descendants(kernel_pid, children_of(parents)) == [child_pid]
+
+
+def test_descendants_survive_a_cycle_of_reused_pids():
+    assert descendants(1, children_of({2: 1, 3: 2, 1: 3})) == [2, 3]
+
+
+def test_live_kernels_nvml_follows_its_documented_rule():
+    """Children of this process named like kernels hold (n + 1) GiB on GPU n % 2 (by pid); theirs 256 MiB."""
+    script = "import subprocess, sys, time; sys.argv[-1] == 'kernel-0.json' and subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    kernels = [subprocess.Popen([sys.executable, "-c", script, "-f", f"kernel-{n}.json"]) for n in range(3)]
+    bystander = subprocess.Popen(["sleep", "60"])  # a child of ours, but not a kernel
+    grandchildren: list[int] = []
+    try:
+        wait_for(lambda: grandchildren.extend(_children(kernels[0].pid)) or grandchildren, timeout=30)
+        expected: dict[int, list[tuple[int, int]]] = {}
+        for n, pid in enumerate(sorted(p.pid for p in kernels)):
+            expected.setdefault(n % 2, []).append((pid, (n + 1) * 1024))
+            if pid == kernels[0].pid:
+                expected[n % 2].append((grandchildren[0], 256))
+        server = LiveKernelsNvml([SimulatedGpu(), SimulatedGpu(), SimulatedGpu()], scan_ttl_s=0.0)
+        held = {gpu: [(p.pid, p.used_mib) for p in procs] for gpu, procs in server.live_processes().items()}
+        assert held == expected  # the bystander holds nothing
+        nvml = Nvml(lib=server)
+        assert [nvml.memory(i).used_bytes for i in range(3)] == [
+            (300 + sum(mib for _, mib in expected.get(i, []))) * MIB for i in range(3)
+        ]
+        assert {p.pid for p in nvml.processes(0)} == {pid for pid, _ in expected[0]}
+        assert server.owner_of(kernels[0].pid).user == owners.PsutilProcessTable().current_user()
+    finally:
+        for proc in [*kernels, bystander]:
+            proc.kill()
+            proc.wait()
+        for pid in grandchildren:
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- small parts ------------------------------------------------------------------------------
+def test_iso_utc_always_writes_microseconds_and_z():
+    moment = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
+    assert iso_utc(moment) == "2026-11-22T10:00:00.000000Z"
+    assert iso_utc(moment.astimezone(timezone(timedelta(hours=2)))) == "2026-11-22T10:00:00.000000Z"
+    assert iso_utc(datetime(2026, 11, 22, 10, 0, 0, 5)) == "2026-11-22T10:00:00.000005Z"
+    assert iso_utc(None) is None
+
+
+def test_generated_at_is_the_time_of_the_reading():
+    before = time.time()
+    reply = inventory(Nvml(lib=small_server()), [], fake_process_table(small_server(), me="alice"), TREE)
+    assert before <= reply["generated_at"] <= time.time()
+
+
+def test_the_inventory_runs_where_there_is_no_jupyter_server():
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, tfgpu_magic.kernel_inventory, tfgpu_magic.simulated; "
+         "print(sorted(m for m in ('jupyter_server', 'jupyter_client', 'tornado', 'pynvml') if m in sys.modules))"],
+        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=60,
+    )
+    assert probe.stdout.strip() == "[]", probe.stderr

@@ -1,0 +1,363 @@
+"""Who holds what on this machine's GPUs, per Jupyter kernel: the reply of ``GET tfgpu/api/status``.
+
+:func:`inventory` takes an :class:`~tfgpu_magic.nvml.Nvml`, the server's kernels
+(:class:`KernelDescription`) and a process table, and returns the JSON-ready dict of the
+contract between the server extension and the JupyterLab extension (``version`` 1).  It is
+pure Python: no Jupyter, no tornado, so it runs and is tested where there is no server (a GPU
+machine, a script).  psutil is imported when the first reading is made, not at import.
+
+Attribution is :func:`tfgpu_magic.holdings.attribute`'s, the one ``%gpu`` uses: each process
+NVML lists gets its owner from the process table, and is then mine, another user's, or exited.
+This module only regroups those entries: a process is a kernel's when it is the kernel's
+process or one of its descendants (found in one parent map per reading, not one ``/proc`` scan
+per kernel).  What no kernel accounts for stays "my other processes", "other users" or
+"unattributed", as in ``%gpu``.
+
+A kernel whose memory cannot be found gets a ``note`` and ``null`` memory (never a made-up
+0): a kernel without a local process (a remote or gateway kernel), or a server that sees none
+of the pids NVML lists (another pid namespace, e.g. a container without the host's).  No
+driver is ``driver.available = false`` with a one-line reason; a lost GPU is ``lost: true``
+with ``null`` readings.  Every string, whoever chose it (command lines, user and file names,
+NVML's notes), goes through :func:`tfgpu_magic.safe_text.safe`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+from . import holdings, owners
+from .nvml import GpuInfo, Nvml, NvmlUnavailable
+from .safe_text import safe_tree
+
+__all__ = [
+    "REFRESH_INTERVAL_S",
+    "VERSION",
+    "KernelDescription",
+    "children_of",
+    "descendants",
+    "inventory",
+    "iso_utc",
+    "read_parent_map",
+    "unavailable",
+]
+
+VERSION = 1  # of the reply's shape; keys are only ever added
+REFRESH_INTERVAL_S = 2.0
+
+# The server is no kernel: no pid NVML lists is "this kernel" to holdings.attribute (pids are > 0).
+_NOBODY = -1
+
+REMOTE_NOTE = "a remote kernel (no local process): its GPU memory cannot be seen from this server"
+FOREIGN_PIDS_NOTE = (
+    "NVML lists only processes this server cannot see (a container without the host's pid "
+    "namespace?): this kernel's GPU memory cannot be told apart from the rest"
+)
+
+
+@dataclass(frozen=True)
+class KernelDescription:
+    """One running kernel, as the server describes it.  None: not known."""
+
+    id: str
+    name: Optional[str] = None  # the kernel spec's name, e.g. "python3"
+    path: Optional[str] = None  # the session's path (the notebook), if any session uses the kernel
+    session_name: Optional[str] = None
+    session_type: Optional[str] = None  # "notebook", "console", ...
+    execution_state: Optional[str] = None  # "idle", "busy", "starting", "dead", ...
+    last_activity: Optional[str] = None  # ISO 8601 in UTC, see iso_utc
+    pid: Optional[int] = None  # the kernel's local process; None for a remote (gateway) kernel
+
+
+def iso_utc(moment: Optional[datetime]) -> Optional[str]:
+    """``2026-11-22T10:00:00.000000Z``: always microseconds, so every reply has one format."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:  # jupyter_server's timestamps are aware; a naive one is taken as UTC
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def read_parent_map() -> tuple[dict[int, int], Optional[str]]:
+    """Every running process's parent, ``{pid: ppid}``, from one psutil scan, and a note if it failed.
+
+    A zombie is left out: it has exited, only its parent has not yet collected it (a kernel
+    killed a moment ago is one until its manager notices).
+    """
+    try:
+        import psutil  # not at import: the package stays light
+    except ImportError:
+        return {}, "psutil is not installed: a kernel's child processes are not counted as the kernel's"
+    parents: dict[int, int] = {}
+    try:
+        for proc in psutil.process_iter(["ppid", "status"]):
+            ppid, status = proc.info.get("ppid"), proc.info.get("status")
+            if ppid is not None and status != psutil.STATUS_ZOMBIE:  # ppid None: vanished during the scan
+                parents[proc.pid] = ppid
+    except Exception as err:  # psutil.Error, OSError: a partial map still serves
+        return parents, f"the process tree could not be read entirely ({type(err).__name__}: {err})"
+    return parents, None
+
+
+# -- the reply --------------------------------------------------------------------------------
+def inventory(
+    nvml: Nvml,
+    kernels: Sequence[KernelDescription],
+    table: Optional[owners.ProcessTable] = None,
+    parents: Optional[Mapping[int, int]] = None,
+    *,
+    refresh_interval_s: float = REFRESH_INTERVAL_S,
+    clock: Callable[[], float] = time.time,
+    notes: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The contract's reply: GPUs, kernels (most GPU memory first), and everyone else's processes.
+
+    ``table`` gives owners and commands (default: the device source's own table, else psutil);
+    ``parents`` maps pid to parent pid (default: :func:`read_parent_map`, one scan); ``notes``
+    start the reply's notes.  Never raises for what NVML or the operating system says:
+    failures become notes.
+    """
+    table = table or owners.process_table_for(nvml, os.getpid())
+    user = table.current_user()
+    generated_at = clock()
+    try:
+        gpus = nvml.gpus()
+    except NvmlUnavailable as err:
+        return unavailable(
+            kernels, str(err), user=user, refresh_interval_s=refresh_interval_s, generated_at=generated_at, notes=notes
+        )
+    usages = [holdings.attribute(nvml, gpu, table, _NOBODY, user) for gpu in gpus]
+    notes = list(notes)
+    if parents is None:
+        parents, note = read_parent_map()
+        notes.extend([note] if note else [])
+    owner_of = _kernel_of_each_pid(kernels, parents)
+    foreign = _only_foreign_pids(usages)
+    if foreign:
+        notes.append(_foreign_note(usages))
+    unlisted = [gpu.index for gpu, usage in zip(gpus, usages) if usage.processes is None and not gpu.lost]
+    reply = _reply(user, generated_at, refresh_interval_s, available=True, reason=None, notes=notes)
+    reply["gpus"] = [_gpu(gpu, usage, owner_of) for gpu, usage in zip(gpus, usages)]
+    reply["kernels"] = _sorted([_kernel(k, usages, owner_of, parents, foreign, unlisted) for k in kernels])
+    reply.update(_everyone_else(usages, owner_of))
+    return safe_tree(reply)
+
+
+def unavailable(
+    kernels: Sequence[KernelDescription],
+    reason: str,
+    *,
+    user: Optional[str] = None,
+    refresh_interval_s: float = REFRESH_INTERVAL_S,
+    generated_at: Optional[float] = None,
+    notes: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The reply when no GPU can be read: ``driver.available = false``, the reason, the kernels without memory."""
+    generated_at = time.time() if generated_at is None else generated_at
+    reply = _reply(user, generated_at, refresh_interval_s, available=False, reason=reason, notes=list(notes))
+    reply["kernels"] = _sorted([_kernel_fields(k, child_pids=[], memory={}, total=None, note=None) for k in kernels])
+    return safe_tree(reply)
+
+
+def _reply(
+    user: Optional[str], generated_at: float, interval: float, *, available: bool, reason: Optional[str], notes: list[str]
+) -> dict[str, Any]:
+    return {
+        "version": VERSION,
+        "generated_at": generated_at,
+        "refresh_interval_s": interval,
+        "driver": {"available": available, "reason": reason},
+        "user": user,
+        "gpus": [],
+        "kernels": [],
+        "my_other_processes": [],
+        "other_users": [],
+        "unattributed": [],
+        "notes": notes,
+    }
+
+
+# -- which processes are a kernel's -----------------------------------------------------------
+def children_of(parents: Mapping[int, int]) -> dict[int, list[int]]:
+    """The parent map turned around: ``{ppid: [pids]}``."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), sorted."""
+    found: set[int] = set()
+    waiting = list(children.get(pid, []))
+    while waiting:
+        child = waiting.pop()
+        if child in found or child == pid:  # a map read while pids are reused may hold a cycle
+            continue
+        found.add(child)
+        waiting.extend(children.get(child, []))
+    return sorted(found)
+
+
+def _kernel_of_each_pid(kernels: Sequence[KernelDescription], parents: Mapping[int, int]) -> dict[int, str]:
+    """``{pid: kernel id}`` for every kernel's own process and all its descendants."""
+    children = children_of(parents)
+    owner_of: dict[int, str] = {}
+    for kernel in kernels:
+        if kernel.pid is None:
+            continue
+        owner_of[kernel.pid] = kernel.id
+        for pid in descendants(kernel.pid, children):
+            owner_of.setdefault(pid, kernel.id)
+    return owner_of
+
+
+def _only_foreign_pids(usages: list[holdings.GpuUsage]) -> bool:
+    """The pid-namespace heuristic: NVML lists processes, and not one of them is a process we can see."""
+    listed = [e for u in usages for e in (u.processes or ())]
+    return bool(listed) and not any(e.alive for e in listed)
+
+
+def _foreign_note(usages: list[holdings.GpuUsage]) -> str:
+    pids = sorted({e.pid for u in usages for e in (u.processes or ())})
+    shown = ", ".join(map(str, pids[:8])) + (", ..." if len(pids) > 8 else "")
+    return (
+        f"NVML lists pid {shown}, none of them a process this server can see: the server probably runs "
+        "in another pid namespace than the GPU's processes (a container without the host's), so no "
+        "memory can be attributed to kernels"
+    )
+
+
+def _kernels_entry(entry: holdings.ProcessEntry, owner_of: Mapping[int, str]) -> Optional[str]:
+    """The kernel holding this process, if any; an exited process is nobody's (it is unattributed)."""
+    return owner_of.get(entry.pid) if entry.alive else None
+
+
+# -- GPUs -------------------------------------------------------------------------------------
+def _gpu(gpu: GpuInfo, usage: holdings.GpuUsage, owner_of: Mapping[int, str]) -> dict[str, Any]:
+    memory = gpu.memory
+    return {
+        "index": gpu.index,
+        "name": gpu.name,
+        "uuid": gpu.uuid,
+        "memory_used_bytes": memory.used_bytes if memory else None,
+        "memory_total_bytes": memory.total_bytes if memory else None,
+        "utilization_percent": gpu.utilization_percent,
+        "lost": gpu.lost,
+        "notes": _gpu_notes(gpu, usage),
+        "split": _split(usage, owner_of, memory.free_bytes if memory else None),
+    }
+
+
+def _split(usage: holdings.GpuUsage, owner_of: Mapping[int, str], free: Optional[int]) -> dict[str, Optional[int]]:
+    """holdings' split with the kernels' processes taken out of "mine" (or "others") into their own share."""
+    if usage.processes is None:  # lost, or NVML could not list them: nobody's share is known
+        return {"kernels_bytes": None, "my_other_bytes": None, "others_bytes": None,
+                "unattributed_bytes": usage.unattributed_bytes, "free_bytes": free}
+    kernels, mine, others = [], [], []
+    for entry in usage.processes:
+        if _kernels_entry(entry, owner_of) is not None:
+            kernels.append(entry)
+        elif entry.whose == holdings.MINE:
+            mine.append(entry)
+        elif entry.whose == holdings.OTHERS:
+            others.append(entry)
+    return {
+        "kernels_bytes": _known_sum(e.used_memory_bytes for e in kernels),
+        "my_other_bytes": _known_sum(e.used_memory_bytes for e in mine),
+        "others_bytes": _known_sum(e.used_memory_bytes for e in others),
+        # Regrouping moves bytes between shares, never in or out: holdings' rest stays right.
+        "unattributed_bytes": usage.unattributed_bytes,
+        "free_bytes": free,
+    }
+
+
+def _known_sum(values: Iterable[Optional[int]]) -> Optional[int]:
+    """The sum of known figures: 0 for no process at all, None when every figure is unknown."""
+    values = list(values)
+    known = [v for v in values if v is not None]
+    return None if values and not known else sum(known)
+
+
+def _gpu_notes(gpu: GpuInfo, usage: holdings.GpuUsage) -> list[str]:
+    """Why readings are missing, then who-holds-what notes; a note said by both is said once."""
+    readings = [n for n in gpu.notes if not any(n in other for other in usage.notes)]
+    return [*readings, *usage.notes]
+
+
+# -- kernels ----------------------------------------------------------------------------------
+def _kernel(
+    kernel: KernelDescription,
+    usages: list[holdings.GpuUsage],
+    owner_of: Mapping[int, str],
+    parents: Mapping[int, int],
+    foreign: bool,
+    unlisted: list[int],
+) -> dict[str, Any]:
+    if kernel.pid is None:
+        return _kernel_fields(kernel, child_pids=[], memory={}, total=None, note=REMOTE_NOTE)
+    if foreign:
+        return _kernel_fields(kernel, child_pids=[], memory={}, total=None, note=FOREIGN_PIDS_NOTE)
+    held = {
+        u.index: [e for e in u.processes or () if _kernels_entry(e, owner_of) == kernel.id] for u in usages
+    }
+    memory = {str(index): _known_sum(e.used_memory_bytes for e in entries) for index, entries in held.items() if entries}
+    child_pids = sorted({e.pid for entries in held.values() for e in entries if e.pid != kernel.pid})
+    total = _known_sum(memory.values())
+    return _kernel_fields(kernel, child_pids, memory, total, _kernel_note(kernel, parents, unlisted))
+
+
+def _kernel_note(kernel: KernelDescription, parents: Mapping[int, int], unlisted: list[int]) -> Optional[str]:
+    """What makes this kernel's figures incomplete; None when nothing does."""
+    notes = []
+    if parents and kernel.pid not in parents:  # died since the server last heard of it
+        notes.append(f"its process {kernel.pid} is not running")
+    if unlisted:  # a lost GPU is not among them: its memory is gone with it
+        shown = ", ".join(map(str, unlisted))
+        notes.append(f"GPU {shown}: NVML could not list the processes, so the kernel's memory there is unknown")
+    return "; ".join(notes) or None
+
+
+def _kernel_fields(
+    kernel: KernelDescription, child_pids: list[int], memory: dict[str, Optional[int]], total: Optional[int], note: Optional[str]
+) -> dict[str, Any]:
+    return {
+        "id": kernel.id,
+        "name": kernel.name,
+        "path": kernel.path,
+        "session_name": kernel.session_name,
+        "session_type": kernel.session_type,
+        "execution_state": kernel.execution_state,
+        "last_activity": kernel.last_activity,
+        "pid": kernel.pid,
+        "child_pids": child_pids,  # the kernel's descendants that hold GPU memory
+        "gpu_memory_bytes": memory,  # per nvidia-smi index (string keys), only GPUs it holds
+        "total_gpu_memory_bytes": total,
+        "note": note,
+    }
+
+
+def _sorted(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Most GPU memory first; then by path and id, so a reply's order never flickers."""
+    return sorted(kernels, key=lambda k: (-(k["total_gpu_memory_bytes"] or 0), k["path"] or "", k["id"]))
+
+
+# -- everyone else ----------------------------------------------------------------------------
+def _everyone_else(usages: list[holdings.GpuUsage], owner_of: Mapping[int, str]) -> dict[str, list[dict[str, Any]]]:
+    """Processes no kernel accounts for: mine, other users', and exited ones NVML still lists."""
+    lists: dict[str, list[dict[str, Any]]] = {"my_other_processes": [], "other_users": [], "unattributed": []}
+    for usage in usages:
+        for entry in usage.processes or ():
+            if _kernels_entry(entry, owner_of) is not None:
+                continue
+            base = {"gpu": usage.index, "pid": entry.pid, "used_memory_bytes": entry.used_memory_bytes}
+            if entry.whose == holdings.MINE:
+                lists["my_other_processes"].append({**base, "command": entry.command})
+            elif entry.whose == holdings.OTHERS:
+                lists["other_users"].append({**base, "user": entry.user, "command": entry.command})
+            else:
+                lists["unattributed"].append({**base, "note": entry.note or owners.EXITED_NOTE})
+    return lists
