@@ -102,7 +102,8 @@ export function statusText(reading: Reading | null, kernelId: string | null): IS
   }
   const reply: IStatusReply = reading.reply;
   if (!reply.driver.available) {
-    return { text: 'GPU n/a', title: `No GPU readings: ${reply.driver.reason ?? 'the NVIDIA driver cannot be reached'}. ${CLICK}` };
+    const reason = reply.driver.reason ?? 'the NVIDIA driver cannot be reached';
+    return { text: 'GPU n/a', title: `No GPU readings: ${reason}\n${CLICK}` };
   }
   if (kernelId === null) {
     return { text: 'GPU n/a', title: `This notebook has no running kernel. ${CLICK}` };

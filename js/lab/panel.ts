@@ -174,15 +174,21 @@ export class GpuPanel extends Widget {
     }
     const reply = reading.reply;
     const view: IView = { ...empty, updated: `updated ${clock(reply.generated_at)}`, user: reply.user, notes: reply.notes ?? [] };
-    if (!reply.driver.available) {
-      view.message = `No GPU readings: ${reply.driver.reason ?? 'the NVIDIA driver cannot be reached'}.`;
-    } else if (reply.gpus.length === 0) {
-      view.message = 'This server has no NVIDIA GPU.';
-    }
-    view.gpus = reply.gpus.map(gpu => gpuView(gpu, reply));
     const current = this._options.currentKernelId?.() ?? null;
     const kernels = reply.kernels.filter(k => !this._gone.has(k.id));
     this._forgetGone(reply);
+    if (!reply.driver.available) {
+      // Nothing is known about any kernel's GPU memory: say so rather than list them as holding none.
+      view.message = `No GPU readings: ${reply.driver.reason ?? 'the NVIDIA driver cannot be reached'}`;
+      view.quiet = kernels.length
+        ? `${plural(kernels.length, 'kernel')} running; ${kernels.length === 1 ? 'its' : 'their'} GPU memory cannot be read.`
+        : 'No kernel of this server is running.';
+      return view;
+    }
+    if (reply.gpus.length === 0) {
+      view.message = 'This server has no NVIDIA GPU.';
+    }
+    view.gpus = reply.gpus.map(gpu => gpuView(gpu, reply));
     const holding = kernels.filter(k => kernelTotal(k) > 0).sort((a, b) => kernelTotal(b) - kernelTotal(a));
     view.kernels = holding.map(k => kernelRow(k, reply.generated_at, k.id === current));
     const rest = kernels.filter(k => kernelTotal(k) <= 0);
@@ -262,7 +268,7 @@ export class GpuPanel extends Widget {
     const held = kernel ? formatPerGpu(kernel) : '';
     const body =
       `Shut down the kernel of ${name}${held ? `, which holds ${held}` : ''}? ` +
-      'Its variables are lost; the GPU memory goes back to the other users.';
+      'Its variables are lost, and the GPU memory it holds is freed.';
     const result = await showDialog({
       title: 'Shut down kernel?',
       body,
@@ -472,6 +478,10 @@ function drawKernel(row: IKernelRow): HTMLElement {
   bottom.append(actions);
   item.append(top, bottom);
   return item;
+}
+
+function plural(n: number, noun: string): string {
+  return n === 1 ? `1 ${noun}` : `${n} ${noun}s`;
 }
 
 function clock(unixSeconds: number): string {
