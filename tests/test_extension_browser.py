@@ -234,6 +234,11 @@ def test_lab_panel_status_bar_and_shutdown(server, page):
     shot(page, "extension-lab-panel-dark.png")
     switch_theme(page, "JupyterLab Light")
 
+    # Open: beta's row brings beta's notebook to the front.
+    page.locator(".tfgpu-lab-kernel", has_text="beta.ipynb").locator("button[data-action='open']").click()
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current", has_text="beta.ipynb").wait_for(timeout=10_000)
+    wait_for_status(page, expected["beta.ipynb"][0])
+
     # Shut down beta's kernel: a confirmation first, then it leaves the panel (and the server).
     beta = page.locator(".tfgpu-lab-kernel", has_text="beta.ipynb")
     beta_id = beta.get_attribute("data-kernel-id")
@@ -260,7 +265,22 @@ def test_lab_monitor_sidebar_magic(server, page):
     assert side.locator(".tfgpu-device").count() == 4
     assert page.locator(".jp-Notebook .tfgpu-monitor").count() == 0
     shot(page, "extension-lab-monitor-sidebar.png")
+    # The side tab belongs to the panel: asking for it again brings it forward, never a second one.
+    page.locator(".tfgpu-lab-side-note .tfgpu-lab-link").click()
+    time.sleep(1)
+    assert page.locator(".tfgpu-lab-side-area").count() == 1
     run_cell(page, 1)  # %gpu monitor off: the model closes, and the side tab with it
+    page.locator(".tfgpu-lab-side-area").wait_for(state="detached", timeout=15_000)
+
+    # Closing the notebook closes its widgets, the side tab with them.
+    run_cell(page, 0)
+    page.locator(".tfgpu-lab-side-area .tfgpu-monitor").wait_for(timeout=30_000)
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").click()
+    discard = page.locator(".jp-Dialog button", has_text=re.compile("Discard|Don.t Save", re.I))
+    try:
+        discard.first.click(timeout=5_000)  # the outputs changed: JupyterLab asks about saving
+    except PlaywrightTimeout:
+        pass
     page.locator(".tfgpu-lab-side-area").wait_for(state="detached", timeout=15_000)
 
 
@@ -271,11 +291,31 @@ def open_panel_from_view_menu(page) -> None:
     page.locator(".tfgpu-lab-panel").wait_for(state="visible", timeout=15_000)
 
 
+def status_requests(page) -> list[str]:
+    """The page's requests to the server extension, appended as Playwright hands them over (it
+    does so while the test waits through Playwright: page.wait_for_timeout, not time.sleep)."""
+    urls: list[str] = []
+    page.on("request", lambda r: urls.append(r.url) if "/tfgpu/api/status" in r.url else None)
+    return urls
+
+
+def set_hidden(page, hidden: bool) -> None:
+    """What the browser does when its tab goes to the background (or comes back)."""
+    page.evaluate(
+        "hidden => { Object.defineProperty(document, 'hidden', {value: hidden, configurable: true});"
+        " document.dispatchEvent(new Event('visibilitychange')); }",
+        hidden,
+    )
+
+
 def test_notebook7_tree_and_notebook_pages_reach_the_panel(server, page):
+    asked = status_requests(page)
     # A kernel of its own (gamma), started from Notebook 7's notebook page.
     page.goto(server.url("notebooks/gamma.ipynb"))
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     wait_for_kernel(page)
+    page.wait_for_timeout(2_000)
+    assert asked == []  # nothing on screen shows GPU memory (no status bar here, panel closed): no polling
     open_panel_from_view_menu(page)
     expected = expected_figures(server)
     wait_for_attribution(page, server, set(expected))
@@ -283,6 +323,19 @@ def test_notebook7_tree_and_notebook_pages_reach_the_panel(server, page):
     assert page.locator(".tfgpu-lab-kernel.tfgpu-lab-current .tfgpu-lab-kernel-name").inner_text() == "gamma.ipynb"
     assert page.locator(".tfgpu-lab-status").count() == 0  # Notebook 7 has no status bar: the item is simply absent
     shot(page, "extension-nb7-notebook-panel.png")
+
+    # While shown, the panel polls (every 0.5 s here); a hidden browser tab does not; shown again, it goes on.
+    before = len(asked)
+    page.wait_for_timeout(1_500)
+    assert len(asked) > before
+    set_hidden(page, True)
+    page.wait_for_timeout(500)  # a request already under way may still go out
+    hidden = len(asked)
+    page.wait_for_timeout(2_000)
+    assert len(asked) == hidden
+    set_hidden(page, False)
+    page.wait_for_timeout(1_000)
+    assert len(asked) > hidden
 
     page.goto(server.url("tree"))
     page.locator(".jp-DirListing-item", has_text="gamma.ipynb").first.wait_for(timeout=60_000)

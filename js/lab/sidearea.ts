@@ -12,6 +12,7 @@
 
 import { DOMWidgetModel, DOMWidgetView, ExportMap, ISerializers, unpack_models, WidgetModel } from '@jupyter-widgets/base';
 import { JupyterFrontEnd } from '@jupyterlab/application';
+import type { Kernel } from '@jupyterlab/services';
 import type { ObjectHash } from 'backbone';
 import { Panel } from '@lumino/widgets';
 
@@ -32,6 +33,16 @@ class SideWidget extends Panel {
     this.title.caption = `${title} (%gpu monitor)`;
     this.title.closable = true;
   }
+}
+
+/**
+ * The kernel connection a widget manager talks through.  ipywidgets' JupyterLab managers all
+ * have a `kernel` property (the notebook's session kernel, or the one they were made for), but
+ * the base interface does not declare it.
+ */
+function kernelOf(manager: unknown): Kernel.IKernelConnection | null {
+  const kernel = (manager as { kernel?: Kernel.IKernelConnection | null } | null)?.kernel;
+  return kernel && typeof kernel.disposed?.connect === 'function' ? kernel : null;
 }
 
 /** The model and view classes, bound to this app's shell. */
@@ -89,10 +100,28 @@ export function sideAreaExports(shell: JupyterFrontEnd.IShell): ExportMap {
         side.dispose(); // closed while the view was being made
         return null;
       }
-      // Closed by the user (Notebook 7's side panel can close tabs): a later "Show" opens it again.
+      // Closed by the user (the tab's close button): a later "show it" opens it again.
       side.disposed.connect(() => {
         this.side = undefined;
       });
+      // The notebook closed (its kernel connection goes, and with it every comm: the chart would
+      // stay on screen, frozen) or the kernel died: the side tab goes too.  A restart needs no
+      // watching: the widget manager closes every model then.
+      const kernel = kernelOf(this.widget_manager);
+      if (kernel) {
+        const onStatus = (_: unknown, status: Kernel.Status): void => {
+          if (status === 'dead') {
+            side.dispose();
+          }
+        };
+        const onDisposed = (): void => side.dispose();
+        kernel.disposed.connect(onDisposed);
+        kernel.statusChanged.connect(onStatus);
+        side.disposed.connect(() => {
+          kernel.disposed.disconnect(onDisposed);
+          kernel.statusChanged.disconnect(onStatus);
+        });
+      }
       shell.add(side, AREA, { rank: RANK });
       return side;
     }
