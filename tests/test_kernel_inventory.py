@@ -341,3 +341,51 @@ def test_the_inventory_runs_where_there_is_no_jupyter_server():
         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=60,
     )
     assert probe.stdout.strip() == "[]", probe.stderr
+
+
+# -- a real NVIDIA machine --------------------------------------------------------------------
+ALLOCATE_AND_WAIT = """
+import sys
+try:
+    import cupy
+    block = cupy.zeros(256 * 1024 * 1024, dtype=cupy.uint8)
+    cupy.cuda.runtime.deviceSynchronize()
+except ImportError:
+    import torch
+    block = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+print("allocated", flush=True)
+sys.stdin.read()
+"""
+KERNEL_STARTING_A_CHILD = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_a_kernels_child_holds_memory_for_the_kernel():
+    nvml = Nvml()
+    if not nvml.available():
+        pytest.skip("no NVIDIA driver reachable through NVML")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL_STARTING_A_CHILD, ALLOCATE_AND_WAIT],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        if kernel.stdout.readline().strip() != "allocated":
+            pytest.skip("neither CuPy nor PyTorch could allocate on the GPU")
+        [child] = _children(kernel.pid)
+        found: dict = {}
+        for _ in range(50):  # NVML lists a new context within moments
+            reply = inventory(nvml, [KernelDescription("k", pid=kernel.pid)], owners.PsutilProcessTable())
+            found = reply["kernels"][0]
+            if found["child_pids"]:
+                break
+            time.sleep(0.1)
+        assert found["note"] is None, found["note"]  # a note here: NVML lists pids of another namespace
+        assert found["child_pids"] == [child]
+        assert found["gpu_memory_bytes"]["0"] is None or found["gpu_memory_bytes"]["0"] >= 256 * MIB
+        assert reply["gpus"][0]["split"]["kernels_bytes"] == found["gpu_memory_bytes"]["0"]
+    finally:
+        kernel.stdin.close()
+        kernel.wait(timeout=60)
+        kernel.stdout.close()
