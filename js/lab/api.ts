@@ -45,7 +45,9 @@ export interface IKernel {
   last_activity: string | null; // ISO 8601, the server's clock
   pid: number | null;
   child_pids: number[];
-  gpu_memory_bytes: Record<string, number>; // nvidia-smi index (as a string) -> bytes, only GPUs it holds
+  // nvidia-smi index (as a string) -> bytes, only GPUs it holds memory on; null where NVML lists
+  // its processes there but cannot say how much they hold.
+  gpu_memory_bytes: Record<string, number | null>;
   total_gpu_memory_bytes: number | null;
   note: string | null; // why it cannot be attributed, when it cannot
 }

@@ -20,12 +20,17 @@ export function formatBytes(bytes: number | null | undefined): string {
   return `${(bytes / GIB).toFixed(1)} GiB`;
 }
 
-/** The GPUs a kernel holds memory on, lowest index first: [[1, bytes], ...]. */
-export function perGpu(kernel: IKernel): Array<[number, number]> {
+/** The GPUs a kernel holds memory on, lowest index first: [[1, bytes], ...]; bytes null: unknown. */
+export function perGpu(kernel: IKernel): Array<[number, number | null]> {
   return Object.entries(kernel.gpu_memory_bytes ?? {})
-    .map(([index, bytes]): [number, number] => [Number(index), bytes])
-    .filter(([index, bytes]) => Number.isFinite(index) && bytes > 0)
+    .map(([index, bytes]): [number, number | null] => [Number(index), bytes])
+    .filter(([index, bytes]) => Number.isFinite(index) && (bytes === null || bytes > 0))
     .sort((a, b) => a[0] - b[0]);
+}
+
+/** True when the kernel holds memory on some GPU, even an amount NVML cannot tell. */
+export function holdsGpuMemory(kernel: IKernel): boolean {
+  return perGpu(kernel).length > 0;
 }
 
 /** ["GPU 0: 1.0 GiB", "GPU 1: 2.0 GiB"]: one figure per GPU the kernel holds memory on. */
@@ -38,9 +43,9 @@ export function formatPerGpu(kernel: IKernel): string {
   return gpuFigures(kernel).join(' · ');
 }
 
-/** Bytes a kernel holds over all GPUs (the server's total when it gave one). */
+/** Bytes a kernel holds over all GPUs, for sorting: the server's total, else what is known. */
 export function kernelTotal(kernel: IKernel): number {
-  return kernel.total_gpu_memory_bytes ?? perGpu(kernel).reduce((sum, [, bytes]) => sum + bytes, 0);
+  return kernel.total_gpu_memory_bytes ?? perGpu(kernel).reduce((sum, [, bytes]) => sum + (bytes ?? 0), 0);
 }
 
 /** A kernel's name for people: the notebook's file name, else its session's, else its id. */
@@ -119,6 +124,10 @@ export function statusText(reading: Reading | null, kernelId: string | null): IS
     }
     return { text: 'no GPU memory', title: `This notebook's kernel holds no GPU memory. ${CLICK}` };
   }
-  const note = kernel.note ? ` (${kernel.note})` : '';
+  const notes = [kernel.note];
+  if (perGpu(kernel).some(([, bytes]) => bytes === null)) {
+    notes.push('n/a: NVML lists its processes there but not how much memory they hold');
+  }
+  const note = notes.filter(Boolean).length ? ` (${notes.filter(Boolean).join('; ')})` : '';
   return { text: held, title: `${kernelLabel(kernel)}: its kernel holds ${held}${note}. ${CLICK}` };
 }

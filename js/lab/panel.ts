@@ -13,7 +13,16 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IGpu, IKernel, IProcess, IStatusReply, Reading, StatusPoller } from './api';
-import { formatActivity, formatBytes, formatPerGpu, gpuFigures, kernelLabel, kernelTotal } from './format';
+import {
+  formatActivity,
+  formatBytes,
+  formatPerGpu,
+  gpuFigures,
+  holdsGpuMemory,
+  kernelLabel,
+  kernelTotal,
+  perGpu
+} from './format';
 import { gpuIcon } from './icons';
 
 export const PANEL_ID = 'tfgpu-magic-panel';
@@ -189,9 +198,9 @@ export class GpuPanel extends Widget {
       view.message = 'This server has no NVIDIA GPU.';
     }
     view.gpus = reply.gpus.map(gpu => gpuView(gpu, reply));
-    const holding = kernels.filter(k => kernelTotal(k) > 0).sort((a, b) => kernelTotal(b) - kernelTotal(a));
+    const holding = kernels.filter(holdsGpuMemory).sort((a, b) => kernelTotal(b) - kernelTotal(a));
     view.kernels = holding.map(k => kernelRow(k, reply.generated_at, k.id === current));
-    const rest = kernels.filter(k => kernelTotal(k) <= 0);
+    const rest = kernels.filter(k => !holdsGpuMemory(k));
     const unattributable = rest.filter(k => k.note);
     view.unattributable = unattributable.map(k => `${kernelLabel(k)}: ${k.note}`);
     const quiet = rest.length - unattributable.length;
@@ -360,7 +369,7 @@ function processesOf(part: Part, index: number, reply: IStatusReply): string[] {
   let lines: string[] = [];
   if (part === 'kernels') {
     lines = reply.kernels
-      .filter(k => (k.gpu_memory_bytes?.[String(index)] ?? 0) > 0)
+      .filter(k => perGpu(k).some(([gpu]) => gpu === index))
       .map(k => `  ${kernelLabel(k)}: ${formatBytes(k.gpu_memory_bytes[String(index)])}`);
   } else if (part === 'my_other' || part === 'others' || part === 'unattributed') {
     const source: IProcess[] =
