@@ -6,14 +6,16 @@ BIN := $(VENV)/bin
 
 .PHONY: setup test bench
 
-# System packages: Chromium for the browser tests, Node and npm to build the panel's front end.
+# System packages: Chromium for the browser tests, Node and npm to build the front ends (the panel's
+# bundle and the JupyterLab extension; `pip install -e` runs `npm run build`, and copies the built
+# extension into the venv, so JupyterLab and Notebook 7 load it with no `jupyter lab build`).
 APT_NEEDS := $(if $(shell command -v chromium),,chromium) $(if $(shell command -v npm),,nodejs npm)
 
 setup:
 	@if [ -n "$(strip $(APT_NEEDS))" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $(APT_NEEDS); \
 	  else echo "Not root, so not installing: $(APT_NEEDS) (sudo apt-get install -y $(APT_NEEDS));" \
-	    "without Chromium the browser tests skip, without npm the panel cannot be built"; fi; \
+	    "without Chromium the browser tests skip, without npm the front ends cannot be built"; fi; \
 	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

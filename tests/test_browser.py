@@ -7,30 +7,24 @@ draw new points while that cell still runs.  Screenshots go to test-artifacts/ f
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import secrets
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
+from browser_support import (
+    REPO,
+    chromium,
+    has_chromium,
+    has_labextension,
+    jupyter_server,
+    notebook,
+    prompt,
+    run_cell,
+    shot,
+    switch_theme,
+    wait_for_kernel,
+    wait_for_output,
+)
 
-CHROMIUM = "/usr/bin/chromium"
-REPO = pathlib.Path(__file__).resolve().parents[1]
-ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 LEGEND = ["Time", "Total", "Used (all)", "This kernel", "TF in use", "TF peak", "Limit"]
 TITLES = [
     "GPU 0 · NVIDIA A100-SXM4-40GB",
@@ -41,13 +35,10 @@ TITLES = [
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.skipif(not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"),
     pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"no Chromium at {CHROMIUM} (apt-get install -y chromium)",
-    ),
-    pytest.mark.skipif(
-        not (REPO / "tfgpu_magic" / "static" / "widget.js").is_file(),
-        reason="the panel's front end is not built (npm install && npm run build)",
+        not (REPO / "tfgpu_magic" / "static" / "widget.js").is_file() or not has_labextension(),
+        reason="the front ends are not built (npm install && npm run build)",
     ),
 ]
 
@@ -78,26 +69,6 @@ print("busy cell done")
 CHECK = 'print("sampler running:", monitor.sampler_running(), monitor.active_sampler())'
 
 
-def notebook(*sources: str) -> str:
-    cells = [
-        {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
-         "outputs": [], "source": source}
-        for i, source in enumerate(sources)
-    ]
-    return json.dumps({
-        "cells": cells,
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    })
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server on loopback with a token and a throwaway root and settings."""
@@ -105,64 +76,15 @@ def lab(tmp_path_factory):
     home = tmp_path_factory.mktemp("lab-home")
     (root / "monitor.ipynb").write_text(notebook(SETUP, OPEN, BUSY, CHECK))
     (root / "sidebar.ipynb").write_text(notebook(SETUP, OPEN_SIDEBAR, SECOND, CHECK))
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(
-        os.environ,
-        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-        JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
-        JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
-        IPYTHONDIR=str(home / "ipython"),
-    )
-    # No "get notified about Jupyter news?" toast over the panel in screenshots.
-    notes = home / "settings" / "@jupyterlab" / "apputils-extension"
-    notes.mkdir(parents=True)
-    (notes / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = open(ARTIFACTS / "jupyterlab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
-         "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_server(f"{base}/api/status?token={token}", proc)
-        yield base, token
-    finally:
-        proc.send_signal(signal.SIGINT)  # lets the server shut its kernels down
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
-
-
-def wait_for_server(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited ({proc.returncode}); see {ARTIFACTS}/jupyterlab.log")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"JupyterLab did not answer within {timeout} s")
+    with jupyter_server(root, home, log_name="jupyterlab.log") as server:
+        yield server.base, server.token
 
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    pytest.importorskip("playwright.sync_api")
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture
@@ -177,7 +99,7 @@ def open_notebook(lab, browser):
         workspace = name.removesuffix(".ipynb")
         page.goto(f"{base}/lab/workspaces/{workspace}/tree/{name}?token={token}&reset")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        wait_for_kernel(page)
         return page
 
     yield open_one
@@ -185,33 +107,7 @@ def open_notebook(lab, browser):
         page.close()
 
 
-# -- helpers that drive the notebook -------------------------------------------------------
-def run_cell(page, index: int) -> None:
-    """Run one cell, and make sure it was queued (a key press can land before the editor is ready)."""
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
-    for _ in range(3):
-        cell.locator(".jp-InputArea-editor").click()
-        page.keyboard.press("Shift+Enter")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if prompt(page, index) != "[ ]:":
-                return
-            time.sleep(0.1)
-    shot(page, f"run-cell-{index}-failed.png")
-    raise AssertionError(f"cell {index} did not start; see {ARTIFACTS}/run-cell-{index}-failed.png")
-
-
-def prompt(page, index: int) -> str:
-    text = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt").inner_text()
-    return text.strip()
-
-
-def wait_for_output(page, index: int, text: str, timeout: float = 60_000) -> str:
-    output = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-OutputArea-output")
-    output.filter(has_text=text).first.wait_for(timeout=timeout)
-    return output.all_inner_texts()[-1]
-
-
+# -- what the chart holds ----------------------------------------------------------------------
 def received(page) -> int:
     return int(page.locator(".tfgpu-monitor").first.get_attribute("data-received") or 0)
 
@@ -229,11 +125,6 @@ def series(page, key: str, name: str) -> list:
         }""",
         [key, name],
     )
-
-
-def shot(target, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    target.screenshot(path=str(ARTIFACTS / name))
 
 
 # -- the tests -------------------------------------------------------------------------------
@@ -344,6 +235,7 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     panel = page.locator("#jp-right-stack .tfgpu-monitor")  # JupyterLab's right side panel
     assert panel.locator(".tfgpu-device").count() == 4
     assert page.locator(".jp-Notebook .tfgpu-monitor").count() == 0  # not in the notebook
+    assert wait_for_output(page, 1, "side area").startswith("GPU monitor opened in the right side area")
     page.evaluate("() => window.dispatchEvent(new Event('resize'))")
 
     # A second panel in the notebook shares the sampler: the sidebar's control follows its interval.
@@ -357,8 +249,3 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     run_cell(page, 3)
     assert wait_for_output(page, 3, "sampler running:").startswith("sampler running: True")
 
-
-def switch_theme(page, name: str) -> None:
-    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
-    page.locator(".lm-Menu-itemLabel", has_text="Theme").first.hover()
-    page.locator(".lm-Menu-itemLabel", has_text=name).first.click()

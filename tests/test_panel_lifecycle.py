@@ -176,12 +176,13 @@ def test_a_panel_stopped_by_its_button_stays_on_screen_until_monitor_off_closes_
 
 def test_closing_a_panel_closes_its_layout_and_its_sidebar(shell):
     pytest.importorskip("tfgpu_magic.widget")
-    pytest.importorskip("sidecar")
     fake = Nvml(lib=shared_server())
     before = registries()
     for sidebar in (False, True):
         panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=True, sidebar=sidebar)
-        assert (panel.sidecar is not None) is sidebar
+        assert (panel.side_area is not None) is sidebar
+        if sidebar:
+            assert panel.side_area.child is panel
         panel.close()
         assert registries() == before
     panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=True, sidebar=True)

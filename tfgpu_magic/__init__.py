@@ -37,6 +37,14 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "tfgpu_magic.serverext"}]
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the prebuilt JupyterLab extension lives (``jupyter labextension develop`` links it).
+
+    The wheel installs the same files under ``share/jupyter/labextensions/tfgpu-magic``.
+    """
+    return [{"src": "labextension", "dest": "tfgpu-magic"}]
+
+
 def set_device_source(lib: Any) -> None:
     """Read GPUs through ``lib``, a pynvml-like object (``tfgpu_magic.simulated.shared_server()``)."""
     from .session import set_device_source as _set

@@ -668,10 +668,9 @@ def _show(panel: Any, sidebar: bool) -> None:
     if not sidebar:
         display(panel)
         return
-    from sidecar import Sidecar
+    from .widget import SideArea
 
-    side = Sidecar(title="GPU memory")
-    with side:
-        display(panel)
-    panel.sidecar = side  # keep it, so closing the panel can close the tab too
+    side = SideArea(child=panel, title="GPU memory")
+    display(side)  # the cell shows one line; the panel goes to the side area
+    panel.side_area = side  # kept, so closing the panel closes the side tab too
 

@@ -8,10 +8,14 @@ shell channel and take effect once the running cell ends; pause is handled in th
 alone, so it answers at once.
 
 A panel is two widgets in the kernel (its model and the ``Layout`` every DOM widget has), four
-with a sidebar (the ``Sidecar`` output and its ``Layout``), each with a comm.  ``close()``
-releases them all; ``%gpu monitor off`` closes every panel, so repeated open/off cycles leave
-nothing behind.  The *Stop* button only stops a panel: its frozen chart stays on screen until
-``%gpu monitor off`` or ``close()``.
+with a sidebar (the :class:`SideArea` that holds it and its ``Layout``), each with a comm.
+``close()`` releases them all; ``%gpu monitor off`` closes every panel, so repeated open/off
+cycles leave nothing behind.  The *Stop* button only stops a panel: its frozen chart stays on
+screen until ``%gpu monitor off`` or ``close()``.
+
+``--sidebar`` shows the panel in the right side area of JupyterLab or Notebook 7 through
+:class:`SideArea`, a widget whose front end is part of this package's JupyterLab extension
+(``js/lab/sidearea.ts``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,16 @@ import traitlets
 
 from .monitor import MAX_INTERVAL_S, MAX_WINDOW_S, MIN_INTERVAL_S, DeviceSample, Hub, Sample, Sampler
 
-__all__ = ["MemoryPanel", "batch"]
+__all__ = ["MemoryPanel", "SideArea", "batch"]
+
+from . import __version__
 
 _STATIC = pathlib.Path(__file__).parent / "static"
+
+# The JupyterLab extension's npm package, which registers the SideArea widget's model and view
+# (package.json "name"; js/lab/version.ts).  Its version is the Python package's.
+NPM_PACKAGE = "tfgpu-magic"
+NPM_RANGE = f"^{__version__}"
 
 # Built by `npm run build` (esbuild, from js/), at install time by hatch-jupyter-builder.
 _MISSING_BUNDLE = """
@@ -98,7 +109,7 @@ class MemoryPanel(anywidget.AnyWidget):
     running = traitlets.Bool(False).tag(sync=True)  # False once stopped: no more points come
 
     # Until __init__ has joined the hub (a refused window, say), stop() and close() have nothing to do.
-    sidecar: Optional[Any] = None  # set when shown in JupyterLab's side panel
+    side_area: Optional["SideArea"] = None  # set when shown in the side area (``--sidebar``)
     _hub: Optional[Hub] = None
     _sampler: Optional[Sampler] = None
 
@@ -182,13 +193,41 @@ class MemoryPanel(anywidget.AnyWidget):
         self.stop()
         if self._hub is not None:
             self._hub.forget(self)
-        side, self.sidecar = self.sidecar, None
+        side, self.side_area = self.side_area, None
         if side is not None:
             _close_with_layout(side)
         layout = self._trait_values.get("layout")  # without creating one
         super().close()
         if isinstance(layout, ipywidgets.Widget):
             layout.close()
+
+
+class SideArea(ipywidgets.DOMWidget):
+    """Shows ``child`` in the right side area of JupyterLab or Notebook 7, not in the cell.
+
+    The cell's output keeps one line saying so.  Its front end (model and view) comes with
+    this package's JupyterLab extension; a front end without it (VS Code, say) cannot show
+    it, and says so through the plain-text form below.  Closing it closes the side tab.
+    """
+
+    _model_name = traitlets.Unicode("SideAreaModel").tag(sync=True)
+    _model_module = traitlets.Unicode(NPM_PACKAGE).tag(sync=True)
+    _model_module_version = traitlets.Unicode(NPM_RANGE).tag(sync=True)
+    _view_name = traitlets.Unicode("SideAreaView").tag(sync=True)
+    _view_module = traitlets.Unicode(NPM_PACKAGE).tag(sync=True)
+    _view_module_version = traitlets.Unicode(NPM_RANGE).tag(sync=True)
+
+    child = traitlets.Instance(ipywidgets.Widget, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
+    title = traitlets.Unicode("GPU memory").tag(sync=True)  # the side tab's label
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Optional[dict]:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:  # what a front end without widgets shows instead
+            bundle["text/plain"] = (
+                f"{self.title}: shown in the side area of JupyterLab or Notebook 7 (tfgpu_magic's "
+                "JupyterLab extension); elsewhere run `%gpu monitor` without --sidebar"
+            )
+        return bundle
 
 
 def _close_with_layout(widget: Any) -> None:

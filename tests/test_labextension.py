@@ -1,0 +1,121 @@
+"""The JupyterLab extension's packaging, without a browser: names and versions that must agree
+across package.json, the TypeScript sources, the Python widget and pyproject; the entry point; and
+the SideArea widget behind ``%gpu monitor --sidebar``.  (tests/test_extension_browser.py drives it
+in Chromium; tests/test_install.py installs the wheel into a fresh environment.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tfgpu_magic
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE_JSON = json.loads((REPO / "package.json").read_text())
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+NAME = PACKAGE_JSON["name"]
+
+
+def ts_constant(name: str) -> str:
+    source = (REPO / "js" / "lab" / "version.ts").read_text()
+    return re.search(rf"export const {name} = '([^']+)';", source).group(1)
+
+
+def test_one_name_and_one_version_everywhere():
+    from tfgpu_magic import widget
+
+    assert NAME == "tfgpu-magic" == ts_constant("MODULE_NAME") == widget.NPM_PACKAGE
+    assert PACKAGE_JSON["version"] == tfgpu_magic.__version__ == PYPROJECT["project"]["version"]
+    assert ts_constant("MODULE_VERSION") == PACKAGE_JSON["version"]
+    assert widget.NPM_RANGE == f"^{tfgpu_magic.__version__}"
+
+
+def test_the_entry_point_names_the_built_folder_and_the_wheel_installs_it_there():
+    [path] = tfgpu_magic._jupyter_labextension_paths()
+    assert path == {"src": "labextension", "dest": NAME}
+    assert PACKAGE_JSON["jupyterlab"]["outputDir"] == f"tfgpu_magic/{path['src']}"
+    shared = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
+    assert shared["tfgpu_magic/labextension"] == f"share/jupyter/labextensions/{NAME}"
+    assert shared["install.json"] == f"share/jupyter/labextensions/{NAME}/install.json"
+    install = json.loads((REPO / "install.json").read_text())
+    assert install["packageManager"] == "python" and install["packageName"] == PYPROJECT["project"]["name"]
+
+
+def test_the_build_hook_builds_and_checks_both_front_ends():
+    hook = PYPROJECT["tool"]["hatch"]["build"]["hooks"]["jupyter-builder"]
+    for targets in (hook["ensured-targets"], hook["skip-if-exists"]):
+        assert "tfgpu_magic/static/widget.js" in targets
+        assert "tfgpu_magic/labextension/package.json" in targets
+    assert PACKAGE_JSON["scripts"]["build"] == "npm run build:widget && npm run build:lab"
+    assert "jupyter labextension build ." in PACKAGE_JSON["scripts"]["build:lab"]
+    assert any(r.startswith("jupyterlab") for r in PYPROJECT["build-system"]["requires"])
+    # No "type": "module": Node would read every .js below the checkout (a .venv's included) as ESM.
+    assert "type" not in PACKAGE_JSON
+
+
+def test_ipywidgets_base_is_shared_not_bundled():
+    shared = PACKAGE_JSON["jupyterlab"]["sharedPackages"]["@jupyter-widgets/base"]
+    assert shared == {"bundled": False, "singleton": True}
+
+
+@pytest.mark.skipif(not (REPO / "tfgpu_magic" / "labextension" / "package.json").is_file(), reason="not built")
+def test_the_built_extension_is_this_package():
+    built = json.loads((REPO / "tfgpu_magic" / "labextension" / "package.json").read_text())
+    assert built["name"] == NAME and built["version"] == PACKAGE_JSON["version"]
+    load = REPO / "tfgpu_magic" / "labextension" / built["jupyterlab"]["_build"]["load"]
+    assert load.is_file()
+
+
+def test_importing_the_package_for_its_entry_points_stays_light():
+    code = (
+        "import sys, tfgpu_magic\n"
+        "tfgpu_magic._jupyter_labextension_paths()\n"
+        "print(sorted(m for m in ('ipywidgets', 'anywidget', 'jupyterlab', 'jupyter_server', 'IPython') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# -- the SideArea widget ---------------------------------------------------------------------------
+def test_the_side_area_names_the_extensions_model_and_view():
+    from tfgpu_magic.widget import SideArea
+
+    side = SideArea()
+    try:
+        state = side.get_state()
+        assert (state["_model_module"], state["_view_module"]) == (NAME, NAME)
+        assert state["_model_module_version"] == state["_view_module_version"] == f"^{tfgpu_magic.__version__}"
+        assert (state["_model_name"], state["_view_name"]) == ("SideAreaModel", "SideAreaView")
+        assert state["child"] is None and state["title"] == "GPU memory"
+    finally:
+        side.close()
+
+
+def test_a_front_end_without_widgets_is_told_where_the_panel_went():
+    from tfgpu_magic.widget import SideArea
+
+    side = SideArea(title="GPU memory")
+    try:
+        bundle = side._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        assert bundle["text/plain"].startswith("GPU memory: shown in the side area of JupyterLab or Notebook 7")
+        assert "`%gpu monitor` without --sidebar" in bundle["text/plain"]
+    finally:
+        side.close()
+
+
+def test_sidecar_is_gone():
+    assert not any(d.startswith("sidecar") for d in PYPROJECT["project"]["dependencies"])
+    assert "sidecar" not in (REPO / "tfgpu_magic" / "monitor.py").read_text()
