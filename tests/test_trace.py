@@ -222,3 +222,61 @@ def test_peak_windows_survive_nested_resets():
 )
 def test_format_line(start, stats, expected):
     assert trace.format_line("CPU:0", start, stats, 1.234) == f"[gpu trace] CPU:0: {expected}, 1.23 s"
+
+
+# -- cells run inside a cell: `%%capture` runs its body with shell.run_cell --------------------
+def test_capture_of_status_json_holds_only_the_json(gpu, tracing, shell, capsys, session):
+    """Tutorial 2's pattern: the trace line belongs to the notebook cell, not to %%capture's body."""
+    import json
+
+    started_with(session, {"CPU:0": AllocatorStats(0, 0)})
+    tracing(True)
+    capsys.readouterr()
+    ok, out, err = run(shell, capsys, "%%capture status_json\n%gpu status --json")
+    assert (ok, err) == (True, "")
+    captured = shell.user_ns["status_json"].stdout
+    assert "[gpu trace]" not in captured
+    assert json.loads(captured)["me"]["label"] == "this kernel"
+    # The line is printed once, for the notebook's cell, after the capture has ended.
+    assert [re.sub(r", \d+\.\d\d s$", ", T s", line) for line in out.splitlines()] == [
+        "[gpu trace] CPU:0: peak 0 B (+0 B in this cell), retained unchanged, T s"
+    ]
+
+
+def test_the_outer_cell_reports_what_its_captured_body_allocated(tracing, shell, capsys, session):
+    stats = {"CPU:0": AllocatorStats(MIB, MIB)}
+    started_with(session, stats)
+    tracing(True)
+    capsys.readouterr()
+    shell.user_ns.update(stats=stats, AllocatorStats=AllocatorStats, MIB=MIB)
+    ok, out, _ = run(shell, capsys, "%%capture inner\nstats['CPU:0'] = AllocatorStats(5 * MIB, 9 * MIB)")
+    assert ok and shell.user_ns["inner"].stdout == ""
+    assert [re.sub(r", \d+\.\d\d s$", ", T s", line) for line in out.splitlines()] == [
+        "[gpu trace] CPU:0: peak 9 MiB (+8 MiB in this cell), retained +4 MiB, T s"
+    ]
+    # A blank body is a cell IPython announces only after it ran: still one line, outside.
+    ok, out, _ = run(shell, capsys, "%%capture blank\n\n")
+    assert ok and shell.user_ns["blank"].stdout == ""
+    assert len(out.splitlines()) == 1 and out.startswith("[gpu trace] CPU:0: ")
+    # And the next ordinary cell is traced as before.
+    assert len(run(shell, capsys, "z = 1")[1].splitlines()) == 1
+
+
+def test_turning_tracing_on_inside_a_capture_prints_nothing_until_the_next_cell(gpu, shell, capsys, session):
+    started_with(session, {"CPU:0": AllocatorStats(0, 0)})
+    try:
+        ok, out, _ = run(shell, capsys, "%%capture answer\n%gpu trace")
+        assert ok and out == ""
+        assert shell.user_ns["answer"].stdout.startswith("tracing on: ")
+        assert run(shell, capsys, "z = 2")[1].startswith("[gpu trace] CPU:0: ")
+    finally:
+        trace.set_tracing(shell, session, False)
+
+
+@pytest.mark.slow
+def test_capture_of_status_json_in_a_real_kernel(kernel):
+    import json
+
+    assert "[gpu trace]" not in kernel["captured"]
+    assert json.loads(kernel["captured"])["tensorflow"]["stage"] == "started"
+    assert [line.split(": peak")[0] for line in lines(kernel["capture"])] == ["[gpu trace] CPU:0"]

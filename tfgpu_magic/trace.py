@@ -8,6 +8,11 @@ statistics only when ``TF_CPU_ALLOCATOR_USE_BFC=true`` was set before TensorFlow
 
 The hooks take IPython's event signatures (``pre_run_cell(info)``, ``post_run_cell(result)``)
 and never break a cell: a failure is reported once on stderr and tracing goes on.
+
+One line set per notebook cell: ``%%capture`` (and any code calling ``shell.run_cell``) runs its
+body as a cell of its own, whose events fire inside the capture.  A line printed there would land
+in the captured text (``json.loads(captured.stdout)`` then fails), so cells nested in a cell are
+not reported: the outer cell's line, printed after the capture has ended, includes them.
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ class Tracer:
         self._window: Optional[PeakWindow] = None
         self._started_at: Optional[float] = None
         self._warned: set[str] = set()
+        self._cells: list[Any] = []  # the ExecutionInfo of each cell running, outermost first
 
     def start(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
@@ -121,9 +127,13 @@ class Tracer:
         self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
         self.active = False
+        self._cells.clear()
         self._close()
 
     def pre_run_cell(self, info: Any = None) -> None:
+        self._cells.append(info)
+        if len(self._cells) > 1:  # a cell run inside a cell (%%capture's body): the outer one reports
+            return
         try:
             self._close()
             self._window = self.session.tf.open_peak_window()
@@ -132,7 +142,9 @@ class Tracer:
             self._failed(err)
 
     def post_run_cell(self, result: Any = None) -> None:
-        if self._started_at is None:  # the cell that turned tracing on had no pre_run_cell
+        if not self._ended(result) or self._cells:  # not one we saw begin, or still inside one
+            return
+        if self._started_at is None:
             return
         try:
             seconds = time.perf_counter() - self._started_at
@@ -143,6 +155,24 @@ class Tracer:
             self._failed(err)
         finally:
             self._close()
+
+    def _ended(self, result: Any) -> bool:
+        """Forget the cell that ``result`` ends; False for a cell whose start was not seen.
+
+        IPython announces a blank cell only at its end, and the cell that turned tracing on
+        began before the hooks were there.  ``result.info`` is the object ``pre_run_cell`` got.
+        """
+        info = getattr(result, "info", None)
+        if info is None:  # no ExecutionInfo to match (a caller of our own): the innermost ends
+            if not self._cells:
+                return False
+            self._cells.pop()
+            return True
+        for depth in range(len(self._cells) - 1, -1, -1):
+            if self._cells[depth] is info:
+                del self._cells[depth:]  # and any inner cell whose end never came
+                return True
+        return False
 
     def lines(self, seconds: float) -> list[str]:
         """The report for the cell that just ran (empty until TensorFlow has started)."""

@@ -9,7 +9,7 @@ import os
 
 os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # before anything reads it
 
-from memory_shell import cell, finish, results  # noqa: E402
+from memory_shell import cell, finish, ip, results  # noqa: E402
 results["env_before"] = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC")
 results["on"] = cell("%gpu trace")
 results["env_after"] = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC")
@@ -27,6 +27,9 @@ results["nested_reset"] = cell(
     "scratch = tf.ones([8 * 1024 * 1024])\ndel scratch\n"
     "from tfgpu_magic.session import get_session\nget_session().tf.open_peak_window().close()"
 )
+# Tutorial 2's pattern: %%capture runs its body as a cell of its own; the line stays outside.
+results["capture"] = cell("%%capture status_json\n%gpu status --json")
+results["captured"] = ip.user_ns["status_json"].stdout
 results["on_when_started"] = cell("%gpu trace")
 results["off"] = cell("%gpu trace off")
 results["after_off"] = cell("big = tf.ones([16 * 1024 * 1024])")
