@@ -16,11 +16,12 @@ __all__ = ["__version__", "load_ipython_extension", "set_device_source", "unload
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext tfgpu_magic``: register ``%gpu`` and apply an administrator's defaults."""
-    from .magics import GpuMagics, complete
+    from .magics import GpuMagics, complete, register_completion
 
     magics = GpuMagics(ipython)
     ipython.register_magics(magics)
-    ipython.set_hook("complete_command", complete, str_key="%gpu")
+    register_completion(ipython)  # %gpu's words first and alone, ahead of Jedi's names
+    ipython.set_hook("complete_command", complete, str_key="%gpu")  # `gpu ...` without the %
     magics.session.prepare()
     from .oom import install as explain_out_of_memory  # hooks in when TensorFlow is imported
 

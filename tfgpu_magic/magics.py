@@ -6,8 +6,10 @@ errors into IPython's one-line ``UsageError``.  ``%gpu?`` shows :data:`MANUAL`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
+from IPython.core.completer import SimpleCompletion, context_matcher
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import List, Unicode, observe
@@ -16,7 +18,7 @@ from . import grammar
 from .plan import Plan, PlanError
 from .session import Session, SessionError, get_session
 
-__all__ = ["GpuMagics", "MANUAL"]
+__all__ = ["COMPLETION_ID", "GpuMagics", "MANUAL", "complete", "register_completion"]
 
 MANUAL = grammar.manual()  # generated from grammar.TABLE, where each verb is declared once
 
@@ -182,3 +184,46 @@ def _planned(session: Session, command: Any) -> Any:
 def complete(shell: Any, event: Any) -> list[str]:
     """Tab completion: verbs after ``%gpu``, then each verb's words (see grammar.complete)."""
     return grammar.complete(event.line)
+
+
+COMPLETION_ID = "tfgpu_magic.gpu"  # the matcher's name in IPCompleter.suppress_competing_matchers
+# `%gpu ...` on any line (also `x = %gpu ...`), `%%gpu ...` on the cell's first line.
+_GPU_LINE = re.compile(r"^\s*(?:[A-Za-z_]\w*\s*=\s*)?(%gpu)\s|^\s*(%%gpu)\s")
+
+
+def register_completion(shell: Any) -> None:
+    """Complete ``%gpu``/``%%gpu`` lines with our words only, ahead of Jedi and file names.
+
+    The ``complete_command`` hook (kept for ``gpu ...`` typed without ``%``) cannot do this:
+    IPython lists Jedi's names before any hook's words, so ``%gpu monitor --s`` offered
+    ``set``, ``setattr``, ... first.  A matcher of our own asks IPython to suppress the others
+    whenever it has words to offer.  Registering twice (a second ``%load_ext``) adds nothing.
+    """
+    completer = getattr(shell, "Completer", None)
+    matchers = getattr(completer, "custom_matchers", None)
+    if matchers is None:  # not an IPCompleter (IPython < 8.6 or a stand-in shell)
+        return
+    if not any(getattr(m, "matcher_identifier", None) == COMPLETION_ID for m in matchers):
+        matchers.insert(0, gpu_matcher)
+
+
+@context_matcher(identifier=COMPLETION_ID, priority=10)
+def gpu_matcher(context: Any) -> dict[str, Any]:
+    """IPython's matcher API v2: the words for the ``%gpu`` line the cursor is on."""
+    none: dict[str, Any] = {"completions": [], "suppress": False}
+    line = context.text_until_cursor
+    match = _GPU_LINE.match(line)
+    if match is None or (match.group(2) and context.cursor_line != 0):
+        return none
+    typed = line[match.start(1) if match.group(1) else match.start(2):]
+    fragment = "" if typed[-1].isspace() else typed.split()[-1]
+    words = grammar.complete(typed)
+    found = [w for w in words if w.startswith(fragment)] or [
+        w for w in words if w.lower().startswith(fragment.lower())  # IPython's rule for hooks
+    ]
+    return {
+        "completions": [SimpleCompletion(word, type="param") for word in found],
+        "matched_fragment": fragment,
+        "suppress": bool(found),
+        "ordered": True,
+    }
