@@ -119,6 +119,36 @@ def test_without_a_driver_the_report_says_so():
     assert "This kernel: pid 4242, user n/a; GPUs seen: unknown" in status.render_text(report)
 
 
+def no_driver_started(gpus: dict[str, int], found: list[int]) -> dict:
+    """TensorFlow started on a machine whose NVML cannot be reached (no NVIDIA driver)."""
+    from fakes import FakeTensorFlow
+
+    from tfgpu_magic.tf_runtime import Stage
+
+    tf = FakeTensorFlow(Stage.STARTED, gpus=gpus, found=found)
+    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={}, tf=tf)
+    return status.build_report(session, my_pid=ME)
+
+
+def test_without_a_driver_a_started_tensorflow_says_which_gpus_the_kernel_sees():
+    """One answer per card: TensorFlow's list is what CUDA showed this kernel, NVML or not."""
+    report = no_driver_started({}, [])
+    assert report["in_force"][0] == "GPUs visible to TensorFlow: none"
+    assert report["visible_gpus"] == [] and report["gpus"] == []
+    assert report["nvml_error"].startswith("no NVIDIA driver could be reached through NVML")
+    text = status.render_text(report)
+    assert "This kernel: pid 4242, user n/a; sees no GPU" in text
+    assert "GPUs seen: unknown" not in text and "GPUs seen: unknown" not in status.render_html(report)
+    assert "pid 4242, user n/a; sees no GPU</td>" in status.render_html(report)
+
+
+def test_without_nvml_gpus_tensorflow_lists_are_the_ones_seen():
+    report = no_driver_started({"GPU:0": 0, "GPU:1": 1}, [0, 1])
+    assert report["in_force"][0] == "GPUs visible to TensorFlow: 0,1"
+    assert report["visible_gpus"] == [0, 1]
+    assert "This kernel: pid 4242, user n/a; sees GPU 0,1" in status.render_text(report)
+
+
 def test_hidden_gpus_are_marked():
     session = Session(nvml=Nvml(lib=shared_server(ME)), env={})
     session.configure(grammar.Use((1, 2)))

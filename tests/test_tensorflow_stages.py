@@ -80,6 +80,18 @@ def test_enumerated_uses_tf_config():
     assert r["cell"] == "2.0" and r["stage_after"] == "STARTED"
 
 
+def test_without_a_driver_the_card_gives_one_answer_about_the_gpus_seen():
+    r = run_scenario("stages", "no_driver")
+    assert r["cell"] == "2.0"
+    assert "; GPUs seen: unknown\n" in r["before"]  # nothing has looked yet: no NVML, no TensorFlow
+    lines = r["status"].splitlines()
+    assert lines[1] == "In force:   GPUs visible to TensorFlow: none; Keras precision: float32"
+    assert lines[4].startswith("This kernel: pid ") and lines[4].endswith("; sees no GPU")
+    assert lines[5].startswith("GPUs:       no NVIDIA driver could be reached through NVML")
+    assert "GPUs seen: unknown" not in r["status"] + r["html"]
+    assert r["json"]["visible_gpus"] == [] and r["json"]["in_force"][0] == "GPUs visible to TensorFlow: none"
+
+
 @pytest.fixture(scope="module")
 def contract():
     return run_scenario("stages", "contract")

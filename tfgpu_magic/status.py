@@ -66,6 +66,10 @@ def build_report(
             for device, s in session.tf.allocator_stats().items()
         }
     report["in_force"] = _in_force(session, stage)
+    if stage >= Stage.ENUMERATED:
+        # TensorFlow's own list is what CUDA showed this kernel, known with or without NVML: the
+        # card must not say "GPUs seen: unknown" beside "GPUs visible to TensorFlow: none".
+        report["visible_gpus"] = session.visible_gpus()
     _add_resolution(report, session)
     try:
         _add_gpus(report, session, process_table)

@@ -102,6 +102,23 @@ def enumerated() -> None:
     result["stage_after"] = stage()
 
 
+def no_driver() -> None:
+    """A CPU-only machine: no NVIDIA driver behind NVML, whatever this machine has."""
+    import tfgpu_magic
+    from tfgpu_magic.simulated import SimulatedNvml
+
+    tfgpu_magic.set_device_source(SimulatedNvml([], driver=False))
+    ip.run_line_magic("load_ext", "tfgpu_magic")
+    result["before"] = gpu("")
+    result["cell"] = cell("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones([2]))))")
+    result["status"] = gpu("")
+    result["json"] = json.loads(gpu("status --json"))
+    from tfgpu_magic import status
+    from tfgpu_magic.session import get_session
+
+    result["html"] = status.render_html(status.build_report(get_session()))
+
+
 def contract() -> None:
     """What TensorFlow would start with on a 4-GPU server (fake NVML, fake CUDA devices)."""
     import wrapt
