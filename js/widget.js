@@ -193,6 +193,7 @@ function percent(v) {
 // Charts
 
 const Y_HEADROOM = 1.08;
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 86400];
 const MIN_TOP = 2 ** 20; // bytes: an empty chart still has a 1 MiB axis
 
 /** The visible time range: the last window, or from the first sample while younger than it. */
@@ -224,7 +225,8 @@ function chartOptions(panel, width, gpu = true) {
       pct: { range: [0, 100] },
     },
     axes: [
-      { ...axis, space: narrow ? 64 : 80, size: narrow ? 20 : 24, values: (u, splits) => splits.map(clock) },
+      // Whole seconds at least: the clock shows seconds, so finer ticks would repeat a label.
+      { ...axis, space: narrow ? 64 : 80, size: narrow ? 20 : 24, incrs: TIME_STEPS, values: (u, splits) => splits.map(clock) },
       {
         ...axis,
         size: narrow ? 50 : 60,
