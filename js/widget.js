@@ -216,6 +216,8 @@ function chartOptions(panel, width, gpu = true) {
   return {
     width,
     height: narrow ? NARROW_HEIGHT : CHART_HEIGHT,
+    // Without the utilization axis the last time label would be cut at the right edge.
+    padding: [null, gpu ? null : 28, null, null],
     cursor: { sync: { key: panel.syncKey }, drag: { x: false, y: false } },
     legend: { live: true },
     scales: {
