@@ -58,7 +58,7 @@ def main() -> None:
     finally:
         server.shutdown()
     print(f"Chromium {version}, headless, --disable-gpu")
-    print(f"{result['gpus']} GPUs x 6 series x {result['points']} points, "
+    print(f"{result['gpus']} GPUs x 7 series x {result['points']} points, "
           f"{result['charts']} charts, {result['updates']} updates:")
     print(f"  one update (receive + trim + draw all charts): median {result['median_ms']:.2f} ms, "
           f"p95 {result['p95_ms']:.2f} ms, max {result['max_ms']:.2f} ms")

@@ -9,18 +9,20 @@ import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import "./widget.css";
 
-const GIB = 2 ** 30;
 const MAX_POINTS = 20000; // per series, whatever the window: bounds memory at 0.1 s x 30 min
 const SLACK = 1.1; // trim when 10% over the window, not on every sample
 const CHART_HEIGHT = 130; // px, plot and axes; the legend comes below
-const MIN_WIDTH = 240; // px
+const NARROW_HEIGHT = 110; // px, in a side bar: more charts fit above the fold
+const NARROW = 480; // px: below this the panel is laid out for a side bar (smaller fonts and axes)
+const MIN_WIDTH = 200; // px
 const PX_PER_POINT = 2; // finer than this is not visible, and drawing cost grows with points
 
 function maxPoints(chartWidth) {
   return Math.max(Math.floor(chartWidth / PX_PER_POINT), 50);
 }
 
-// Wire names from the kernel (tfgpu_magic/widget.py SERIES), in drawing order.
+// Wire names from the kernel (tfgpu_magic/widget.py SERIES), in drawing order.  Memory
+// series are bytes, on the left axis; utilization is percent, on its own axis at the right.
 const SERIES = [
   { key: "total", label: "Total", color: "--jp-ui-font-color2", width: 1.5 },
   { key: "used", label: "Used (all)", color: "--jp-warn-color1", fill: 0.12 },
@@ -28,10 +30,12 @@ const SERIES = [
   { key: "tf", label: "TF in use", color: "--jp-success-color1", width: 2 },
   { key: "peak", label: "TF peak", color: "--jp-success-color1", dash: [2, 3] },
   { key: "limit", label: "Limit", color: "--jp-error-color1", dash: [6, 4], width: 1.5 },
+  { key: "util", label: "GPU util", color: "--tfgpu-util-color", width: 1, scale: "pct" },
 ];
 const FALLBACK = {
   "--jp-ui-font-color1": "#212121",
   "--jp-ui-font-color2": "#616161",
+  "--tfgpu-util-color": "#8e24aa",
   "--jp-border-color2": "#e0e0e0",
   "--jp-warn-color1": "#f57c00",
   "--jp-brand-color1": "#1976d2",
@@ -41,7 +45,7 @@ const FALLBACK = {
 };
 
 // ---------------------------------------------------------------------------------------
-// Data: one time axis, and per device one array per series (GiB, null = gap).
+// Data: one time axis, and per device one array per series (bytes or percent, null = gap).
 
 export function createStore() {
   return { t: [], dev: new Map(), errors: {}, status: null, received: 0 };
@@ -58,10 +62,6 @@ function deviceColumns(store, key) {
   return cols;
 }
 
-function toGiB(v) {
-  return v == null ? null : v / GIB;
-}
-
 /** Append a batch of new samples (the kernel never resends old ones). */
 export function ingest(store, msg) {
   const n = msg.t.length;
@@ -73,7 +73,8 @@ export function ingest(store, msg) {
     for (const s of SERIES) {
       const col = cols[s.key];
       col.length = start; // a device absent from this batch: nulls below
-      for (let i = 0; i < n; i++) col.push(incoming ? toGiB(incoming[s.key][i]) : null);
+      const values = incoming?.[s.key]; // an older kernel may not send every series
+      for (let i = 0; i < n; i++) col.push(values ? values[i] ?? null : null);
     }
   }
   if (n > 0) {
@@ -93,7 +94,7 @@ export function replaceWithHistory(store, msg) {
     const tail = { t: store.t.slice(later), d: {}, errors: store.errors, status: store.status };
     for (const [key, cols] of store.dev) {
       tail.d[key] = {};
-      for (const s of SERIES) tail.d[key][s.key] = cols[s.key].slice(later).map((v) => (v == null ? null : v * GIB));
+      for (const s of SERIES) tail.d[key][s.key] = cols[s.key].slice(later);
     }
     ingest(fresh, tail);
   }
@@ -142,56 +143,127 @@ function withAlpha(color, alpha) {
   return c.replace(/rgba?\(([^)]+?)(,\s*[\d.]+)?\)/, `rgba($1,${alpha})`);
 }
 
-function gib(v) {
-  return v == null ? "—" : `${v.toFixed(v < 10 ? 2 : 1)} GiB`;
+// ---------------------------------------------------------------------------------------
+// Units and clocks: one of each per chart, shared by its axis ticks and its legend.
+
+const UNITS = [
+  ["GiB", 2 ** 30],
+  ["MiB", 2 ** 20],
+  ["KiB", 2 ** 10],
+  ["B", 1],
+];
+// Tick steps in units of the chosen size: the axis then reads 0, 0.5, 1 MiB, never 0.47 MiB.
+const STEPS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000];
+
+/** The unit for a chart whose largest value in view is `top` bytes: the largest one it reaches. */
+export function unitFor(top) {
+  for (const unit of UNITS) if (top >= unit[1]) return unit;
+  return UNITS[UNITS.length - 1];
+}
+
+/** A size in the chart's unit: 3 significant figures (4.00 MiB, 10.5 GiB, 80 GiB). */
+export function formatSize(bytes, unit) {
+  if (bytes == null) return "—";
+  const v = bytes / unit[1];
+  const digits = unit[1] === 1 ? 0 : v < 10 ? 2 : v < 100 ? 1 : 0;
+  return `${v.toFixed(digits)} ${unit[0]}`;
+}
+
+/** An axis tick: no trailing zeros (0.5 GiB, 1 GiB). */
+function formatTick(bytes, unit) {
+  return `${+(bytes / unit[1]).toFixed(2)} ${unit[0]}`;
+}
+
+function chartUnit(u) {
+  return unitFor(u.scales.y.max / Y_HEADROOM); // the largest value in view, as the range was made
+}
+
+// One clock everywhere (header, axis ticks, legend): the browser's locale, with seconds.
+const CLOCK = new Intl.DateTimeFormat(undefined, { hour: "numeric", minute: "2-digit", second: "2-digit" });
+
+export function clock(seconds) {
+  return seconds == null ? "—" : CLOCK.format(new Date(seconds * 1000));
+}
+
+function percent(v) {
+  return v == null ? "—" : `${Math.round(v)} %`;
 }
 
 // ---------------------------------------------------------------------------------------
 // Charts
 
-function chartOptions(panel, width) {
+const Y_HEADROOM = 1.08;
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 86400];
+const MIN_TOP = 2 ** 20; // bytes: an empty chart still has a 1 MiB axis
+
+/** The visible time range: the last window, or from the first sample while younger than it. */
+export function timeRange(first, last, windowS) {
+  if (first == null || last == null) return [0, 1];
+  const start = Math.max(first, last - windowS);
+  return [Math.min(start, last - 1), last]; // one sample: a second, not an empty range
+}
+
+function chartOptions(panel, width, gpu = true) {
   const c = panel.colors;
-  const font = `11px ${c["--jp-ui-font-family"]}`;
+  const narrow = panel.narrow;
+  const font = `${narrow ? 10 : 11}px ${c["--jp-ui-font-family"]}`;
   const axis = {
     stroke: c["--jp-ui-font-color2"],
     grid: { stroke: c["--jp-border-color2"], width: 1 },
-    ticks: { stroke: c["--jp-border-color2"], width: 1 },
+    ticks: { stroke: c["--jp-border-color2"], width: 1, size: narrow ? 3 : 6 },
     font,
   };
   return {
     width,
-    height: CHART_HEIGHT,
+    height: narrow ? NARROW_HEIGHT : CHART_HEIGHT,
+    // Without the utilization axis the last time label would be cut at the right edge.
+    padding: [null, gpu ? null : 28, null, null],
     cursor: { sync: { key: panel.syncKey }, drag: { x: false, y: false } },
     legend: { live: true },
     scales: {
-      // A strip chart: always the whole window, newest point at the right edge.
-      x: { time: true, range: (u, min, max) => [max - panel.windowS, max] },
-      y: { range: (u, min, max) => [0, Math.max(max || 0, 0.001) * 1.08] },
+      // A strip chart: the whole window once full, newest point at the right edge.
+      x: { time: true, range: (u, min, max) => timeRange(u.data[0][0], max, panel.windowS) },
+      y: { range: (u, min, max) => [0, Math.max(max || 0, MIN_TOP) * Y_HEADROOM] },
+      pct: { range: [0, 100] },
     },
     axes: [
-      { ...axis, space: 70, size: 24, values: (u, splits) => splits.map((v) => clock(new Date(v * 1000))) },
-      { ...axis, size: 56, values: (u, splits) => splits.map((v) => `${+v.toFixed(2)} GiB`) },
+      // Whole seconds at least: the clock shows seconds, so finer ticks would repeat a label.
+      { ...axis, space: narrow ? 64 : 80, size: narrow ? 20 : 24, incrs: TIME_STEPS, values: (u, splits) => splits.map(clock) },
+      {
+        ...axis,
+        size: narrow ? 50 : 60,
+        incrs: (u, axisIdx, min, max) => STEPS.map((k) => k * unitFor(max / Y_HEADROOM)[1]),
+        values: (u, splits) => splits.map((v) => formatTick(v, chartUnit(u))),
+      },
+      {
+        ...axis,
+        scale: "pct",
+        side: 1,
+        show: gpu, // TensorFlow's CPU has no utilization
+        size: narrow ? 34 : 42,
+        grid: { show: false },
+        incrs: [25, 50],
+        values: (u, splits) => splits.map((v) => `${v}%`),
+      },
     ],
     series: [
-      { label: "Time", value: (u, v, si, idx) => clockAt(idx == null ? lastValue(u.data[0]) : v) },
+      { label: "Time", value: (u, v, si, idx) => clock(idx == null ? lastValue(u.data[0]) : v) },
       ...SERIES.map((s, i) => ({
         label: s.label,
+        scale: s.scale || "y",
         stroke: c[s.color],
         width: s.width ?? 1.5,
         dash: s.dash,
         fill: s.fill ? withAlpha(c[s.color], s.fill) : undefined,
         points: { show: false },
         // Not hovering: show the latest reading, as nvidia-smi would.
-        value: (u, v, si, idx) => gib(idx == null ? lastValue(u.data[i + 1]) : v),
+        value: (u, v, si, idx) => {
+          const shown = idx == null ? lastValue(u.data[i + 1]) : v;
+          return s.scale ? percent(shown) : formatSize(shown, chartUnit(u));
+        },
       })),
     ],
   };
-}
-
-const clock = uPlot.fmtDate("{H}:{mm}:{ss}");
-
-function clockAt(seconds) {
-  return seconds == null ? "—" : clock(new Date(seconds * 1000));
 }
 
 function lastValue(arr) {
@@ -264,6 +336,7 @@ export class Panel {
     this.syncKey = `tfgpu-${Math.random().toString(36).slice(2)}`;
     this.windowS = model.get("window");
     this.colors = themeColors(root);
+    this.narrow = false;
     this.build();
   }
 
@@ -354,7 +427,13 @@ export class Panel {
   // -- devices ---------------------------------------------------------------------------
   syncDevices() {
     const described = this.model.get("devices") || [];
-    for (const d of described) this.card(d.key, d.label);
+    for (const d of described) {
+      const entry = this.card(d.key, d.label);
+      // A GPU hidden by `%gpu use`: its chart stays, frozen, and says why (not a silent stop).
+      const gone = d.gone || "";
+      if (entry.note.textContent !== gone) entry.note.textContent = gone;
+      entry.card.classList.toggle("tfgpu-gone", Boolean(gone));
+    }
     this.updateText();
   }
 
@@ -364,11 +443,12 @@ export class Panel {
       const card = el("div", "tfgpu-device");
       card.dataset.key = key;
       const title = el("div", "tfgpu-device-title", label || key);
+      const note = el("div", "tfgpu-device-note");
       const error = el("div", "tfgpu-device-error");
       const plot = el("div", "tfgpu-plot");
-      card.append(title, error, plot);
+      card.append(title, note, error, plot);
       this.body.append(card);
-      entry = { card, title, error, plot, chart: null };
+      entry = { card, title, note, error, plot, chart: null };
       this.cards.set(key, entry);
       this.makeChart(entry, key);
     } else if (label && entry.title.textContent !== label) {
@@ -380,7 +460,9 @@ export class Panel {
   makeChart(entry, key) {
     if (entry.chart) entry.chart.destroy();
     const width = Math.max(entry.plot.clientWidth || this.root.clientWidth || 600, MIN_WIDTH);
-    entry.chart = new uPlot(chartOptions(this, width), seriesData(this.store, key, maxPoints(width)), entry.plot);
+    const gpu = !key.startsWith("tf:");
+    entry.card.classList.toggle("tfgpu-no-util", !gpu);
+    entry.chart = new uPlot(chartOptions(this, width, gpu), seriesData(this.store, key, maxPoints(width)), entry.plot);
   }
 
   rethemed() {
@@ -389,10 +471,20 @@ export class Panel {
   }
 
   resized() {
+    // A side bar (~300-400 px) gets smaller fonts, axes and charts: rebuild the charts when the
+    // panel crosses that width, since uPlot fixes fonts and axis sizes when it is made.
+    const narrow = this.root.clientWidth > 0 && this.root.clientWidth < NARROW;
+    if (narrow !== this.narrow) {
+      this.narrow = narrow;
+      this.root.classList.toggle("tfgpu-narrow", narrow);
+      for (const [key, entry] of this.cards) this.makeChart(entry, key);
+      return;
+    }
     // Cards sit in a grid (two columns on a wide panel): each chart takes its card's width.
+    const height = narrow ? NARROW_HEIGHT : CHART_HEIGHT;
     for (const entry of this.cards.values()) {
       const width = Math.max(entry.plot.clientWidth, MIN_WIDTH);
-      if (entry.chart && entry.chart.width !== width) entry.chart.setSize({ width, height: CHART_HEIGHT });
+      if (entry.chart && entry.chart.width !== width) entry.chart.setSize({ width, height });
     }
   }
 
@@ -446,8 +538,10 @@ export class Panel {
     if (this.stopped) state = "stopped: no new samples (run %gpu monitor for a new panel)";
     else if (this.paused) state = "paused: sampling goes on; resume to catch up";
     else if (n === 0) state = "waiting for the first sample…";
-    else state = `last sample ${new Date(this.store.t[n - 1] * 1000).toLocaleTimeString()}`;
-    this.stateText.textContent = state;
+    else state = `last sample ${clock(this.store.t[n - 1])}`;
+    // The kernel's word on the interval all panels share (joined it, or changed it for all).
+    const note = this.stopped ? "" : this.model.get("note");
+    this.stateText.textContent = note ? `${state} · ${note}` : state;
     const status = this.store.status;
     const noDevices = n > 0 && this.store.dev.size === 0;
     this.statusText.textContent =
@@ -472,11 +566,13 @@ function render({ model, el: root }) {
   const onWindow = () => panel.setWindow(model.get("window"));
   const onInterval = () => panel.showInterval(model.get("interval"));
   const onRunning = () => panel.showRunning();
+  const onNote = () => panel.updateText();
   model.on("msg:custom", onMessage);
   model.on("change:devices", onDevices);
   model.on("change:window", onWindow);
   model.on("change:interval", onInterval);
   model.on("change:running", onRunning);
+  model.on("change:note", onNote);
   model.send({ kind: "history" });
 
   const resize = new ResizeObserver(() => panel.resized());
@@ -497,6 +593,7 @@ function render({ model, el: root }) {
     model.off("change:window", onWindow);
     model.off("change:interval", onInterval);
     model.off("change:running", onRunning);
+    model.off("change:note", onNote);
     resize.disconnect();
     theme.disconnect();
     clearTimeout(retheme);

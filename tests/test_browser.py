@@ -25,13 +25,15 @@ from browser_support import (
     wait_for_output,
 )
 
-LEGEND = ["Time", "Total", "Used (all)", "This kernel", "TF in use", "TF peak", "Limit"]
+LEGEND = ["Time", "Total", "Used (all)", "This kernel", "TF in use", "TF peak", "Limit", "GPU util"]
 TITLES = [
     "GPU 0 · NVIDIA A100-SXM4-40GB",
     "GPU 1 · NVIDIA A100-SXM4-80GB",
     "GPU 2 · NVIDIA RTX A5000",
     "GPU 3 · Tesla T4",
+    "TensorFlow CPU:0",  # a few MiB: charted in MiB
 ]
+CLOCK = r"^\d{1,2}:\d{2}:\d{2}( [AP]M)?$"  # the browser's locale: en-US in headless Chromium
 
 pytestmark = [
     pytest.mark.browser,
@@ -52,7 +54,8 @@ from types import SimpleNamespace
 server = shared_server()  # four fake GPUs; this kernel holds 10 GiB on GPU 1
 GIB = 2**30
 tf = SimpleNamespace(current_bytes=6 * GIB, peak_bytes=6 * GIB)  # a stand-in for TF's allocator
-sources = dict(tf_stats=lambda: {"GPU:0": tf}, tf_map=lambda: {"GPU:0": 1}, limits=lambda: {1: 36 * GIB})
+cpu = SimpleNamespace(current_bytes=4 * 2**20, peak_bytes=5 * 2**20)  # 4 MiB on TensorFlow's CPU
+sources = dict(tf_stats=lambda: {"GPU:0": tf, "CPU:0": cpu}, tf_map=lambda: {"GPU:0": 1}, limits=lambda: {1: 36 * GIB})
 """.replace("REPO", repr(str(REPO)), 1)
 OPEN = "panel = monitor.open_panel(interval=0.2, window=60, nvml=Nvml(lib=server), **sources)"
 OPEN_SIDEBAR = OPEN.replace("window=60", "window=60, sidebar=True")
@@ -67,6 +70,20 @@ for k in range(40):  # ten seconds that hold the kernel, like model.fit
 print("busy cell done")
 """
 CHECK = 'print("sampler running:", monitor.sampler_running(), monitor.active_sampler())'
+# `%gpu use auto` on the simulated server, through the session (the real path of the magic).
+USE_AUTO = [
+    """\
+import os, sys, tempfile
+sys.path.insert(0, REPO)
+os.environ["TFGPU_MAGIC_CLAIM_DIR"] = tempfile.mkdtemp()  # claims of this test only
+import tfgpu_magic
+from tfgpu_magic.simulated import shared_server
+tfgpu_magic.set_device_source(shared_server())
+%load_ext tfgpu_magic""".replace("REPO", repr(str(REPO)), 1),
+    "%gpu monitor --interval 0.2 --window 60",
+    "%gpu use auto",
+    "%gpu monitor",
+]
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +93,7 @@ def lab(tmp_path_factory):
     home = tmp_path_factory.mktemp("lab-home")
     (root / "monitor.ipynb").write_text(notebook(SETUP, OPEN, BUSY, CHECK))
     (root / "sidebar.ipynb").write_text(notebook(SETUP, OPEN_SIDEBAR, SECOND, CHECK))
+    (root / "useauto.ipynb").write_text(notebook(*USE_AUTO))
     with jupyter_server(root, home, log_name="jupyterlab.log") as server:
         yield server.base, server.token
 
@@ -117,13 +135,32 @@ def draws(page) -> int:
 
 
 def series(page, key: str, name: str) -> list:
-    """One series of one device as the chart holds it (GiB, null = gap)."""
+    """One series of one device as the chart holds it (bytes or percent, null = gap)."""
     return page.evaluate(
         """([key, name]) => {
             const panel = document.querySelector('.tfgpu-monitor').__tfgpuPanel;
             return Array.from(panel.store.dev.get(key)[name]);
         }""",
         [key, name],
+    )
+
+
+def chart_view(page, key: str, index: int = 0) -> dict:
+    """What one chart shows: its x range, axis tick labels, legend values, and the header line."""
+    return page.evaluate(
+        """([key, index]) => {
+            const root = document.querySelectorAll('.tfgpu-monitor')[index];
+            const panel = root.__tfgpuPanel;
+            const u = panel.cards.get(key).chart;
+            const card = root.querySelector(`.tfgpu-device[data-key='${key}']`);
+            return {
+                x: [u.scales.x.min, u.scales.x.max], first: panel.store.t[0], last: panel.store.t.at(-1),
+                xTicks: u.axes[0]._values, yTicks: u.axes[1]._values,
+                legend: [...card.querySelectorAll('.u-legend .u-series .u-value')].map(e => e.textContent),
+                state: root.querySelector('.tfgpu-state').textContent,
+            };
+        }""",
+        [key, index],
     )
 
 
@@ -141,15 +178,40 @@ def test_the_chart_moves_while_a_cell_runs_and_stop_ends_the_sampler(open_notebo
     finally:
         shot(page, "monitor-page.png")
 
+    # The x range grows with the data: a 60 s window, a few seconds of samples, no sliver.
+    young = chart_view(page, "gpu1")
+    assert young["x"][0] == pytest.approx(young["first"]) and young["x"][1] == pytest.approx(young["last"])
+    assert young["last"] - young["first"] < 30
+
     # Series and legend match the GPUs of the fake server.
     devices = panel.locator(".tfgpu-device")
-    assert devices.count() == 4
+    assert devices.count() == 5
     assert panel.locator(".tfgpu-device-title").all_inner_texts() == TITLES
     for i in range(4):
         legend = devices.nth(i).locator(".u-legend .u-series th")
         assert [t.strip() for t in legend.all_inner_texts()] == LEGEND
         assert devices.nth(i).locator("canvas").count() == 1
     shot(panel, "monitor-light.png")
+
+    # Sizes in a unit chosen per chart: GiB on a GPU, MiB for 4 MiB on TensorFlow's CPU.
+    cpu = chart_view(page, "tf:CPU:0")
+    assert cpu["legend"][4] == "4.00 MiB" and cpu["legend"][5] == "5.00 MiB"  # TF in use, TF peak
+    assert cpu["yTicks"] and all(t.endswith(" MiB") for t in cpu["yTicks"]) and len(set(cpu["yTicks"])) > 1
+    gpu1 = chart_view(page, "gpu1")
+    assert gpu1["legend"][1] == "80.0 GiB" and all(t.endswith(" GiB") for t in gpu1["yTicks"])
+
+    # One clock: the header, the x axis and the legend's time read alike (the browser's locale).
+    import re
+
+    header = gpu1["state"].removeprefix("last sample ").split(" · ")[0]
+    assert re.match(CLOCK, header) and re.match(CLOCK, gpu1["legend"][0]), gpu1
+    assert all(re.match(CLOCK, t) for t in gpu1["xTicks"]), gpu1["xTicks"]
+    assert len(set(gpu1["xTicks"])) == len(gpu1["xTicks"]), gpu1["xTicks"]  # no tick label twice
+    assert {"M" in t for t in [header, gpu1["legend"][0], *gpu1["xTicks"]]} == {"M" in header}
+
+    # GPU utilization, a gap where NVML has none (the T4), never 0.
+    assert set(series(page, "gpu0", "util")) == {97} and set(series(page, "gpu3", "util")) == {None}
+    assert chart_view(page, "gpu3")["legend"][7] == "—" and gpu1["legend"][7] == "35 %"
 
     # A cell holds the kernel for ten seconds; the chart must keep receiving and drawing.
     run_cell(page, 2)
@@ -180,12 +242,13 @@ def test_the_chart_moves_while_a_cell_runs_and_stop_ends_the_sampler(open_notebo
         "() => !document.querySelector(\"[data-key='gpu3'] .tfgpu-device-error\").offsetParent",
         timeout=10_000,
     )
-    mine = [v for v in series(page, "gpu1", "mine") if v is not None]
+    gib = 2**30
+    mine = [v / gib for v in series(page, "gpu1", "mine") if v is not None]
     assert mine[0] == pytest.approx(10.0) and mine[-1] >= 10.0 + 39 * 0.5 - 1e-9
     used3 = series(page, "gpu3", "used")
     assert None in used3 and used3[-1] is not None  # a gap, then readings again
-    assert series(page, "gpu1", "limit")[-1] == 36.0
-    assert series(page, "gpu1", "tf")[-1] == 8.0 and series(page, "gpu1", "peak")[-1] > 17.0
+    assert series(page, "gpu1", "limit")[-1] == 36 * gib
+    assert series(page, "gpu1", "tf")[-1] == 8 * gib and series(page, "gpu1", "peak")[-1] > 17 * gib
     assert series(page, "gpu0", "tf")[-1] is None  # no TensorFlow there: a gap, not 0
     shot(panel, "monitor-final.png")
 
@@ -195,6 +258,7 @@ def test_the_chart_moves_while_a_cell_runs_and_stop_ends_the_sampler(open_notebo
     page.mouse.move(box["x"] + box["width"] * 0.97, box["y"] + box["height"] / 2)
     values = panel.locator(".tfgpu-device[data-key='gpu1'] .u-legend .u-series .u-value")
     assert values.nth(3).inner_text().endswith("GiB")  # "This kernel"
+    assert values.nth(7).inner_text().endswith("%")  # "GPU util"
     shot(panel, "monitor-hover.png")
     page.mouse.move(0, 0)
 
@@ -233,7 +297,15 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     finally:
         shot(page, "monitor-sidebar.png")
     panel = page.locator("#jp-right-stack .tfgpu-monitor")  # JupyterLab's right side panel
-    assert panel.locator(".tfgpu-device").count() == 4
+    assert panel.locator(".tfgpu-device").count() == 5
+    # Laid out for the side bar's width: the narrow layout, nothing wider than the panel.
+    page.wait_for_function("() => document.querySelector('#jp-right-stack .tfgpu-narrow')", timeout=10_000)
+    width = panel.evaluate("el => el.clientWidth")
+    assert width < 480
+    widest = panel.evaluate("el => Math.max(...[...el.querySelectorAll('.u-legend, canvas, .tfgpu-head')]"
+                            ".map(e => e.getBoundingClientRect().right)) - el.getBoundingClientRect().right")
+    assert widest <= 1, f"something sticks out of the {width} px side bar by {widest} px"
+    shot(panel, "monitor-sidebar-panel.png")
     assert page.locator(".jp-Notebook .tfgpu-monitor").count() == 0  # not in the notebook
     assert wait_for_output(page, 1, "side area").startswith("GPU monitor opened in the right side area")
     page.evaluate("() => window.dispatchEvent(new Event('resize'))")
@@ -241,6 +313,8 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     # A second panel in the notebook shares the sampler: the sidebar's control follows its interval.
     run_cell(page, 2)
     page.locator(".jp-Notebook .tfgpu-monitor").wait_for(timeout=30_000)
+    time.sleep(0.5)  # its ResizeObserver has run
+    assert "tfgpu-narrow" not in page.locator(".jp-Notebook .tfgpu-monitor").get_attribute("class")  # 1200 px wide
     interval = panel.locator(".tfgpu-select").first
     page.wait_for_function(
         "el => el.value === '1'", arg=interval.element_handle(), timeout=15_000
@@ -249,3 +323,31 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     run_cell(page, 3)
     assert wait_for_output(page, 3, "sampler running:").startswith("sampler running: True")
 
+
+
+def test_use_auto_hides_gpus_with_a_note_and_a_later_panel_titles_the_visible_ones(open_notebook):
+    page = open_notebook("useauto.ipynb")
+    run_cell(page, 0)
+    run_cell(page, 1)
+    page.wait_for_function("() => +document.querySelector('.tfgpu-monitor')?.dataset.points >= 3", timeout=60_000)
+    first = page.locator(".tfgpu-monitor").first
+    assert first.locator(".tfgpu-device-title").all_inner_texts() == TITLES[:4]
+    run_cell(page, 2)
+    wait_for_output(page, 2, "Chose GPU")
+    notes = first.locator(".tfgpu-device-note")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.tfgpu-monitor')[0].querySelectorAll('.tfgpu-gone').length === 3",
+        timeout=15_000,
+    )
+    assert [n.strip() for n in notes.all_inner_texts()].count("hidden from TensorFlow by %gpu use; no longer sampled") == 3
+    shot(first, "monitor-use-auto-first.png")
+
+    run_cell(page, 3)  # a panel opened after `%gpu use auto`, without --interval
+    page.wait_for_function("() => document.querySelectorAll('.tfgpu-monitor').length === 2", timeout=30_000)
+    later = page.locator(".tfgpu-monitor").nth(1)
+    page.wait_for_function("() => +document.querySelectorAll('.tfgpu-monitor')[1].dataset.points >= 3", timeout=30_000)
+    assert later.locator(".tfgpu-device-title").all_inner_texts() == ["GPU 1 · NVIDIA A100-SXM4-80GB"]
+    assert "joined the running sampler at its 0.2 s" in later.locator(".tfgpu-state").inner_text()
+    assert later.locator(".tfgpu-select").first.input_value() == "0.2"
+    assert first.locator(".tfgpu-select").first.input_value() == "0.2"  # the first panel kept its interval
+    shot(later, "monitor-use-auto-later.png")

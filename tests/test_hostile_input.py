@@ -193,8 +193,9 @@ def test_accepted_monitor_lines_suit_the_panel():
         if kind == "line" and line.startswith("monitor") and outcome(kind, line) == "ok":
             command = grammar.parse(line)
             if not command.off:
-                assert command.interval >= grammar.MIN_INTERVAL_S
-                assert grammar.MIN_WINDOW_S <= command.window and command.interval * 10 <= command.window
+                interval = 0.5 if command.interval is None else command.interval  # None: the running sampler's
+                assert interval >= grammar.MIN_INTERVAL_S
+                assert grammar.MIN_WINDOW_S <= command.window and interval * 10 <= command.window
 
 
 # -- a property over arbitrary text after every verb ------------------------------------------------

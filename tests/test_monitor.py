@@ -262,7 +262,7 @@ def test_each_message_holds_only_the_new_sample(panel_on_fake):
     assert first["kind"] == second["kind"] == "samples"
     assert len(first["t"]) == len(second["t"]) == 1
     assert second["d"]["gpu1"]["mine"] == [(10240 + 512) * MIB]
-    assert set(second["d"]["gpu1"]) == {"total", "used", "mine", "tf", "peak", "limit"}
+    assert set(second["d"]["gpu1"]) == {"total", "used", "mine", "tf", "peak", "limit", "util"}
     assert [d["key"] for d in panel.devices] == ["gpu0", "gpu1", "gpu2", "gpu3"]
     panel.close()
 

@@ -174,8 +174,9 @@ def test_a_panel_stopped_by_its_button_stays_on_screen_until_monitor_off_closes_
     assert panel.comm is None and registries() == before
 
 
-def test_closing_a_panel_closes_its_layout_and_its_sidebar(shell):
+def test_closing_a_panel_closes_its_layout_and_its_sidebar(shell, monkeypatch):
     pytest.importorskip("tfgpu_magic.widget")
+    monkeypatch.setattr(monitor, "_has_front_end", lambda: True)  # the test shell has no kernel
     fake = Nvml(lib=shared_server())
     before = registries()
     for sidebar in (False, True):

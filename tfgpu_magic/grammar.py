@@ -134,7 +134,7 @@ class Reset:
 @dataclass(frozen=True)
 class Monitor:
     sidebar: bool = False
-    interval: float = 0.5  # seconds between samples
+    interval: Optional[float] = None  # seconds between samples; None: the running sampler's (0.5 s if none)
     window: float = 300.0  # seconds of history shown
     off: bool = False  # `%gpu monitor off`: stop every panel of this kernel and its sampler
 
@@ -412,7 +412,9 @@ def _monitor(tokens: list[str]) -> Monitor:
         _no_more("monitor", tokens[1:])
         return Monitor(off=True)
     opts = _options("monitor", tokens, _MONITOR_OPTIONS)
-    interval = float(opts.get("interval", 0.5))  # type: ignore[arg-type]
+    given = opts.get("interval")
+    # No --interval: the panel joins the running sampler at its interval; 0.5 s bounds the window.
+    interval = 0.5 if given is None else float(given)  # type: ignore[arg-type]
     window = float(opts.get("window", 300.0))  # type: ignore[arg-type]
     if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
         raise _fail("monitor", f"--interval must be {MIN_INTERVAL_S:g} s to {MAX_INTERVAL_S:g} s")
@@ -422,7 +424,7 @@ def _monitor(tokens: list[str]) -> Monitor:
             f"--window must be {MIN_WINDOW_S:g} s to {MAX_WINDOW_S / 3600:g} h "
             f"and hold at least {MIN_SAMPLES_SHOWN} samples",
         )
-    return Monitor(bool(opts.get("sidebar", False)), interval, window)
+    return Monitor(bool(opts.get("sidebar", False)), None if given is None else interval, window)
 
 
 def _free(tokens: list[str]) -> Free:

@@ -34,6 +34,7 @@ __all__ = [
     "Hub",
     "Sample",
     "Sampler",
+    "DEFAULT_INTERVAL_S",
     "MAX_HISTORY",
     "MAX_INTERVAL_S",
     "MAX_WINDOW_S",
@@ -44,6 +45,7 @@ __all__ = [
     "stop_panels",
 ]
 
+DEFAULT_INTERVAL_S = 0.5  # a panel opened while none runs, without --interval
 MIN_INTERVAL_S = 0.1  # NVML itself refreshes memory readings about this often
 MAX_INTERVAL_S = 60.0  # `%gpu monitor --interval` allows 0.1 s to 60 s
 MAX_WINDOW_S = 24 * 3600.0  # `%gpu monitor --window` allows up to 24 h
@@ -52,8 +54,10 @@ STOP_WAIT_S = 5.0  # how long a stop waits for a reading in progress before sayi
 # Samples kept in the kernel whatever the window (10 min at 0.1 s, 50 min at the default 0.5 s),
 # packed (see _Stored).  Measured 2026-11-22 on a 2-core Intel Xeon VM, CPython 3.11.7, Linux
 # x86_64, with tracemalloc and with a sys.getsizeof walk (they agree): a full history of 8 GPUs
-# whose every reading changes on every tick holds 3.25 MiB, about 70 bytes per GPU per sample
-# (tests/test_panel_history.py measures it again).  Kept as DeviceSample objects it held 19 MiB.
+# whose every reading changes on every tick held 3.25 MiB, about 70 bytes per GPU per sample;
+# with GPU utilization kept too (7 readings per GPU) 3.62 MiB, about 79 bytes (2026-11-22, the
+# sys.getsizeof walk of tests/test_panel_history.py only, which holds the code to it).  Kept as
+# DeviceSample objects it held 19 MiB.
 MAX_HISTORY = 6000
 THREAD_NAME = "tfgpu-monitor"
 
@@ -76,6 +80,8 @@ class DeviceSample:
     tf_peak_bytes: Optional[int] = None
     limit_bytes: Optional[int] = None  # the configured per-GPU cap
     error: Optional[str] = None  # why readings are missing, shown in the panel
+    # NVML's GPU utilization, percent; last so that positional construction above stays valid.
+    utilization_percent: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +91,16 @@ class Sample:
     status: Optional[str] = None  # a panel-wide message, e.g. "no NVIDIA GPU"
 
 
-# The readings of a DeviceSample, in the order of its fields after key and label.
-_READINGS = ("total_bytes", "used_bytes", "mine_bytes", "tf_in_use_bytes", "tf_peak_bytes", "limit_bytes")
+# The readings of a DeviceSample (all ints, packed into one int64 array per sample).
+_READINGS = (
+    "total_bytes",
+    "used_bytes",
+    "mine_bytes",
+    "tf_in_use_bytes",
+    "tf_peak_bytes",
+    "limit_bytes",
+    "utilization_percent",
+)
 _GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
 
 
@@ -139,7 +153,12 @@ class _Stored:
         n = len(_READINGS)
         errors = self.errors or (None,) * len(self.layout)
         devices = tuple(
-            DeviceSample(key, label, *(None if v == _GAP else v for v in self.readings[i * n : (i + 1) * n]), errors[i])
+            DeviceSample(
+                key,
+                label,
+                error=errors[i],
+                **{name: None if v == _GAP else v for name, v in zip(_READINGS, self.readings[i * n : (i + 1) * n])},
+            )
             for i, (key, label) in enumerate(self.layout)
         )
         return Sample(self.time_s, devices, self.status)
@@ -395,7 +414,15 @@ class Sampler:
             used_bytes=memory.used_bytes,
             mine_bytes=mine,
             error=note,
+            utilization_percent=self._utilization(index),
         )
+
+    def _utilization(self, index: int) -> Optional[int]:
+        """Percent busy, or None (a gap) where NVML has no such reading: many GPUs lack it, so no note."""
+        try:
+            return self.nvml.utilization(index)
+        except Exception:
+            return None
 
     def _mine(self, index: int) -> tuple[Optional[int], Optional[str]]:
         """Bytes this kernel's process holds on the GPU; None when NVML cannot say."""
@@ -597,8 +624,15 @@ def sampler_running() -> bool:
     return any(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
 
 
+# What `%gpu monitor` prints where no notebook front end can show a widget (a terminal IPython).
+NO_FRONT_END = (
+    "%gpu monitor needs a notebook front end (JupyterLab, Notebook 7 or VS Code) to show its "
+    "charts; nothing was started. In a terminal, run `tfgpu` (the command) or `%gpu status`."
+)
+
+
 def open_panel(
-    interval: float = 0.5,
+    interval: Optional[float] = None,
     window: float = 300.0,
     sidebar: bool = False,
     *,
@@ -614,24 +648,47 @@ def open_panel(
     tests and tutorials), and
     ``sources`` any of the other readers (``tf_stats``, ``tf_map``, ``limits``, ``visible``;
     see :class:`Sampler`).  The first panel's sources serve every panel while the sampler
-    runs; the newest panel's interval applies to all of them.
+    runs.  Without ``interval`` a panel joins the running sampler at its interval (0.5 s when
+    none runs); an explicit one applies to every open panel.  Both say so in the panel.
+
+    Where no notebook front end can show it (a terminal IPython), prints why and returns None,
+    having started nothing.
     """
     unknown = set(sources) - {"tf_stats", "tf_map", "limits", "visible"}
     if unknown:
         raise TypeError(f"open_panel() got unknown sources: {', '.join(sorted(unknown))}")
+    if interval is not None:
+        _checked_interval(interval)
+    if display and not _has_front_end():
+        print(NO_FRONT_END)
+        return None
     from .widget import MemoryPanel  # IPython, ipywidgets and anywidget only when a panel opens
-
-    _checked_interval(interval)
 
     def make() -> Sampler:  # called only when no sampler runs yet, on this (the user's) thread
         readers = {**_kernel_sources(session, nvml), **sources}
         readers["nvml"].available()  # imports pynvml here: the sampler thread must never import anything
-        return Sampler(interval=interval, keep_s=window, **readers)
+        first = DEFAULT_INTERVAL_S if interval is None else interval
+        return Sampler(interval=first, keep_s=window, **readers)
 
     panel = MemoryPanel(_hub, make, interval=interval, window=window)
     if display:
         _show(panel, sidebar)
     return panel
+
+
+def _has_front_end() -> bool:
+    """A kernel (ipykernel) that can carry a widget's comm to a notebook front end.
+
+    A terminal IPython (``TerminalInteractiveShell``), a plain ``InteractiveShell`` or no IPython
+    at all has none: a widget would print as ``<MemoryPanel object at ...>`` and its sampler
+    would run for nobody.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:

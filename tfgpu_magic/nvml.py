@@ -265,6 +265,15 @@ class Nvml:
         handle = self._handle(index)
         return self._read(index, MEMORY, _memory_info, lib, handle)
 
+    def utilization(self, index: int) -> int:
+        """Percent of the last sample period the GPU was busy (the panel's utilization chart).
+
+        Raises :class:`GpuLost` or :class:`ReadingFailed` (a GPU without the reading, say).
+        """
+        lib = self._ensure_started()
+        handle = self._handle(index)
+        return self._read(index, UTILIZATION, _utilization, lib, handle)
+
     # UUID, name and total memory never change: read once per GPU, cached only when read.
     def uuid(self, index: int) -> Optional[str]:
         """The GPU's UUID (cached); None if unreadable or lost (tried again next call)."""

@@ -27,7 +27,7 @@ import anywidget
 import ipywidgets
 import traitlets
 
-from .monitor import MAX_INTERVAL_S, MAX_WINDOW_S, MIN_INTERVAL_S, DeviceSample, Hub, Sample, Sampler
+from .monitor import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MAX_WINDOW_S, MIN_INTERVAL_S, Hub, Sample, Sampler
 
 __all__ = ["MemoryPanel", "SideArea", "batch"]
 
@@ -48,7 +48,7 @@ export default { render({ el }) {
 } };
 """
 
-# The six series of every chart: wire name -> DeviceSample field (bytes).
+# The series of every chart: wire name -> DeviceSample field (bytes; "util" is percent).
 SERIES = {
     "total": "total_bytes",
     "used": "used_bytes",
@@ -56,16 +56,23 @@ SERIES = {
     "tf": "tf_in_use_bytes",
     "peak": "tf_peak_bytes",
     "limit": "limit_bytes",
+    "util": "utilization_percent",
 }
 
+# A chart whose device left the samples.  GPUs leave when `%gpu use` hides them from this
+# kernel (the sampler follows the session's visible GPUs); the chart stays, frozen, and says why.
+HIDDEN_GPU = "hidden from TensorFlow by %gpu use; no longer sampled"
+GONE_DEVICE = "TensorFlow no longer reports this device; no longer sampled"
 
-def batch(samples: Iterable[Sample], kind: str = "samples") -> dict[str, Any]:
+
+def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Iterable[str]] = None) -> dict[str, Any]:
     """Samples as columns, the shape uPlot draws: times, then per device one array per series.
 
-    A device absent from a sample gets null there, so every array matches ``t``.
+    A device absent from a sample gets null there, so every array matches ``t``.  ``keys``
+    limits the devices sent (a new panel shows only the GPUs the kernel sees now).
     """
     samples = list(samples)
-    keys = _device_keys(samples)
+    keys = _device_keys(samples) if keys is None else [k for k in _device_keys(samples) if k in set(keys)]
     columns: dict[str, dict[str, list]] = {k: {s: [] for s in SERIES} for k in keys}
     for sample in samples:
         present = {d.key: d for d in sample.devices}
@@ -74,7 +81,7 @@ def batch(samples: Iterable[Sample], kind: str = "samples") -> dict[str, Any]:
             for wire, field in SERIES.items():
                 columns[key][wire].append(None if device is None else getattr(device, field))
     last = samples[-1] if samples else None
-    errors = {d.key: d.error for d in last.devices} if last else {}
+    errors = {d.key: d.error for d in last.devices if d.key in columns} if last else {}
     return {
         "kind": kind,
         "t": [s.time_s for s in samples],
@@ -92,8 +99,29 @@ def _device_keys(samples: Iterable[Sample]) -> list[str]:
     return list(seen)
 
 
-def _describe(devices: Iterable[DeviceSample]) -> list[dict[str, Any]]:
-    return [{"key": d.key, "label": d.label, "gpu": d.key.startswith("gpu")} for d in devices]
+def _describe(known: dict[str, str], present: set[str]) -> list[dict[str, Any]]:
+    """The charts of a panel: every device it has shown, with a note on those no longer sampled."""
+    return [
+        {"key": key, "label": label, "gpu": key.startswith("gpu"), "gone": _gone_note(key, present)}
+        for key, label in known.items()
+    ]
+
+
+def _gone_note(key: str, present: set[str]) -> Optional[str]:
+    if key in present:
+        return None
+    return HIDDEN_GPU if key.startswith("gpu") else GONE_DEVICE
+
+
+def _interval_note(previous: Optional[float], interval: float, explicit: bool) -> str:
+    """What the new panel's state line says about the one interval every panel shares."""
+    if previous is None:
+        return ""
+    if not explicit:
+        return f"joined the running sampler at its {interval:g} s (--interval changes it for every panel)"
+    if previous != interval:
+        return f"sampling every {interval:g} s now, for every open panel (was {previous:g} s)"
+    return ""
 
 
 class MemoryPanel(anywidget.AnyWidget):
@@ -102,11 +130,12 @@ class MemoryPanel(anywidget.AnyWidget):
     _esm = _STATIC / "widget.js" if (_STATIC / "widget.js").is_file() else _MISSING_BUNDLE
     _css = _STATIC / "widget.css" if (_STATIC / "widget.css").is_file() else ""
 
-    interval = traitlets.Float(0.5, min=MIN_INTERVAL_S, max=MAX_INTERVAL_S).tag(sync=True)  # seconds per sample
+    interval = traitlets.Float(DEFAULT_INTERVAL_S, min=MIN_INTERVAL_S, max=MAX_INTERVAL_S).tag(sync=True)  # seconds per sample
     window = traitlets.Float(300.0, min=5.0, max=MAX_WINDOW_S).tag(sync=True)  # seconds shown
     min_interval = traitlets.Float(MIN_INTERVAL_S, read_only=True).tag(sync=True)
     devices = traitlets.List().tag(sync=True)  # [{key, label, gpu}], in chart order
     running = traitlets.Bool(False).tag(sync=True)  # False once stopped: no more points come
+    note = traitlets.Unicode("").tag(sync=True)  # shown in the state line: the shared interval
 
     # Until __init__ has joined the hub (a refused window, say), stop() and close() have nothing to do.
     side_area: Optional["SideArea"] = None  # set when shown in the side area (``--sidebar``)
@@ -117,15 +146,18 @@ class MemoryPanel(anywidget.AnyWidget):
         self,
         hub: Hub,
         make: Callable[[], Sampler],
-        interval: float = 0.5,
+        interval: Optional[float] = None,
         window: float = 300.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(interval=interval, window=window, **kwargs)
+        """``interval`` None: join the running sampler at its interval (the default with none running)."""
+        super().__init__(interval=DEFAULT_INTERVAL_S if interval is None else interval, window=window, **kwargs)
         self._hub = hub
         self._described: list[dict[str, Any]] = []
+        self._known: dict[str, str] = {}  # key -> label of every device this panel charts, in order
+        previous = _running_interval(hub)
         self._sampler: Optional[Sampler] = hub.join(self, make, window)
-        self._share_interval(interval)  # the newest panel's choice serves all of them
+        self._join_interval(interval, previous)
         recent = self._sampler.latest()
         if recent is not None:
             self._describe_devices(recent)
@@ -143,14 +175,17 @@ class MemoryPanel(anywidget.AnyWidget):
         self.send(batch([sample]))
 
     def _describe_devices(self, sample: Sample) -> None:
-        described = _describe(sample.devices)
-        if described != self._described:  # rare: a TensorFlow device appeared, say
+        for device in sample.devices:
+            self._known[device.key] = device.label  # a lost GPU's name may come later
+        described = _describe(self._known, {d.key for d in sample.devices})
+        if described != self._described:  # rare: a GPU hidden by `%gpu use`, a TensorFlow device appeared
             self._described = described
             self.devices = described
 
     def _send_history(self) -> None:
+        # Only the devices this panel charts: a GPU hidden before it opened gets no chart.
         if self._sampler is not None:
-            self.send(batch(self._sampler.snapshot(), kind="history"))
+            self.send(batch(self._sampler.snapshot(), kind="history", keys=self._known))
 
     # -- browser -> kernel ------------------------------------------------------------------
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
@@ -161,14 +196,27 @@ class MemoryPanel(anywidget.AnyWidget):
             self.stop()
 
     def _on_interval(self, change: dict) -> None:
-        if self._sampler is not None:
+        # Set by another panel: the sampler already runs at it.  Otherwise this panel's control.
+        if self._sampler is not None and self._sampler.interval != change["new"]:
+            self.note = ""
             self._share_interval(change["new"])
+
+    def _join_interval(self, interval: Optional[float], previous: Optional[float]) -> None:
+        """Without an interval, take the one in force; with one, it serves every panel (and say so)."""
+        explicit = interval is not None
+        if not explicit:
+            interval = DEFAULT_INTERVAL_S if previous is None else previous
+        self.interval = interval
+        if explicit or previous is None:  # no panel runs: a sampler taken back may hold an old interval
+            self._share_interval(interval)
+        self.note = _interval_note(previous, interval, explicit)
 
     def _share_interval(self, seconds: float) -> None:
         """One sampler serves every panel, so every panel's control shows its interval."""
         self._sampler.interval = seconds
         for panel in self._hub.members():
             if panel is not self and getattr(panel, "interval", seconds) != seconds:
+                panel.note = f"sampling every {seconds:g} s, as another panel asked (one sampler serves all)"
                 panel.interval = seconds  # its observer finds the sampler already set
 
     def _on_window(self, change: dict) -> None:
@@ -200,6 +248,12 @@ class MemoryPanel(anywidget.AnyWidget):
         super().close()
         if isinstance(layout, ipywidgets.Widget):
             layout.close()
+
+
+def _running_interval(hub: Hub) -> Optional[float]:
+    """The interval open panels sample at; None when no panel follows a sampler."""
+    sampler = hub.sampler
+    return sampler.interval if sampler is not None and hub.members() else None
 
 
 class SideArea(ipywidgets.DOMWidget):
