@@ -9,15 +9,17 @@ BIN := $(VENV)/bin
 # System packages: Chromium for the browser tests, Node and npm to build the front ends (the panel's
 # bundle and the JupyterLab extension; `pip install -e` runs `npm run build`, and copies the built
 # extension into the venv, so JupyterLab and Notebook 7 load it with no `jupyter lab build`).
+# .ci/apt-install waits (10 minutes at most) for another apt or dpkg to release its lock.
 APT_NEEDS := $(if $(shell command -v chromium),,chromium) $(if $(shell command -v npm),,nodejs npm)
 
 setup:
 	@if [ -n "$(strip $(APT_NEEDS))" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $(APT_NEEDS); \
+	  if [ "$$(id -u)" = 0 ]; then .ci/apt-install $(APT_NEEDS); \
 	  else echo "Not root, so not installing: $(APT_NEEDS) (sudo apt-get install -y $(APT_NEEDS));" \
 	    "without Chromium the browser tests skip, without npm the front ends cannot be built"; fi; \
 	fi
-	$(PYTHON) -m venv $(VENV)
+	@# An existing .venv is reused (a second `make setup` only brings it up to date).
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[cpu,test]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
