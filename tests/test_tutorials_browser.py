@@ -1,0 +1,74 @@
+"""Run All on the tutorials in a real JupyterLab and Notebook 7: every cell runs, past the ones that fail on purpose.
+
+The failing cells carry the ``raises-exception`` tag; JupyterLab then asks the kernel not to
+stop on that error, so the cells queued after it still run.  A cell that never ran keeps the
+prompt ``[ ]:``; one still running shows ``[*]:``.  Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+from browser_support import REPO, chromium, has_chromium, jupyter_server, shot, wait_for_kernel
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,  # TensorFlow starts in each kernel
+    pytest.mark.skipif(not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"),
+]
+
+TUTORIALS = ["01_first_steps.ipynb", "03_memory_that_comes_back.ipynb"]
+
+
+def render_every_cell(home) -> None:
+    """JupyterLab 4 draws only the cells in view (windowing): off, so every cell's prompt can be read."""
+    settings = home / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+
+
+def prompts(page) -> list[str]:
+    cells = page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-CodeCell .jp-InputPrompt")
+    return [text.strip() for text in cells.all_inner_texts()]
+
+
+def run_all(page) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def wait_until_every_cell_ran(page, timeout: float = 300) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = prompts(page)
+        if seen and all(p.startswith("[") and p[1:-2].isdigit() for p in seen):
+            return seen
+        time.sleep(1)
+    return prompts(page)
+
+
+def code_cells(path) -> int:
+    return sum(cell["cell_type"] == "code" for cell in json.loads(path.read_text())["cells"])
+
+
+@pytest.mark.parametrize("app, path", [("lab", "lab/tree/{name}"), ("notebook", "notebooks/{name}")])
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_run_all_runs_every_cell(tmp_path, monkeypatch, app, path, name):
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(REPO / "example_notebooks" / name, root / name)
+    monkeypatch.setenv("TFGPU_MAGIC_CLAIM_DIR", str(tmp_path / "claims"))
+    render_every_cell(tmp_path / "home")
+    with jupyter_server(root, tmp_path / "home", log_name=f"tutorial-{app}.log", app=app) as server, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.url(path.format(name=name)))
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+        wait_for_kernel(page)
+        run_all(page)
+        seen = wait_until_every_cell_ran(page)
+        shot(page, f"tutorial-run-all-{app}-{name.split('_')[0]}.png")
+        assert len(seen) == code_cells(root / name), seen
+        assert all(p.startswith("[") and p[1:-2].isdigit() for p in seen), seen
