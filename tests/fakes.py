@@ -104,3 +104,20 @@ class FakeTensorFlow(TensorFlow):
 
     def keras_policy(self) -> Optional[str]:
         return None
+
+
+# A process that allocates 256 MiB on GPU 0 through CuPy (or PyTorch), prints "allocated", and
+# holds it until its stdin closes: the real-GPU tests' stand-in for a training job.
+GPU_ALLOCATOR_SCRIPT = """
+import sys
+try:
+    import cupy
+    block = cupy.zeros(256 * 1024 * 1024, dtype=cupy.uint8)
+    cupy.cuda.runtime.deviceSynchronize()
+except ImportError:
+    import torch
+    block = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+print("allocated", flush=True)
+sys.stdin.read()
+"""

@@ -24,7 +24,7 @@ from tfgpu_magic import claims, grammar, holdings, magics, owners
 from tfgpu_magic.choosing import ChoiceError, choose_gpus
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
-from fakes import fake_process_table
+from fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table
 from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -389,28 +389,13 @@ def test_readings_agree_with_nvidia_smi():
         assert abs(gpu.memory.used_bytes // MIB - int(used_mib)) <= 64  # read a moment apart
 
 
-ALLOCATOR = textwrap.dedent(
-    """
-    import sys
-    try:
-        import cupy
-        block = cupy.zeros(256 * 1024 * 1024, dtype=cupy.uint8)
-        cupy.cuda.runtime.deviceSynchronize()
-    except ImportError:
-        import torch
-        block = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-        torch.cuda.synchronize()
-    print("allocated", flush=True)
-    sys.stdin.read()
-    """
-)
 
 
 @pytest.mark.gpu
 def test_a_process_allocating_memory_is_found_with_its_pid_and_user():
     nvml = real_nvml()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    proc = subprocess.Popen([sys.executable, "-c", ALLOCATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", GPU_ALLOCATOR_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline().strip()
         if line != "allocated":

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from fakes import fake_process_table, wait_for
+from fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table, wait_for
 from tfgpu_magic import kernel_inventory, owners
 from tfgpu_magic.kernel_inventory import (
     FOREIGN_PIDS_NOTE,
@@ -363,19 +363,6 @@ def test_the_inventory_runs_where_there_is_no_jupyter_server():
 
 
 # -- a real NVIDIA machine --------------------------------------------------------------------
-ALLOCATE_AND_WAIT = """
-import sys
-try:
-    import cupy
-    block = cupy.zeros(256 * 1024 * 1024, dtype=cupy.uint8)
-    cupy.cuda.runtime.deviceSynchronize()
-except ImportError:
-    import torch
-    block = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
-print("allocated", flush=True)
-sys.stdin.read()
-"""
 KERNEL_STARTING_A_CHILD = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
 
 
@@ -386,7 +373,7 @@ def test_on_a_real_gpu_a_kernels_child_holds_memory_for_the_kernel():
         pytest.skip("no NVIDIA driver reachable through NVML")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     kernel = subprocess.Popen(
-        [sys.executable, "-c", KERNEL_STARTING_A_CHILD, ALLOCATE_AND_WAIT],
+        [sys.executable, "-c", KERNEL_STARTING_A_CHILD, GPU_ALLOCATOR_SCRIPT],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
     )
     try:
