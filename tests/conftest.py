@@ -111,3 +111,14 @@ def run_scenario(name: str, *args: str, env: dict | None = None, timeout: int = 
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"scenario {name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1])
+
+
+@pytest.fixture
+def no_leaked_sampler():
+    """Stop every panel after the test, and fail it if a sampler thread outlived it."""
+    from fakes import monitor_threads
+    from tfgpu_magic import monitor
+
+    yield
+    monitor._hub.stop_all()
+    assert monitor_threads() == [], "a sampler thread outlived its test"

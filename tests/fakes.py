@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, Optional
 
+from tfgpu_magic.monitor import THREAD_NAME
 from tfgpu_magic.owners import OwnerLookupTable
 from tfgpu_magic.simulated import SimulatedNvml
 from tfgpu_magic.tf_runtime import AllocatorStats, InForce, Stage, TensorFlow
@@ -121,3 +123,8 @@ except ImportError:
 print("allocated", flush=True)
 sys.stdin.read()
 """
+
+
+def monitor_threads() -> list[threading.Thread]:
+    """The monitor's sampler threads alive in this process."""
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]

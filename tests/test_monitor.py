@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from dataclasses import dataclass
 
 import pytest
 
-from fakes import wait_for
+from fakes import monitor_threads, wait_for
 from tfgpu_magic import monitor
-from tfgpu_magic.monitor import MAX_HISTORY, THREAD_NAME, Hub, Sampler
+from tfgpu_magic.monitor import MAX_HISTORY, Hub, Sampler
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
 
@@ -34,15 +33,8 @@ def sampler(server=None, **kwargs) -> Sampler:
     return Sampler(Nvml(lib=server or shared_server(ME)), ME, **kwargs)
 
 
-def monitor_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
-
-@pytest.fixture(autouse=True)
-def no_leaked_thread():
-    yield
-    monitor._hub.stop_all()
-    assert monitor_threads() == [], "a sampler thread outlived its test"
+pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
 
 
 # -- readings ------------------------------------------------------------------------------

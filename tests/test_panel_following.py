@@ -7,10 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
+from fakes import monitor_threads
 from tfgpu_magic import monitor
 from tfgpu_magic.monitor import THREAD_NAME, Hub, Sampler
 from tfgpu_magic.nvml import Nvml
@@ -28,15 +28,8 @@ class ManualSampler(Sampler):
         pass
 
 
-def monitor_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
-
-@pytest.fixture(autouse=True)
-def no_leaked_thread():
-    yield
-    monitor._hub.stop_all()
-    assert monitor_threads() == []
+pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
 
 
 @pytest.fixture

@@ -11,17 +11,14 @@ import time
 
 import pytest
 
-from fakes import wait_for
+from fakes import monitor_threads, wait_for
 from tfgpu_magic import monitor
-from tfgpu_magic.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, THREAD_NAME, Hub, Sampler
+from tfgpu_magic.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, Hub, Sampler
 from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.simulated import shared_server
 
 ME = 4242
 
-
-def monitor_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
 class Gate:
