@@ -40,6 +40,7 @@ from tfgpu_magic import owners  # noqa: E402
 from tfgpu_magic.kernel_inventory import KernelDescription, inventory, read_ancestry, read_parent_map  # noqa: E402
 from tfgpu_magic.nvml import Nvml  # noqa: E402
 from tfgpu_magic.simulated import FAKE_PID_BASE, LiveKernelsNvml, SimulatedNvml, busy_server  # noqa: E402
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 INTERVAL_S = 0.5  # the server's refresh interval in part 2 (the default is 2 s)
 
@@ -53,16 +54,6 @@ def busy_server_as_me() -> SimulatedNvml:
 def busy_with_kernels() -> LiveKernelsNvml:
     """The device source of part 2: the busy server, plus the Jupyter server's real kernels on its 8 GPUs."""
     return LiveKernelsNvml(busy_server_as_me().gpus, kernel_gpus=8)
-
-
-def median_ms(work: Callable[[], object], runs: int) -> float:
-    work()  # warm: NVML's start, imports, psutil's process cache
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        work()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
 
 
 # -- part 1: the refresh, in process ------------------------------------------------------------

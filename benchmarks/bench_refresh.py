@@ -27,7 +27,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,18 +39,9 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("TFGPU_MAGIC_CLAIM_DIR", tempfile.mkdtemp(prefix="tfgpu-bench-claims-"))
 
 from tfgpu_magic.simulated import SimulatedNvml, busy_server  # noqa: E402
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 SLEEPERS = 38  # with this process and one exited pid: the busy server's 40
-
-
-def median_ms(work: Callable[[], object], runs: int) -> float:
-    work()  # warm: imports, first NVML start, caches that are meant to be warm
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        work()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
 
 
 def real_pid_server(pids: list[int], gone: int) -> SimulatedNvml:

@@ -13,12 +13,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TFGPU_MAGIC_CLAIM_DIR", tempfile.mkdtemp(prefix="tfgpu-bench-claims-"))
@@ -27,16 +24,7 @@ from tfgpu_magic import status  # noqa: E402
 from tfgpu_magic.nvml import Nvml  # noqa: E402
 from tfgpu_magic.session import Session  # noqa: E402
 from tfgpu_magic.simulated import busy_server  # noqa: E402
-
-
-def median_ms(work: Callable[[], object], runs: int) -> float:
-    work()  # warm: first NVML start, imports
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        work()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 
 def fake_part(runs: int = 300) -> None:
