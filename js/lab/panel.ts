@@ -8,9 +8,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { refreshIcon } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
-import { IDisposable } from '@lumino/disposable';
 import { Message } from '@lumino/messaging';
-import { Widget } from '@lumino/widgets';
 
 import { IGpu, IKernel, IProcess, IStatusReply, Reading, StatusPoller } from './api';
 import {
@@ -24,6 +22,7 @@ import {
   perGpu
 } from './format';
 import { gpuIcon } from './icons';
+import { PolledWidget } from './polled';
 
 export const PANEL_ID = 'tfgpu-magic-panel';
 
@@ -84,15 +83,14 @@ interface IView {
   notes: string[];
 }
 
-export class GpuPanel extends Widget {
+export class GpuPanel extends PolledWidget {
   constructor(options: IGpuPanelOptions) {
-    super();
+    super(options.poller);
     this._options = options;
     this.id = PANEL_ID;
     this.addClass('tfgpu-lab-panel');
     this.title.icon = gpuIcon;
     this.title.caption = 'GPU memory: who holds what';
-    options.poller.changed.connect(this._onReading, this);
     this.node.addEventListener('click', this._onClick);
   }
 
@@ -102,51 +100,16 @@ export class GpuPanel extends Widget {
   }
 
   override dispose(): void {
-    if (this.isDisposed) {
-      return;
-    }
-    this._release();
-    this._options.poller.changed.disconnect(this._onReading, this);
     this.node.removeEventListener('click', this._onClick);
     super.dispose();
   }
 
-  // -- polling only while the panel is on screen ------------------------------------------
-  protected override onAfterAttach(msg: Message): void {
-    super.onAfterAttach(msg);
-    this._holdIfVisible();
-    this.update();
+  /** Opening the panel shows fresh figures at once, not the last interval's. */
+  protected override onHold(): void {
+    void this.poller.refresh();
   }
 
-  protected override onAfterShow(msg: Message): void {
-    super.onAfterShow(msg);
-    this._holdIfVisible();
-    this.update();
-  }
-
-  protected override onAfterHide(msg: Message): void {
-    super.onAfterHide(msg);
-    this._release();
-  }
-
-  protected override onBeforeDetach(msg: Message): void {
-    this._release();
-    super.onBeforeDetach(msg);
-  }
-
-  private _holdIfVisible(): void {
-    if (this.isVisible && !this._hold) {
-      this._hold = this._options.poller.hold();
-      void this._options.poller.refresh(); // opening the panel shows fresh figures at once
-    }
-  }
-
-  private _release(): void {
-    this._hold?.dispose();
-    this._hold = null;
-  }
-
-  private _onReading(): void {
+  protected override onReading(): void {
     if (this.isVisible) {
       this.update();
     }
@@ -314,7 +277,6 @@ export class GpuPanel extends Widget {
   }
 
   private _options: IGpuPanelOptions;
-  private _hold: IDisposable | null = null;
   private _signature = '';
   private _gone = new Map<string, number>(); // kernel id -> when it was shut down (unix s)
 }

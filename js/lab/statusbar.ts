@@ -2,13 +2,12 @@
 // "GPU 1: 6.1 GiB", "no GPU memory", or "GPU n/a" with the reason on hover; a click opens
 // the GPU panel.  It polls (through the shared poller) only while it is on screen.
 
-import { IDisposable } from '@lumino/disposable';
 import { Message } from '@lumino/messaging';
-import { Widget } from '@lumino/widgets';
 
 import { StatusPoller } from './api';
 import { statusText } from './format';
 import { gpuIcon } from './icons';
+import { PolledWidget } from './polled';
 
 export interface IGpuStatusOptions {
   poller: StatusPoller;
@@ -18,9 +17,9 @@ export interface IGpuStatusOptions {
   onClick: () => void;
 }
 
-export class GpuStatusItem extends Widget {
+export class GpuStatusItem extends PolledWidget {
   constructor(options: IGpuStatusOptions) {
-    super({ node: document.createElement('button') });
+    super(options.poller, { node: document.createElement('button') });
     this._options = options;
     this.addClass('tfgpu-lab-status');
     this.addClass('jp-StatusBar-GroupItem');
@@ -29,7 +28,6 @@ export class GpuStatusItem extends Widget {
     this._text.className = 'tfgpu-lab-status-text jp-StatusBar-TextItem';
     this.node.append(this._text);
     this.node.addEventListener('click', options.onClick);
-    options.poller.changed.connect(this._onReading, this);
   }
 
   /** True while a notebook is in front: the item shows only then. */
@@ -38,34 +36,8 @@ export class GpuStatusItem extends Widget {
   }
 
   override dispose(): void {
-    if (this.isDisposed) {
-      return;
-    }
-    this._release();
-    this._options.poller.changed.disconnect(this._onReading, this);
     this.node.removeEventListener('click', this._options.onClick);
     super.dispose();
-  }
-
-  protected override onAfterAttach(msg: Message): void {
-    super.onAfterAttach(msg);
-    this._holdIfVisible();
-    this.update();
-  }
-
-  protected override onAfterShow(msg: Message): void {
-    super.onAfterShow(msg);
-    this._holdIfVisible();
-  }
-
-  protected override onAfterHide(msg: Message): void {
-    super.onAfterHide(msg);
-    this._release();
-  }
-
-  protected override onBeforeDetach(msg: Message): void {
-    this._release();
-    super.onBeforeDetach(msg);
   }
 
   protected override onUpdateRequest(msg: Message): void {
@@ -79,22 +51,6 @@ export class GpuStatusItem extends Widget {
     this.node.dataset.kernelId = kernelId ?? '';
   }
 
-  private _onReading(): void {
-    this.update();
-  }
-
-  private _holdIfVisible(): void {
-    if (this.isVisible && !this._hold) {
-      this._hold = this._options.poller.hold();
-    }
-  }
-
-  private _release(): void {
-    this._hold?.dispose();
-    this._hold = null;
-  }
-
   private _options: IGpuStatusOptions;
   private _text: HTMLSpanElement;
-  private _hold: IDisposable | null = null;
 }
