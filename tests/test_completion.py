@@ -85,3 +85,9 @@ def test_load_ext_registers_the_completion():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT)
     assert out.stdout.strip().splitlines()[-1] == "['--sidebar']"
+
+
+@pytest.mark.parametrize("text", ["%gpu use 1  # sees only GPU ", "%gpu grow # gr", "%%gpu budget 2G  # on"])
+def test_inside_a_comment_nothing_of_ours_is_offered_and_nothing_breaks(completer, text):
+    ours = set(grammar.VERBS) | set(grammar.CELL_VERBS) | {"on", "off", "all", "none", "auto"}
+    assert not ours & {word for word, _ in offered(completer, text)}

@@ -197,3 +197,49 @@ def test_any_sequence_of_keywords_is_a_command_or_a_grammar_error(tokens):
         grammar.parse(" ".join(tokens))
     except GrammarError as err:
         assert "valid: " in str(err) and str(err).isprintable()
+
+
+# -- comments: `%gpu use 1   # only GPU 1` (IPython hands the magic its comment) --------------------
+@pytest.mark.parametrize(
+    "line, code",
+    [
+        ("use 1  # TensorFlow sees only nvidia-smi's GPU 1", "use 1  "),
+        ("# just a comment", ""),
+        ("limit 8G\t# and never more", "limit 8G\t"),
+        ("use 1 #no space after the hash", "use 1 "),
+        ("trace a#b", "trace a#b"),  # inside a word, `#` is text, as in a shell
+        ("monitor '# not a comment' # a comment", "monitor '# not a comment' "),
+        ('monitor "it\'s # quoted" # it is', 'monitor "it\'s # quoted" '),
+        (r"monitor \# escaped # comment", r"monitor \# escaped "),
+        ("status", "status"),
+    ],
+)
+def test_a_comment_starts_at_a_hash_that_begins_a_word_outside_quotes(line, code):
+    assert grammar.strip_comment(line) == code
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(words, max_size=4), st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+def test_a_comment_never_changes_what_a_line_means(tokens, comment):
+    """Whatever a comment holds (quotes, `#`, backslashes, other verbs), the line means what it meant."""
+    line = " ".join(tokens)
+
+    def meaning(text):
+        try:
+            return grammar.parse(text)
+        except GrammarError as err:
+            return str(err)
+
+    assert meaning(f"{line}  # {comment}") == meaning(line)
+    assert meaning(f"{line}\t#{comment}") == meaning(line)
+
+
+def test_a_cell_line_takes_a_comment_too():
+    assert grammar.parse_cell("budget 2G on 1  # this cell only") == {"budget": 2 * 1024**3, "on": 1}
+    with pytest.raises(GrammarError, match="needs `budget SIZE` or `on GPU`"):
+        grammar.parse_cell("# nothing but a comment")
+
+
+@pytest.mark.parametrize("line", ["%gpu use 1  # ", "%gpu use 1 # gr", "%%gpu budget 2G # o", "%gpu # "])
+def test_nothing_is_offered_inside_a_comment(line):
+    assert grammar.complete(line) == []

@@ -208,3 +208,25 @@ def test_monitor_off_without_a_panel_says_so(gpu, capsys):
     assert capsys.readouterr().out == "No memory panel is running in this kernel.\n"
     with pytest.raises(UsageError, match="unexpected 'now'"):
         gpu("monitor off now")
+
+
+def test_a_comment_after_a_command_is_a_comment_in_a_real_cell(shell, gpu, capsys):
+    """The README's own lines, as pasted: IPython hands `%gpu` the comment, which must not count."""
+    result = shell.run_cell(
+        "%gpu use 1          # TensorFlow sees only nvidia-smi's GPU 1\n"
+        "%gpu grow           # memory growth instead of taking the whole GPU\n"
+        "%gpu limit 8G       # and never more than 8 GiB of it\n"
+        "%gpu # the status, with a comment alone\n"
+    )
+    assert result.success, result.error_in_exec or result.error_before_exec
+    assert gpu.session.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert gpu.session.env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert "UsageError" not in capsys.readouterr().err
+
+
+def test_a_comment_on_a_cell_magics_line_is_a_comment(shell, gpu):
+    """With or without the comment, the same answer (here: `on` needs TensorFlow imported)."""
+    plain = shell.run_cell("%%gpu on 1\nanswer = 42\n")
+    commented = shell.run_cell("%%gpu on 1  # this cell on GPU 1 only\nanswer = 42\n")
+    assert repr(commented.error_in_exec) == repr(plain.error_in_exec)
+    assert "tf.device" in str(commented.error_in_exec)

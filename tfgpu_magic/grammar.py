@@ -47,6 +47,8 @@ __all__ = [
     "parse_cell",
     "parse_duration",
     "parse_size",
+    "split_line",
+    "strip_comment",
     "usage",
 ]
 
@@ -637,12 +639,41 @@ def cell_usage() -> str:
 
 
 # -- parsing -------------------------------------------------------------------------------------
-def parse(line: str) -> Command:
-    """Parse the text after ``%gpu``.  An empty line is ``status``."""
+def strip_comment(line: str) -> str:
+    """The line without its comment: a ``#`` that starts a word, outside quotes, and what follows.
+
+    IPython hands a line magic its whole line, comment included (``%gpu use 1  # GPU 1 only``),
+    and so does the shell for a cell magic's first line.  As in a POSIX shell, ``#`` inside a
+    word (``a#b``) or inside quotes is text, and a backslash escapes the next character.
+    """
+    quote = ""
+    escaped = False
+    for i, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def split_line(line: str) -> list[str]:
+    """The words of a ``%gpu`` line, its comment left out, quotes read as a shell reads them."""
+    code = strip_comment(line)
     try:
-        tokens = shlex.split(line)
+        return shlex.split(code)
     except ValueError as err:  # an unclosed quote, a trailing backslash
-        raise GrammarError(f"cannot read {_shown(line)} ({err}); {usage(_first_verb(line))}") from None
+        raise GrammarError(f"cannot read {_shown(code.strip())} ({err}); {usage(_first_verb(code))}") from None
+
+
+def parse(line: str) -> Command:
+    """Parse the text after ``%gpu``.  An empty line (or a comment alone) is ``status``."""
+    tokens = split_line(line)
     if not tokens:
         return Status()
     word = tokens[0].lower()
@@ -663,7 +694,7 @@ def _first_verb(line: str) -> Optional[str]:
 
 def parse_cell(line: str) -> dict[str, object]:
     """The words of a ``%%gpu`` line, in any order, each once: ``{"budget": bytes, "on": gpu}``."""
-    tokens = line.split()
+    tokens = split_line(line)
     if not tokens:
         raise GrammarError(f"`%%gpu` needs `budget SIZE` or `on GPU`; {cell_usage()}")
     found: dict[str, object] = {}
@@ -713,11 +744,16 @@ def _manual_line(form: str, text: str) -> str:
 
 
 def complete(line: str) -> list[str]:
-    """Tab completion for a ``%gpu`` (or ``%%gpu``) line: the verbs, then the verb's words."""
-    words = line.split()
+    """Tab completion for a ``%gpu`` (or ``%%gpu``) line: the verbs, then the verb's words.
+
+    Nothing is offered inside the line's comment.
+    """
+    if strip_comment(line) != line:
+        return []
+    typed = line.split()
     typing_new_word = not line or line[-1].isspace()
-    done = words[1:] if typing_new_word else words[1:-1]  # the words already complete
-    if words and words[0].startswith("%%"):
+    done = typed[1:] if typing_new_word else typed[1:-1]  # the words already complete
+    if typed and typed[0].startswith("%%"):
         return _complete_cell(done)
     if not done:
         return list(VERBS)
