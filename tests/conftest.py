@@ -22,6 +22,17 @@ from tfgpu_magic.simulated import shared_server
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
+# What TensorFlow, CUDA, XLA, JAX and PyTorch read when they start.  A fresh process never inherits
+# these from the developer's shell or from an earlier test: a test that depends on one passes it.
+START_UP_PREFIXES = ("TF_", "CUDA_", "XLA_", "JAX_", "PYTORCH_")
+
+_running: list = [None]  # the test being set up or run: fresh processes check its markers
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _running[0] = item  # before its fixtures, which may start processes too
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need a real NVIDIA GPU and driver: skip them where NVML cannot start."""
@@ -33,6 +44,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """What a test, or the code it runs (`%gpu use 1` sets CUDA_VISIBLE_DEVICES), sets in
+    ``os.environ`` never reaches the next test."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)
@@ -89,25 +111,29 @@ def gpu(shell, session):
     return run
 
 
+def fresh_env(env: dict | None = None) -> dict:
+    """The environment of a fresh Python: this checkout first, no inherited start-up settings."""
+    clean = {name: value for name, value in os.environ.items() if not name.startswith(START_UP_PREFIXES)}
+    return {**clean, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+
+
+def run_python(args: list[str], env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` in a fresh process (see :func:`fresh_env`); the test must be marked `slow`.
+
+    Fresh processes are where TensorFlow starts, so `make test-fast` (``-m "not slow ..."``) must
+    never meet one: a test that starts one without the marker fails, saying so.
+    """
+    item = _running[0]
+    if item is not None and item.get_closest_marker("slow") is None:
+        pytest.fail(f"{item.nodeid} starts a fresh Python ({' '.join(args)[:60]}) but is not marked "
+                    "`slow`: mark it, so that `make test-fast` never starts one", pytrace=False)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          env=fresh_env(env), timeout=timeout, cwd=ROOT)
+
+
 def run_scenario(name: str, *args: str, env: dict | None = None, timeout: int = 240) -> dict:
     """Run tests/scripts/<name>.py in a fresh Python and return the JSON it prints last."""
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        **(env or {}),
-    }
-    for variable in ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR"):
-        if variable not in (env or {}):
-            full_env.pop(variable, None)
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / f"{name}.py"), *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    proc = run_python([str(SCRIPTS / f"{name}.py"), *args], env=env, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, f"scenario {name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1])

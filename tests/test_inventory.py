@@ -425,29 +425,3 @@ def test_without_psutil_proc_gives_owner_and_command():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert owners._proc_lookup(proc.pid).alive is False
-
-
-def test_after_tensorflow_started_auto_gives_the_restart_remedy():
-    script = textwrap.dedent(
-        """
-        import tensorflow as tf
-        tf.constant(1)  # the runtime starts: visibility is frozen (a CPU build: no GPU)
-        from tfgpu_magic import grammar
-        from tfgpu_magic.choosing import ChoiceError, choose_gpus
-        from tfgpu_magic.nvml import Nvml
-        from tfgpu_magic.session import Session
-        from tfgpu_magic.simulated import shared_server
-        session = Session(nvml=Nvml(lib=shared_server()), env={})
-        session.prepare()  # the import hook fires at once: TensorFlow is already here
-        try:
-            choose_gpus(session, grammar.Auto(), print)
-        except ChoiceError as err:
-            print("ERROR", err)
-        """
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
-    assert proc.stdout.strip().splitlines()[-1] == (
-        "ERROR TensorFlow has already started with no GPU visible and cannot change it in a running kernel; "
-        "put `%gpu use auto` at the top of the notebook, before `import tensorflow`, and restart the kernel"
-    ), proc.stderr[-3000:]
