@@ -1,10 +1,11 @@
 # Two commands: `make setup` installs everything (Chromium for the browser tests included),
 # `make test` runs the whole suite: unit tests, TensorFlow stage tests, browser tests, tutorials.
+# `make test-fast` is the quick loop: no fresh Python (so no TensorFlow start), no browser, no GPU.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test bench
+.PHONY: setup test test-fast bench
 
 # System packages: Chromium for the browser tests, Node and npm to build the front ends (the panel's
 # bundle and the JupyterLab extension; `pip install -e` runs `npm run build`, and copies the built
@@ -26,6 +27,9 @@ setup:
 
 test:
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest --nbval example_notebooks tests
+
+test-fast:
+	$(BIN)/python -m pytest -m "not slow and not browser and not gpu" tests
 
 bench:
 	$(BIN)/python benchmarks/bench_magic.py

@@ -199,7 +199,7 @@ def test_a_reader_that_goes_away_ends_the_cli_quietly(cli_args, reader):
     assert stderr == b"", stderr.decode(errors="replace")
     assert code in (0, 141)  # 141: the shell's status of a tool ended by SIGPIPE; 0 if all fit in the pipe
     if reader == ["head", "-3"]:
-        assert head.stdout.decode().splitlines()[0] == "Requested:  nothing (TensorFlow's defaults)"
+        assert head.stdout.decode().splitlines()[0] == "Machine:    4 GPUs; user me"
 
 
 def test_a_closed_pipe_gives_status_141():
@@ -213,4 +213,4 @@ def test_a_terminal_that_cannot_encode_our_characters_still_gets_the_table():
         [sys.executable, "-m", "tfgpu_magic", "--demo"], capture_output=True, env=env, cwd=ROOT, timeout=60,
     )
     assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode(errors="replace")
-    assert b"this process 10.0 GiB \\xb7 my other processes" in proc.stdout
+    assert b"my processes 14.0 GiB \\xb7 other users" in proc.stdout

@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from . import __version__
+
 __all__ = ["main"]
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head -1` reports for `yes`
@@ -28,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="In a notebook: %load_ext tfgpu_magic, then %gpu status (or %gpu use auto to claim a GPU).",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
+    parser.add_argument("--version", action="version", version=f"tfgpu {__version__}")
     parser.add_argument(
         "--demo",
         action="store_true",
@@ -60,16 +63,20 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     from .nvml import Nvml
     from .session import Session
 
-    lib = None
+    lib = table = None
     if args.demo:
-        from .simulated import shared_server
+        from .owners import OwnerLookupTable
+        from .simulated import DEMO_KERNEL_PID, shared_server
 
-        lib = shared_server()
-    report = status.build_report(Session(nvml=Nvml(lib=lib)), viewer="this process")
+        # The simulated server as its user "me" sees it from a terminal: one of my notebook
+        # kernels holds memory on GPU 1; this process, like any terminal tool, holds none.
+        lib = shared_server(my_pid=DEMO_KERNEL_PID)
+        table = OwnerLookupTable(lib.owner_of, me="me")
+    report = status.build_report(Session(nvml=Nvml(lib=lib)), process_table=table, viewer="this process")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(status.render_text(report))
+        print(status.render_text(report, machine=True))
     return 1 if report["nvml_error"] else 0
 
 

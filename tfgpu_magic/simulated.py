@@ -35,6 +35,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 __all__ = [
+    "DEMO_KERNEL_PID",
     "READINGS",
     "LiveKernelsNvml",
     "SimulatedGpu",
@@ -334,6 +335,7 @@ def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40
 
 # -- a simulated server holding the real kernels of this process (a Jupyter server) ------------------
 FAKE_PID_BASE = 1 << 22  # above Linux's largest pid_max (2**22): such a pid never names a real process
+DEMO_KERNEL_PID = FAKE_PID_BASE + 100  # `tfgpu --demo`: the notebook kernel of "me" on shared_server's GPU 1
 KERNEL_GIB_STEP = 1024  # MiB: kernel n holds (n + 1) GiB
 KERNEL_CHILD_MIB = 256  # each process below a kernel
 

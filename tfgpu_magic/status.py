@@ -238,9 +238,30 @@ def _process(p: holdings.ProcessEntry) -> dict[str, Any]:
 
 
 # -- text ---------------------------------------------------------------------------------------
-def render_text(report: dict[str, Any]) -> str:
-    """The report as a terminal table; other users' text is shown, never obeyed (see :mod:`.safe_text`)."""
+def render_text(report: dict[str, Any], *, machine: bool = False) -> str:
+    """The report as a terminal table; other users' text is shown, never obeyed (see :mod:`.safe_text`).
+
+    ``machine=True`` is the terminal's report (``tfgpu``): about the machine and its user, so
+    it leaves out the reading process's own settings, TensorFlow and memory (it holds none).
+    """
     report = safe_tree(report)  # every string: commands, users, claims, GPU names, notes
+    lines = _machine_header(report) if machine else _kernel_header(report)
+    if report["nvml_error"]:
+        lines.append(f"GPUs:       {report['nvml_error']}")
+    label = None if machine else report.get("me", {}).get("label", "this kernel")
+    if any(g.get("usage") for g in report["gpus"]):
+        shown = [(ch, _segment_name(key, name, label))
+                 for key, name, ch, _colour in SEGMENTS if label is not None or key != "this_kernel_bytes"]
+        lines.append("Bars:       " + "  ".join(f"{ch} {name}" for ch, name in shown))
+    for gpu in report["gpus"]:
+        lines.append(_gpu_line(gpu, machine))
+        lines.extend("  " + line for line in _gpu_details(gpu, label))
+    lines.extend(f"Note: {note}" for note in report["notes"])
+    return "\n".join(lines)
+
+
+def _kernel_header(report: dict[str, Any]) -> list[str]:
+    """What this kernel asked for, what is in force, TensorFlow's stage and allocator, who it is."""
     lines = [
         "Requested:  " + ("; ".join(_requested(report)) or "nothing (TensorFlow's defaults)"),
         "In force:   " + ("; ".join(report["in_force"]) or "TensorFlow's defaults"),
@@ -253,17 +274,14 @@ def render_text(report: dict[str, Any]) -> str:
         )
     if "me" in report:
         lines.append(_me_line(report))
-    if report["nvml_error"]:
-        lines.append(f"GPUs:       {report['nvml_error']}")
-    label = report.get("me", {}).get("label", "this kernel")
-    if any(g.get("usage") for g in report["gpus"]):
-        names = [label if key == "this_kernel_bytes" else name for key, name, *_ in SEGMENTS]
-        lines.append("Bars:       " + "  ".join(f"{s[2]} {n}" for s, n in zip(SEGMENTS, names)))
-    for gpu in report["gpus"]:
-        lines.append(_gpu_line(gpu))
-        lines.extend("  " + line for line in _gpu_details(gpu, label))
-    lines.extend(f"Note: {note}" for note in report["notes"])
-    return "\n".join(lines)
+    return lines
+
+
+def _machine_header(report: dict[str, Any]) -> list[str]:
+    """The terminal's first line: how many GPUs, and whose processes count as "my processes"."""
+    count = len(report["gpus"])
+    gpus = "GPUs unknown" if report["nvml_error"] else f"{count} GPU{'' if count == 1 else 's'}"
+    return [f"Machine:    {gpus}; user {report['me']['user'] or 'n/a'}"]
 
 
 def _requested(report: dict[str, Any]) -> list[str]:
@@ -284,21 +302,24 @@ def _me_line(report: dict[str, Any]) -> str:
     return f"{label + ':':<11} pid {me['pid']}, user {user}; {sees}"
 
 
-def _gpu_line(gpu: dict[str, Any]) -> str:
+def _gpu_line(gpu: dict[str, Any], machine: bool = False) -> str:
     if gpu["lost"]:
         return f"GPU {gpu['index']}  lost: the GPU stopped answering"
     util = gpu["utilization_percent"]
+    line = (
+        f"GPU {gpu['index']}  {gpu['name'] or 'n/a'}  "
+        f"{format_bytes(gpu['memory_used_bytes'])} / {format_bytes(gpu['memory_total_bytes'])} used (driver)  "
+        f"util {'n/a' if util is None else f'{util}%'}"
+    )
+    if machine:  # whether the reading process sees a GPU says nothing about the machine
+        return line
     seen = {True: "visible", False: "hidden", None: "visibility unknown"}[gpu["visible"]]
     if gpu["tensorflow_names"]:
         seen += f" (TensorFlow {', '.join(gpu['tensorflow_names'])})"
-    return (
-        f"GPU {gpu['index']}  {gpu['name'] or 'n/a'}  "
-        f"{format_bytes(gpu['memory_used_bytes'])} / {format_bytes(gpu['memory_total_bytes'])} used (driver)  "
-        f"util {'n/a' if util is None else f'{util}%'}  {seen}"
-    )
+    return f"{line}  {seen}"
 
 
-def _gpu_details(gpu: dict[str, Any], label: str) -> list[str]:
+def _gpu_details(gpu: dict[str, Any], label: Optional[str]) -> list[str]:
     if "usage" not in gpu or gpu["lost"]:
         return []
     usage = gpu["usage"]
@@ -318,17 +339,28 @@ def _gpu_details(gpu: dict[str, Any], label: str) -> list[str]:
     return lines
 
 
-def _legend(usage: dict[str, Any], label: str) -> str:
+def _legend(usage: dict[str, Any], label: Optional[str]) -> str:
     parts = []
     for key, name, _ch, _colour in SEGMENTS:
         if usage[key] == 0 and key in ("my_other_bytes", "others_bytes", "unattributed_bytes"):
             continue  # a true zero; the JSON and the HTML legend still carry it
-        name = label if key == "this_kernel_bytes" else name
+        if key == "this_kernel_bytes" and label is None:
+            continue  # a terminal report: the reading process holds no GPU memory
+        name = _segment_name(key, name, label)
         text = f"{name} {format_bytes(usage[key])}"
         if key == "this_kernel_bytes" and usage["this_kernel_source"] == "tensorflow":
             text += " (TensorFlow allocator)"
         parts.append(text)
     return " · ".join(parts)
+
+
+def _segment_name(key: str, name: str, label: Optional[str]) -> str:
+    """A segment's name: the viewer's own label; in a terminal (no label), the user's processes."""
+    if key == "this_kernel_bytes":
+        return label or name
+    if key == "my_other_bytes" and label is None:
+        return "my processes"
+    return name
 
 
 def _widths(usage: dict[str, Any], total: Optional[int], width: int) -> list[int]:
@@ -349,8 +381,8 @@ def _text_bar(usage: dict[str, Any], total: Optional[int]) -> str:
     return "".join(ch * n for (_k, _l, ch, _c), n in zip(SEGMENTS, cells))
 
 
-def _process_line(proc: dict[str, Any], label: str) -> str:
-    tag = {"this kernel": f"  ({label})", "unknown": "  (exited)"}.get(proc["whose"], "")
+def _process_line(proc: dict[str, Any], label: Optional[str]) -> str:
+    tag = {"this kernel": f"  ({label or 'this process'})", "unknown": "  (exited)"}.get(proc["whose"], "")
     if proc["note"] and proc["whose"] != "unknown":
         tag += f"  ({proc['note']})"
     command = _short(proc["command"] or "n/a", 48)
@@ -360,9 +392,9 @@ def _process_line(proc: dict[str, Any], label: str) -> str:
     )
 
 
-def _claim_text(claim: dict[str, Any], label: str) -> str:
+def _claim_text(claim: dict[str, Any], label: Optional[str]) -> str:
     if claim["this_kernel"]:
-        return label + " (`%gpu use auto`)"
+        return (label or "this process") + " (`%gpu use auto`)"
     who = f"pid {claim['pid']}" if claim["pid"] is not None else "another process"
     return f"{who} ({claim['user']})" if claim["user"] else who
 
