@@ -85,21 +85,26 @@ def kernel_pid(serverapp, kernel_id: str) -> int:
     return serverapp.kernel_manager.get_kernel(kernel_id).provisioner.pid
 
 
-async def start_child_in_kernel(serverapp, kernel_id: str) -> int:
-    """Have the kernel itself start ``sleep``: a real child process of the kernel; returns its pid."""
+async def execute_in_kernel(serverapp, kernel_id: str, code: str) -> str:
+    """Run ``code`` in a real kernel of the server; returns what it printed."""
     client = serverapp.kernel_manager.get_kernel(kernel_id).client()
     client.start_channels()
     try:
         await client.wait_for_ready(timeout=60)
-        code = "import subprocess; _child = subprocess.Popen(['sleep', '120']); print(_child.pid)"
         said: list[str] = []
         reply = await client.execute_interactive(
             code, timeout=60, output_hook=lambda msg: said.append(msg["content"].get("text", ""))
         )
     finally:
         client.stop_channels()
-    assert reply["content"]["status"] == "ok"
-    return int("".join(said).strip())
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return "".join(said)
+
+
+async def start_child_in_kernel(serverapp, kernel_id: str) -> int:
+    """Have the kernel itself start ``sleep``: a real child process of the kernel; returns its pid."""
+    code = "import subprocess; _child = subprocess.Popen(['sleep', '120']); print(_child.pid)"
+    return int((await execute_in_kernel(serverapp, kernel_id, code)).strip())
 
 
 def all_strings(value: Any) -> list[str]:
@@ -113,6 +118,27 @@ def all_strings(value: Any) -> list[str]:
 
 
 # -- the endpoint with real kernels ------------------------------------------------------------
+@pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
+def test_a_kernel_reading_kernels_server_sees_what_the_panel_shows(jp_serverapp, get_status, start_session, run):
+    """One simulated server for both: the README's two recipes give the same figures (issue 16, item 6)."""
+    first, second = start_session("a.ipynb"), start_session("b.ipynb")
+    code = (
+        "import tfgpu_magic\n"
+        "from tfgpu_magic.simulated import kernels_server\n"
+        "tfgpu_magic.set_device_source(kernels_server())\n"
+        "get_ipython().run_line_magic('load_ext', 'tfgpu_magic')\n"
+        "get_ipython().run_line_magic('gpu', 'status --json')\n"
+    )
+    for session in (first, second):
+        kernel_id = session["kernel"]["id"]
+        report = json.loads(run(execute_in_kernel(jp_serverapp, kernel_id, code)))
+        status = get_status()
+        in_kernel = {str(g["index"]): g["usage"]["this_kernel_bytes"] for g in report["gpus"] if g["usage"]["this_kernel_bytes"]}
+        on_panel = {k["id"]: k for k in status["kernels"]}[kernel_id]["gpu_memory_bytes"]
+        assert in_kernel == on_panel and in_kernel  # e.g. {"1": 2 GiB} for the second kernel, in both
+        assert [g["memory_used_bytes"] for g in report["gpus"]] == [g["memory_used_bytes"] for g in status["gpus"]]
+
+
 @pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
 def test_real_kernels_and_a_kernels_child_hold_the_memory_the_simulated_driver_gives_them(
     jp_serverapp, get_status, start_session, run

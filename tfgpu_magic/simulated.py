@@ -28,6 +28,7 @@ Reading names (see :data:`READINGS`): ``handle`` (``nvmlDeviceGetHandleByIndex``
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -343,9 +344,10 @@ KERNEL_CHILD_MIB = 256  # each process below a kernel
 class LiveKernelsNvml(SimulatedNvml):
     """Simulated GPUs that also hold this process's live kernels, found when NVML is read.
 
-    The rule, which tests, demos and the browser tests rely on: the direct children of this
-    process (the Jupyter server) whose command line mentions ``kernel`` (``ipykernel_launcher``,
-    a ``kernel-<id>.json`` connection file), sorted by pid, are kernels 0, 1, 2, ...; kernel
+    The rule, which tests, demos and the browser tests rely on: the direct children of the
+    Jupyter server ``server_pid`` (default: this process) whose command line mentions ``kernel``
+    (``ipykernel_launcher``, a ``kernel-<id>.json`` connection file), sorted by pid, are kernels
+    0, 1, 2, ...; kernel
     ``n`` holds ``(n + 1)`` GiB on GPU ``n % kernel_gpus``, and every process below it (its
     children, theirs, ...) holds 256 MiB on the same GPU.  They are compute processes; the
     GPU's used memory includes them.
@@ -357,9 +359,15 @@ class LiveKernelsNvml(SimulatedNvml):
     """
 
     def __init__(
-        self, gpus: list[SimulatedGpu], driver: bool = True, kernel_gpus: int = 2, scan_ttl_s: float = 0.5
+        self,
+        gpus: list[SimulatedGpu],
+        driver: bool = True,
+        kernel_gpus: int = 2,
+        scan_ttl_s: float = 0.5,
+        server_pid: Optional[int] = None,
     ) -> None:
         super().__init__(gpus, driver)
+        self.server_pid = os.getpid() if server_pid is None else server_pid
         self.kernel_gpus = max(1, min(kernel_gpus, len(gpus)))
         self.scan_ttl_s = scan_ttl_s
         self._scan_lock = threading.Lock()
@@ -379,7 +387,7 @@ class LiveKernelsNvml(SimulatedNvml):
         from .kernel_inventory import children_of, descendants, read_parent_map
 
         children = children_of(read_parent_map()[0])
-        kernels = sorted(pid for pid in children.get(os.getpid(), []) if _is_kernel(pid))
+        kernels = sorted(pid for pid in children.get(self.server_pid, []) if _is_kernel(pid))
         live: dict[int, list[SimulatedProcess]] = {}
         for n, pid in enumerate(kernels):
             held = live.setdefault(n % self.kernel_gpus, [])
@@ -422,10 +430,21 @@ def _is_kernel(pid: int) -> bool:
         return False
 
 
-def kernels_server() -> LiveKernelsNvml:
-    """``shared_server``'s four GPUs, with this process's live kernels on GPUs 0 and 1 (see :class:`LiveKernelsNvml`).
+def _running_a_kernel() -> bool:
+    """Whether this process is an IPython kernel (its own command line could say anything:
+    ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server`` mentions one)."""
+    kernelapp = sys.modules.get("ipykernel.kernelapp")  # never imported here: a kernel has it already
+    return kernelapp is not None and kernelapp.IPKernelApp.initialized()
 
-    For a Jupyter server: ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``.
+
+def kernels_server() -> LiveKernelsNvml:
+    """``shared_server``'s four GPUs, with a Jupyter server's live kernels on GPUs 0 and 1 (see :class:`LiveKernelsNvml`).
+
+    One simulated server for the Jupyter server and its kernels, so the GPU panel and a kernel's
+    ``%gpu`` give the same figures: in the Jupyter server,
+    ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``; in one of its
+    kernels, ``tfgpu_magic.set_device_source(kernels_server())`` reads the kernels of its parent,
+    the Jupyter server (a process whose command line mentions ``kernel`` is taken for a kernel).
     Fixed processes, with pids no real process can have: alice's training (30 GiB) on GPU 0; my
     other process (owned by this process's real user, 4 GiB) and bob's fine-tuning (8 GiB) on
     GPU 1; carol's exited process (2 GiB, still listed) on GPU 3, which has no utilization reading.
@@ -433,6 +452,7 @@ def kernels_server() -> LiveKernelsNvml:
     from .owners import PsutilProcessTable
 
     me = PsutilProcessTable().current_user() or "me"
+    server_pid = os.getppid() if _running_a_kernel() else os.getpid()
     return LiveKernelsNvml(
         [
             SimulatedGpu(
@@ -457,5 +477,6 @@ def kernels_server() -> LiveKernelsNvml:
                 unsupported={"utilization"},
                 processes=[SimulatedProcess(FAKE_PID_BASE + 4, 2048, "carol", "python old.py", alive=False)],
             ),
-        ]
+        ],
+        server_pid=server_pid,
     )
