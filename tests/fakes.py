@@ -43,9 +43,11 @@ class FakeTensorFlow(TensorFlow):
         stats: Optional[dict[str, Optional[AllocatorStats]]] = None,
         found: Optional[list[int]] = None,
         oom_error: Optional[type] = None,
+        cpu_only: bool = False,
     ) -> None:
         super().__init__()
         self.fake_stage = stage
+        self.cpu_only = cpu_only  # a tensorflow-cpu install: never sees a GPU
         self.gpus = dict(gpus or {})
         self.stats: dict[str, Optional[AllocatorStats]] = stats if stats is not None else {}  # shared, tests mutate it
         self.found = list(found or [])
@@ -57,6 +59,9 @@ class FakeTensorFlow(TensorFlow):
 
     def stage(self) -> Stage:
         return self.fake_stage
+
+    def cpu_only_build(self) -> bool:
+        return self.cpu_only
 
     def enumerate_devices(self) -> None:
         if self.fake_stage is Stage.IMPORTED:

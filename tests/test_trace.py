@@ -111,6 +111,31 @@ def test_no_gpu_and_not_started_sets_the_variable_in_the_sessions_environment(tr
     assert session.env[tf_runtime.CPU_STATS_ENV] == "true"
 
 
+def test_a_cpu_only_tensorflow_sees_no_gpu_whatever_the_driver_lists(tracing, session):
+    """tensorflow-cpu beside four GPUs (the simulated server): the CPU allocator is what to trace."""
+    session.tf.cpu_only = True
+    assert tracing(True).endswith("TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics")
+    assert session.env[tf_runtime.CPU_STATS_ENV] == "true"
+
+
+def test_the_adapter_reads_a_cpu_only_build_from_the_installed_packages(monkeypatch):
+    from importlib import metadata
+
+    installed = {"tensorflow-cpu"}
+
+    def distribution(name):
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", distribution)
+    adapter = tf_runtime.TensorFlow()
+    assert adapter.cpu_only_build() is True
+    installed.add("tensorflow")  # a CUDA build (perhaps beside a stray tensorflow-cpu)
+    assert adapter.cpu_only_build() is False
+    installed.discard("tensorflow-cpu")
+    assert adapter.cpu_only_build() is False
+
+
 def test_silent_while_tensorflow_is_not_started(tracing, shell, capsys):
     tracing(True)
     capsys.readouterr()

@@ -113,6 +113,14 @@ class TensorFlow:
         self._memory_devices: Optional[tuple[str, ...]] = None  # fixed once the runtime has started
         self._open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
 
+    def cpu_only_build(self) -> bool:
+        """Whether the installed TensorFlow can never see a GPU, known without importing it.
+
+        ``tensorflow-cpu`` is built without CUDA; ``tensorflow`` itself is a CUDA build on Linux
+        (whether CUDA's libraries are installed or not), so it is not taken for a CPU build.
+        """
+        return _installed("tensorflow-cpu") and not _installed("tensorflow")
+
     # -- the moment TensorFlow arrives ----------------------------------------------------------
     def on_import(self, module: Any) -> None:
         """Called on the importing thread once ``import tensorflow`` has finished."""
@@ -398,6 +406,16 @@ class TensorFlow:
             for tag, value in values.items():
                 tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
         writer.flush()
+
+
+def _installed(distribution: str) -> bool:
+    from importlib import metadata  # here: asked only before `%gpu trace` or a budget, not at load
+
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 class PeakWindow:

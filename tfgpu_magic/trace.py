@@ -98,6 +98,8 @@ def enable_cpu_stats(session: Any) -> Optional[bool]:
 
 
 def _gpus_expected(session: Any) -> bool:
+    if session.tf.cpu_only_build():
+        return False  # tensorflow-cpu: whatever the driver lists, TensorFlow will see no GPU
     try:
         visible = session.visible_gpus()
     except Exception:  # no reading: assume GPUs rather than change the CPU allocator uninvited
