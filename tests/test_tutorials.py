@@ -114,10 +114,13 @@ def _run(tool: str, path: Path, tmp: Path) -> dict:
     else:
         args = [sys.executable, "-m", "papermill", "--no-progress-bar", "--execution-timeout", "300",
                 "--cwd", str(out_dir), str(path), str(out)]
+    scratch = out_dir / "tmp"  # the run's TMPDIR: what a tutorial leaves in /tmp is left here
+    scratch.mkdir()
+    env = {**_environment(tmp), "TMPDIR": str(scratch)}
     start = time.monotonic()
-    done = subprocess.run(args, capture_output=True, text=True, cwd=out_dir, env=_environment(tmp), timeout=480)
+    done = subprocess.run(args, capture_output=True, text=True, cwd=out_dir, env=env, timeout=480)
     return {"rc": done.returncode, "log": done.stdout[-3000:] + done.stderr[-5000:], "out": out,
-            "seconds": time.monotonic() - start}
+            "seconds": time.monotonic() - start, "scratch": scratch}
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +137,8 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], 
 
 def _check_ran_to_the_end(result: dict) -> dict:
     assert result["out"].is_file(), result["log"]
+    left = sorted(p.name for p in result["scratch"].glob("tfgpu*"))
+    assert left == [], f"the tutorial left {left} in its TMPDIR"
     nb = _load(result["out"])
     for i, cell in _code_cells(nb):
         if not "".join(cell["source"]).strip():

@@ -587,7 +587,7 @@ TABLE: tuple[Verb, ...] = (
         "budget",
         _budget,
         forms=("%%gpu budget 2G",),
-        manual=(("%%gpu budget 2G", "run the cell; fail it if TensorFlow's peak exceeds 2 GiB"),),
+        manual=(("%%gpu budget 2G", "run the cell; fail it if TensorFlow's peak rose more than 2 GiB during it"),),
         cell=True,
     ),
     Verb(
