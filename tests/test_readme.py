@@ -1,0 +1,219 @@
+"""Every code block of the README runs as pasted (issue 16).
+
+- A ```python block is one notebook cell, run in a fresh kernel on the simulated server
+  (``kernels_server``, the README's own recipe) after a first cell that sets that server up (and
+  loads the extension, when the block does not).  The block may fail only where EXPECTED_FAILURES
+  says, and then it must: a stale entry fails too.  A block whose first line names a
+  configuration file (``# ipython_config.py``) is loaded by traitlets and applied instead.
+- Each line of a ```bash block is run here (RUN_HERE), or named with the test that runs it
+  (RUN_BY), or with the reason it runs nowhere (NOT_RUN).  A new line fails until it is one of them.
+- A ```text block is output, not code.  An untagged block fails: choose one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, START_UP_PREFIXES
+
+README = ROOT / "README.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+# The line that fails on purpose -> what its one-line answer starts with.
+EXPECTED_FAILURES = {
+    "%gpu limit 4G              # too late: one line says what is in force and what to do":
+        "UsageError: TensorFlow has already started",
+    # TensorFlow's CPU build (this machine, CI) sees no GPU, so it cannot place a cell on GPU 1.
+    "%%gpu on 1": "UsageError: GPU 1 is not visible to TensorFlow",
+}
+
+# What the README says must come before a block, run as earlier cells (the block's first line -> cells).
+EARLIER_CELLS = {
+    "%%gpu on 1": ["import tensorflow as tf"],  # "TensorFlow must be imported in an earlier cell"
+}
+
+RUN_HERE = {  # bash lines this file runs (with the venv's bin first on PATH)
+    "tfgpu --demo": "Machine:    4 GPUs; user me",
+    "tfgpu": "Machine:    ",
+    "tfgpu --json": '"gpus"',
+    "tfgpu --version": "tfgpu 0.1.0",
+}
+RUN_BY = {  # bash lines another test runs, and which
+    "make setup": ".ci/run (CI runs the README's two commands in a fresh clone)",
+    "make test": ".ci/run",
+    "make test-fast": "tests/test_readme.py::test_make_test_fast_selects_no_slow_browser_or_gpu_test (its selection)",
+    ".venv/bin/jupyter lab": "tests/test_browser.py, tests/test_extension_browser.py (jupyter lab in Chromium)",
+    ".venv/bin/jupyter notebook": "tests/test_extension_browser.py (Notebook 7 in Chromium)",
+    "jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server":
+        "tests/test_extension_browser.py (the GPU panel on kernels_server)",
+    'pip install ".[cpu]"': "make setup (pip install -e .[cpu,test])",
+    "pip install .": "tests/test_install.py::test_the_wheel_installs_both_extensions_without_npm_or_a_build",
+    'pip install -e ".[cpu,test]"': "make setup; tests/test_install.py::test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place",
+    "pip wheel --no-deps . -w dist": "tests/test_install.py (pip wheel --no-deps)",
+}
+NOT_RUN = {  # bash lines no test runs, and why
+    'pip install ".[gpu]"': "tensorflow[and-cuda] brings several GB of CUDA libraries; the install without it is tested",
+    'pip install "dist/tfgpu_magic-0.1.0-py3-none-any.whl[gpu]"': "the same; the wheel without the extra is tested",
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    code: str
+    line: int  # where it starts in the README
+
+    @property
+    def name(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def blocks(language: str | None = None) -> list[Block]:
+    text = README.read_text(encoding="utf-8")
+    found = [Block(m.group(1), m.group(2), text[: m.start()].count("\n") + 1) for m in FENCE.finditer(text)]
+    return [b for b in found if language is None or b.language == language]
+
+
+def commands(block: Block) -> list[str]:
+    """The block's command lines, comments and blank lines left out."""
+    lines = (re.sub(r"\s+#.*$", "", line).strip() for line in block.code.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_every_block_says_what_it_is():
+    untagged = [b.name for b in blocks() if b.language not in ("python", "bash", "text")]
+    assert untagged == [], "tag each block python, bash or text (output)"
+
+
+def test_every_bash_line_is_run_here_or_by_a_named_test():
+    lines = [line for block in blocks("bash") for line in commands(block)]
+    unaccounted = [line for line in lines if line not in {**RUN_HERE, **RUN_BY, **NOT_RUN}]
+    assert unaccounted == []
+    stale = [line for line in {**RUN_HERE, **RUN_BY, **NOT_RUN} if line not in lines]
+    assert stale == [], "listed here but no longer in the README"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("line", sorted(RUN_HERE))
+def test_the_bash_lines_run_here(line):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(START_UP_PREFIXES)}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    done = subprocess.run(line, shell=True, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert done.returncode in (0, 1), done.stderr  # 1: no driver here, and the report says so
+    assert RUN_HERE[line] in done.stdout and done.stderr == ""
+
+
+def test_make_test_fast_selects_no_slow_browser_or_gpu_test():
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-m "not slow and not browser and not gpu"' in makefile.split("test-fast:")[1].split("\n\n")[0]
+
+
+# -- python blocks -------------------------------------------------------------------------------
+CONFIG_FILE = re.compile(r"^# (ipython_config|jupyter_server_config)\.py\n")
+SIMULATED_SERVER = (
+    "import os\n"
+    "import tfgpu_magic\n"
+    "from tfgpu_magic.simulated import kernels_server\n"
+    "tfgpu_magic.set_device_source(kernels_server())\n"
+)
+
+
+def notebook_blocks() -> list[Block]:
+    return [b for b in blocks("python") if not CONFIG_FILE.match(b.code)]
+
+
+def _failure_text(outputs: list[dict]) -> str | None:
+    """The cell's failure as one line: an error output, or IPython's one-line UsageError."""
+    for output in outputs:
+        if output["output_type"] == "error":
+            return f"{output['ename']}: {output['evalue']}"
+        text = "".join(output.get("text", ""))
+        if output.get("name") == "stderr" and "UsageError:" in text:
+            return text[text.index("UsageError:"):].splitlines()[0]
+    return None
+
+
+def run_in_fresh_kernel(cells: list[str], cwd: Path) -> list[dict]:
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return [cell["outputs"] for cell in nb.cells]
+
+
+@pytest.fixture
+def kernel_env(monkeypatch):
+    """This checkout on the kernel's path; no TensorFlow or CUDA setting from the shell."""
+    for name in list(os.environ):
+        if name.startswith(START_UP_PREFIXES):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("block", notebook_blocks(), ids=lambda b: b.name)
+def test_each_python_block_runs_as_pasted_in_a_fresh_notebook(block, kernel_env, tmp_path):
+    setup = SIMULATED_SERVER
+    if "%load_ext tfgpu_magic" not in block.code:
+        setup += "%load_ext tfgpu_magic\n"
+    earlier = EARLIER_CELLS.get(block.code.splitlines()[0], [])
+    outputs = run_in_fresh_kernel([setup, *earlier, block.code], tmp_path)
+    for before in outputs[:-1]:
+        assert _failure_text(before) is None, before
+    failure = _failure_text(outputs[-1])
+    expected = [EXPECTED_FAILURES[line] for line in block.code.splitlines() if line in EXPECTED_FAILURES]
+    if expected:
+        assert failure is not None and failure.startswith(expected[0]), failure
+    else:
+        assert failure is None, f"{block.name} fails as pasted: {failure}"
+    assert "Traceback" not in json.dumps(outputs[-1]) or expected, outputs[-1]
+
+
+def test_every_expected_failure_is_still_in_a_block():
+    lines = {line for block in notebook_blocks() for line in block.code.splitlines()}
+    assert [line for line in EXPECTED_FAILURES if line not in lines] == []
+
+
+# -- configuration files ------------------------------------------------------------------------
+def _load_config(block: Block, tmp_path: Path):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    name = CONFIG_FILE.match(block.code).group(1) + ".py"
+    (tmp_path / name).write_text(block.code)
+    return name, PyFileConfigLoader(name, str(tmp_path)).load_config()
+
+
+@pytest.mark.parametrize("block", [b for b in blocks("python") if CONFIG_FILE.match(b.code)], ids=lambda b: b.name)
+def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
+    name, config = _load_config(block, tmp_path)
+    if name == "jupyter_server_config.py":
+        from tfgpu_magic.serverext import TfgpuMagic
+
+        settings = TfgpuMagic(config=config)
+        for trait, value in config.TfgpuMagic.items():
+            assert getattr(settings, trait) == value
+        return
+    from tfgpu_magic.magics import GpuMagics
+    from tfgpu_magic.nvml import Nvml
+    from tfgpu_magic.session import Session
+    from tfgpu_magic.simulated import shared_server
+
+    assert "tfgpu_magic" in config.InteractiveShellApp.extensions
+    magics = GpuMagics(shell, session=Session(nvml=Nvml(lib=shared_server()), env={}), config=config)
+    magics.apply_defaults()
+    requested = magics.session.requested.describe()
+    assert requested and all(not line.startswith("UsageError") for line in requested)
+    assert len(requested) == len(config.GpuMagics.defaults)
+
