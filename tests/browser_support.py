@@ -95,6 +95,7 @@ def jupyter_server(root: pathlib.Path, home: pathlib.Path, *, log_name: str,
     env = dict(
         os.environ,
         JUPYTER_PATH=str(data),  # before the environment's own: this checkout's extension wins
+        JUPYTER_CONFIG_DIR=str(home / "config"),  # the developer's ~/.jupyter settings stay out
         JUPYTER_RUNTIME_DIR=str(home / "runtime"),
         JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
@@ -143,6 +144,9 @@ def wait_for_server(url: str, proc: subprocess.Popen, log_name: str, timeout: fl
     raise RuntimeError(f"the Jupyter server did not answer within {timeout} s")
 
 
+_LIVE_BROWSERS: list = []  # every Chromium open now: a failing test's pages are saved from here
+
+
 @contextlib.contextmanager
 def chromium() -> Iterator[object]:
     """Chromium driven by Playwright (imported here: the module is optional for the other tests)."""
@@ -150,10 +154,37 @@ def chromium() -> Iterator[object]:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        _LIVE_BROWSERS.append(browser)
         try:
             yield browser
         finally:
+            _LIVE_BROWSERS.remove(browser)
             browser.close()
+
+
+def save_failure_artifacts(test_id: str) -> list[pathlib.Path]:
+    """A screenshot of every open page, and a text file with its address and the text of any open
+    JupyterLab dialog (a dialog over the page is the usual reason a click never lands)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    stem = "FAILED-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in test_id)[-120:]
+    saved = []
+    pages = [page for browser in _LIVE_BROWSERS for context in browser.contexts for page in context.pages]
+    for n, page in enumerate(pages):
+        picture, text = ARTIFACTS / f"{stem}-page{n}.png", ARTIFACTS / f"{stem}-page{n}.txt"
+        lines = [f"url: {page.url}"]
+        try:
+            page.screenshot(path=str(picture), timeout=10_000)
+            saved.append(picture)
+        except Exception as err:  # a crashed page still gets its text file
+            lines.append(f"no screenshot: {type(err).__name__}: {err}")
+        try:
+            dialogs = page.locator(".jp-Dialog").all_inner_texts()
+        except Exception as err:
+            dialogs = [f"(dialogs unreadable: {type(err).__name__}: {err})"]
+        lines += [f"open dialog: {' '.join(d.split())}" for d in dialogs] or ["no open dialog"]
+        text.write_text("\n".join(lines) + "\n")
+        saved.append(text)
+    return saved
 
 
 # -- helpers that drive a notebook --------------------------------------------------------------

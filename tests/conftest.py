@@ -19,6 +19,8 @@ from tfgpu_magic.nvml import Nvml
 from tfgpu_magic.session import Session
 from tfgpu_magic.simulated import shared_server
 
+pytest_plugins = ["pytester"]  # tests/test_browser_artifacts.py runs pytest itself
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -32,6 +34,18 @@ _running: list = [None]  # the test being set up or run: fresh processes check i
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _running[0] = item  # before its fixtures, which may start processes too
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A browser test that fails saves each open page (screenshot, address, open dialogs' text)
+    in test-artifacts/ before its fixtures close the browser, and the report says where."""
+    report = (yield).get_result()
+    if report.failed and report.when in ("setup", "call") and "browser" in item.keywords:
+        from browser_support import save_failure_artifacts
+
+        saved = save_failure_artifacts(item.nodeid)
+        report.sections.append(("browser artefacts", "\n".join(map(str, saved)) or "no page was open"))
 
 
 def pytest_collection_modifyitems(config, items):
