@@ -185,3 +185,28 @@ def test_open_panel_outside_ipython_prints_the_line_and_returns_none(capsys):
     assert monitor.open_panel(nvml=Nvml(lib=shared_server())) is None
     assert capsys.readouterr().out == monitor.NO_FRONT_END + "\n"
     assert monitor.active_sampler() is None and monitor_threads() == []
+
+
+# -- issue 16, item 5: TensorFlow found no GPU (a CPU build): the GPUs were not hidden ----------------
+@pytest.mark.parametrize("typed", [[], ["use auto"]], ids=["no-use", "use-auto"])
+def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypatch, typed):
+    from tfgpu_magic.tf_runtime import Stage
+
+    monkeypatch.setattr(monitor, "SLOW_SOURCES_S", 0.0)
+    for line in typed:
+        gpu(line)
+    shown = [f"gpu{i}" for i in gpu.session.visible_gpus()]  # what `%gpu use` left (all, or the chosen)
+    panel = monitor.open_panel(interval=0.1, window=60, display=False, session=gpu.session)
+    try:
+        sampler = monitor.active_sampler()
+        sampler.tick()
+        gpu.session.tf.fake_stage, gpu.session.tf.found = Stage.ENUMERATED, []  # it listed none
+        sample = sampler.tick()
+        assert [d["key"] for d in panel.devices] == shown
+        assert [d["gone"] for d in panel.devices] == [None] * len(shown)  # not "hidden by %gpu use"
+        assert [d.key for d in sample.devices] == shown and all(d.used_bytes for d in sample.devices)
+        assert sample.status == monitor.TF_FOUND_NO_GPU
+        late = monitor.open_panel(display=False, session=gpu.session)  # not "Nothing to chart"
+        assert [d["key"] for d in late.devices] == shown
+    finally:
+        monitor.stop_panels()

@@ -192,6 +192,7 @@ class Sampler:
         tf_map: TfMap = _no_stats,
         limits: Limits = _no_stats,
         visible: Visible = _no_visible,
+        tf_found_no_gpu: Callable[[], bool] = bool,  # bool() is False: no such note
         interval: float = 0.5,
         keep_s: float = 300.0,
         clock: Callable[[], float] = time.time,
@@ -200,6 +201,7 @@ class Sampler:
         self.my_pid = os.getpid() if my_pid is None else my_pid
         self._tf_stats, self._tf_map = tf_stats, tf_map
         self._limits, self._visible = limits, visible
+        self._tf_found_no_gpu = tf_found_no_gpu
         self._clock = clock
         self._interval = _checked_interval(interval)
         self._keep_s = _checked_keep(keep_s)
@@ -370,7 +372,7 @@ class Sampler:
         now = self._clock()
         status = None
         tf_stats, tf_note = _guarded(self._tf_stats, "TensorFlow's allocator statistics", {})
-        tf_map, map_note, limits, limit_note, visible = self._configuration()
+        tf_map, map_note, limits, limit_note, visible, found_note = self._configuration()
         by_index = tf_by_gpu(tf_stats, tf_map)  # summed over logical GPUs, as `%gpu` shows it
         try:
             count = self.nvml.device_count()
@@ -381,7 +383,7 @@ class Sampler:
         devices = [self._read_gpu(i, by_index.get(i), limits.get(i)) for i in indices]
         mapped = {name for name, index in tf_map.items() if index in indices}
         devices += [_tf_only(name, stats) for name, stats in tf_stats.items() if name not in mapped]
-        notes = [n for n in (status, tf_note, map_note, limit_note) if n]
+        notes = [n for n in (status, tf_note, map_note, limit_note, found_note if indices else None) if n]
         return Sample(now, tuple(devices), "; ".join(notes) or None)
 
     def _configuration(self) -> tuple[Any, ...]:
@@ -390,7 +392,9 @@ class Sampler:
             tf_map, map_note = _guarded(self._tf_map, "TensorFlow's GPU numbering", {})
             limits, limit_note = _guarded(self._limits, "the configured limits", {})
             visible, _ = _guarded(self._visible, "the visible GPUs", None)  # unknown: show all
-            self._slow = (now, (tf_map, map_note, limits, limit_note, visible))
+            found_none, _ = _guarded(self._tf_found_no_gpu, "TensorFlow's GPUs", False)
+            found_note = TF_FOUND_NO_GPU if found_none else None
+            self._slow = (now, (tf_map, map_note, limits, limit_note, visible, found_note))
         return self._slow[1]
 
     def _read_gpu(self, index: int, tf: Optional[tuple[int, int]], limit: Optional[int]) -> DeviceSample:
@@ -691,6 +695,10 @@ def _has_front_end() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+# The panel-wide note when TensorFlow found no GPU: the GPUs were not hidden, so they stay charted.
+TF_FOUND_NO_GPU = "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
+
+
 def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
     """The real sources: the session's machine and TensorFlow's allocator (never starting it).
 
@@ -715,7 +723,9 @@ def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
         tf_stats=tf.allocator_stats,
         tf_map=tf_map,
         limits=session.limit_bytes_by_gpu,
-        visible=session.visible_gpus if nvml is None else _no_visible,
+        # What `%gpu use` and CUDA_VISIBLE_DEVICES hid, not what TensorFlow found (see exposed_gpus).
+        visible=session.exposed_gpus if nvml is None else _no_visible,
+        tf_found_no_gpu=session.tensorflow_found_no_gpu if nvml is None else bool,
     )
 
 

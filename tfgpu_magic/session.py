@@ -104,6 +104,19 @@ class Session:
             return None
         return None if visible is None else list(visible)
 
+    def exposed_gpus(self) -> Optional[list[int]]:
+        """nvidia-smi indices CUDA shows (or will show) this kernel: what ``%gpu use`` or
+        ``CUDA_VISIBLE_DEVICES`` hid is left out, as CUDA read them at enumeration.  Unlike
+        :meth:`visible_gpus`, a TensorFlow that then found no GPU (a CPU-only build, missing CUDA
+        libraries) hides nothing: the driver's readings of these GPUs stay worth showing."""
+        if self.tf.stage() >= Stage.ENUMERATED and self.nvml.available():
+            return sorted(set(self.machine.cuda_map()))
+        return self.visible_gpus()
+
+    def tensorflow_found_no_gpu(self) -> bool:
+        """TensorFlow listed its devices and found no GPU, although CUDA was shown some."""
+        return self.machine.cuda_found() == () and bool(self.exposed_gpus())
+
     def in_force(self) -> Optional[InForce]:
         """What TensorFlow runs with (started) or will start with (enumerated); None before."""
         if self.tf.stage() < Stage.ENUMERATED:
