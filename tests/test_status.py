@@ -297,3 +297,18 @@ def test_all_is_honest_and_the_package_import_stays_light():
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60,
     )
     assert probe.stdout.strip() == "[]"
+
+
+def test_gpus_tensorflow_did_not_find_are_not_called_hidden(gpu):
+    """A CPU-only TensorFlow lists no GPU: the ones `%gpu use` left shown were not hidden (issue 16, item 5)."""
+    from tfgpu_magic.tf_runtime import Stage
+
+    gpu("use 1,2")
+    gpu.session.tf.fake_stage, gpu.session.tf.found = Stage.ENUMERATED, []
+    report = status.build_report(gpu.session)
+    lines = [line for line in status.render_text(report).splitlines() if line.startswith("GPU ")]
+    assert [line.split("used (driver)")[1].split("  ")[-1] for line in lines] == [
+        "hidden", "not found by TensorFlow", "not found by TensorFlow", "hidden"
+    ]
+    assert [g["shown_to_cuda"] for g in report["gpus"]] == [False, True, True, False]
+    assert [g["visible"] for g in report["gpus"]] == [False] * 4  # the key scripts read is unchanged

@@ -108,6 +108,7 @@ def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.P
     me["user"] = table.current_user()
     gpus = session.nvml.gpus()  # raises NvmlUnavailable before anything else is read
     visible = session.visible_gpus()
+    exposed = session.exposed_gpus()  # what CUDA shows: a GPU TensorFlow did not find was not hidden
     report["visible_gpus"] = visible
     tf_gpus = session.gpu_by_tf_name()
     tf_names = _tf_names(tf_gpus)
@@ -118,6 +119,7 @@ def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.P
         in_use = tf_stats[gpu.index][0] if gpu.index in tf_stats else None
         usage = holdings.attribute(session.nvml, gpu, table, me["pid"], me["user"], in_use)
         entry = _gpu_entry(gpu, visible, tf_names)
+        entry["shown_to_cuda"] = None if exposed is None else gpu.index in exposed
         entry.update(_detail(gpu, usage, holders.get(gpu.index), tf_stats.get(gpu.index)))
         report["gpus"].append(entry)
 
@@ -314,6 +316,8 @@ def _gpu_line(gpu: dict[str, Any], machine: bool = False) -> str:
     if machine:  # whether the reading process sees a GPU says nothing about the machine
         return line
     seen = {True: "visible", False: "hidden", None: "visibility unknown"}[gpu["visible"]]
+    if gpu["visible"] is False and gpu.get("shown_to_cuda"):
+        seen = "not found by TensorFlow"  # shown to CUDA, yet TensorFlow listed no GPU there
     if gpu["tensorflow_names"]:
         seen += f" (TensorFlow {', '.join(gpu['tensorflow_names'])})"
     return f"{line}  {seen}"
