@@ -55,6 +55,16 @@ from tfgpu_magic.simulated import shared_server
 tfgpu_magic.set_device_source(shared_server())
 %gpu monitor --sidebar --interval 0.2"""
 OFF = "%gpu monitor off"
+# Issue 16, item 4: the simulated server, TensorFlow started (it finds no GPU), then `%gpu monitor`.
+AFTER_TF = (
+    "import tfgpu_magic\nfrom tfgpu_magic.simulated import shared_server\n"
+    "tfgpu_magic.set_device_source(shared_server())\n%load_ext tfgpu_magic",
+    "import tensorflow as tf\nx = tf.ones([256, 256])",
+    "%gpu monitor --interval 0.2",
+    OFF,
+    "%gpu monitor --sidebar --interval 0.2",
+    OFF,
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +75,7 @@ def server(tmp_path_factory):
         (root / f"{name}.ipynb").write_text(notebook("x = 1"))
     (root / "monitor.ipynb").write_text(notebook(MONITOR, OFF))
     (root / "monitor7.ipynb").write_text(notebook(MONITOR, OFF))
+    (root / "after_tf7.ipynb").write_text(notebook(*AFTER_TF))
     args = [SOURCE, "--TfgpuMagic.refresh_interval=0.5", "--ServerApp.jpserver_extensions=tfgpu_magic=True"]
     with jupyter_server(root, home, log_name="extension-server.log", args=args) as running:
         yield running
@@ -102,11 +113,15 @@ def expected_figures(server) -> dict[str, list[str]]:
 
 
 def panel_rows(page) -> dict[str, list[str]]:
-    rows = {}
-    for row in page.locator(".tfgpu-lab-kernel").all():
-        name = row.locator(".tfgpu-lab-kernel-name").inner_text()
-        rows[name] = row.locator(".tfgpu-lab-kernel-gpu").all_inner_texts()
-    return rows
+    """Notebook -> its GPU figures, read in one go: the panel re-renders its rows on every reading,
+    so rows found first and read one by one may be gone by then."""
+    rows = page.locator(".tfgpu-lab-kernel").evaluate_all(
+        """rows => rows.map(row => [
+            row.querySelector('.tfgpu-lab-kernel-name')?.innerText ?? '',
+            Array.from(row.querySelectorAll('.tfgpu-lab-kernel-gpu'), gpu => gpu.innerText),
+        ])"""
+    )
+    return {name: gpus for name, gpus in rows}
 
 
 def wait_for_rows(page, names: set[str], timeout: float = 30.0) -> dict[str, list[str]]:
@@ -358,6 +373,36 @@ def test_notebook7_monitor_sidebar_magic(server, page):
     assert page.locator(".jp-Notebook .tfgpu-monitor").count() == 0
     shot(page, "extension-nb7-monitor-sidebar.png")
     run_cell(page, 1)
+    page.locator(".tfgpu-lab-side-area").wait_for(state="detached", timeout=15_000)
+
+
+@pytest.mark.slow  # TensorFlow starts in the kernel
+def test_notebook7_monitor_after_tensorflow_started_charts_and_stops(server, page):
+    page.goto(server.url("notebooks/after_tf7.ipynb"))
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    wait_for_kernel(page)
+    for index in (0, 1):
+        run_cell(page, index)
+        wait_for_kernel(page, timeout=120_000)
+    run_cell(page, 2)
+    chart = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".tfgpu-monitor")
+    chart.wait_for(timeout=30_000)
+    page.wait_for_function(
+        "() => +document.querySelector('.jp-Notebook .tfgpu-monitor')?.dataset.points >= 3", timeout=30_000
+    )
+    assert chart.locator(".tfgpu-device").count() == 4  # the driver's GPUs, though TensorFlow found none
+    assert "stopped" not in chart.inner_text().lower()
+    assert "hidden" not in chart.inner_text()
+    shot(page, "extension-nb7-monitor-after-tensorflow.png")
+    run_cell(page, 3)
+    assert wait_for_output(page, 3, "Stopped").startswith("Stopped 1 memory panel")
+    run_cell(page, 4)  # the same in Notebook 7's right side area
+    page.wait_for_function(
+        "() => +document.querySelector('.tfgpu-lab-side-area .tfgpu-monitor')?.dataset.points >= 3", timeout=30_000
+    )
+    assert page.locator(".tfgpu-lab-side-area .tfgpu-monitor .tfgpu-device").count() == 4
+    run_cell(page, 5)
+    assert wait_for_output(page, 5, "Stopped").startswith("Stopped 1 memory panel")
     page.locator(".tfgpu-lab-side-area").wait_for(state="detached", timeout=15_000)
 
 
