@@ -30,18 +30,18 @@ TensorFlow: not imported
 This kernel: pid 4242, user me; sees GPU 0,1,2,3
 Bars:       # this kernel  = my other processes  x other users  : unattributed  . free
 GPU 0  NVIDIA A100-SXM4-40GB  30.3 GiB / 40.0 GiB used (driver)  util 97%  visible
-  [xxxxxxxxxxxxxxxxxxxxxxxxxxxxx:..........] this kernel 0 MiB · other users 30.0 GiB · unattributed 300 MiB · free 9,940 MiB
+  [xxxxxxxxxxxxxxxxxxxxxxxxxxxxx:..........] this kernel 0.0 GiB · other users 30.0 GiB · unattributed 0.3 GiB · free 9.7 GiB
   pid 41001    alice        30.0 GiB  python train_resnet.py
 GPU 1  NVIDIA A100-SXM4-80GB  22.3 GiB / 80.0 GiB used (driver)  util 35%  visible
-  [#####==xxxx:............................] this kernel 10.0 GiB · my other processes 4,096 MiB · other users 8,192 MiB · unattributed 300 MiB · free 57.7 GiB
+  [#####==xxxx:............................] this kernel 10.0 GiB · my other processes 4.0 GiB · other users 8.0 GiB · unattributed 0.3 GiB · free 57.7 GiB
   pid 4242     me           10.0 GiB  python -m ipykernel_launcher  (this kernel)
-  pid 41002    me          4,096 MiB  python -m ipykernel_launcher
-  pid 41003    bob         8,192 MiB  python finetune.py
-GPU 2  NVIDIA RTX A5000  300 MiB / 24.0 GiB used (driver)  util 0%  visible
-  [:.......................................] this kernel 0 MiB · unattributed 300 MiB · free 23.7 GiB
-GPU 3  Tesla T4  2,348 MiB / 15.0 GiB used (driver)  util n/a  visible
-  [::::::..................................] this kernel 0 MiB · unattributed 2,348 MiB · free 12.7 GiB
-  pid 41004    n/a         2,048 MiB  n/a  (exited)
+  pid 41002    me            4.0 GiB  python -m ipykernel_launcher
+  pid 41003    bob           8.0 GiB  python finetune.py
+GPU 2  NVIDIA RTX A5000  0.3 GiB / 24.0 GiB used (driver)  util 0%  visible
+  [:.......................................] this kernel 0.0 GiB · unattributed 0.3 GiB · free 23.7 GiB
+GPU 3  Tesla T4  2.3 GiB / 15.0 GiB used (driver)  util n/a  visible
+  [::::::..................................] this kernel 0.0 GiB · unattributed 2.3 GiB · free 12.7 GiB
+  pid 41004    n/a           2.0 GiB  n/a  (exited)
   note: utilization: Not Supported
   note: pid 41004: exited, but NVML still lists it (or it lives in another pid namespace); counted as unattributed"""
 
@@ -198,8 +198,8 @@ def test_text_names_the_tensorflow_fallback():
     report = report_for(shared_server(ME))
     usage = report["gpus"][1]["usage"]
     usage.update(this_kernel_bytes=6 * 1024 * MIB, this_kernel_source="tensorflow")
-    assert "this kernel 6,144 MiB (TensorFlow allocator)" in status.render_text(report)
-    assert "this kernel 6,144 MiB (TensorFlow allocator)" in status.render_html(report)
+    assert "this kernel 6.0 GiB (TensorFlow allocator)" in status.render_text(report)
+    assert "this kernel 6.0 GiB (TensorFlow allocator)" in status.render_html(report)
 
 
 def test_bars_are_always_full_width():
@@ -243,7 +243,7 @@ def test_html_is_balanced_self_contained_and_themed():
     assert "<style" not in page and "class=" in page  # inline styles only
     assert all("var(--jp-" not in s or "," in s for s in checker.styles)  # every theme variable has a fallback
     text = " ".join(checker.text)
-    for fragment in ("GPU 1  NVIDIA A100-SXM4-80GB", "this kernel 10.0 GiB", "other users 8,192 MiB", "bob", "exited"):
+    for fragment in ("GPU 1  NVIDIA A100-SXM4-80GB", "this kernel 10.0 GiB", "other users 8.0 GiB", "bob", "exited"):
         assert fragment in text
 
 
@@ -312,3 +312,14 @@ def test_gpus_tensorflow_did_not_find_are_not_called_hidden(gpu):
     ]
     assert [g["shown_to_cuda"] for g in report["gpus"]] == [False, True, True, False]
     assert [g["visible"] for g in report["gpus"]] == [False] * 4  # the key scripts read is unchanged
+
+
+def test_one_unit_per_gpu_chosen_from_its_total():
+    from tfgpu_magic.units import GIB, MIB, sizes_for
+
+    size = sizes_for(15 * GIB)  # every figure of a 15 GiB GPU reads in GiB (issue 16, item 8)
+    assert [size(v) for v in (2348 * MIB, 15 * GIB, 0, 4 * MIB, None)] == [
+        "2.3 GiB", "15.0 GiB", "0.0 GiB", "0.0039 GiB", "n/a"  # a small share keeps two digits
+    ]
+    assert [sizes_for(512 * MIB)(v) for v in (300 * MIB, 512 * MIB)] == ["300 MiB", "512 MiB"]
+    assert sizes_for(None)(2048 * MIB) == "2,048 MiB"  # no total known: MiB, never a guess

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import html
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import claims, holdings, owners
 from .nvml import GpuInfo, NvmlUnavailable
 from .safe_text import safe_tree
 from .session import Session, SessionError
 from .tf_runtime import Stage
-from .units import format_bytes
+from .units import format_bytes, sizes_for
 
 __all__ = ["build_report", "render_html", "render_text"]
 
@@ -308,9 +308,10 @@ def _gpu_line(gpu: dict[str, Any], machine: bool = False) -> str:
     if gpu["lost"]:
         return f"GPU {gpu['index']}  lost: the GPU stopped answering"
     util = gpu["utilization_percent"]
+    size = sizes_for(gpu["memory_total_bytes"])
     line = (
         f"GPU {gpu['index']}  {gpu['name'] or 'n/a'}  "
-        f"{format_bytes(gpu['memory_used_bytes'])} / {format_bytes(gpu['memory_total_bytes'])} used (driver)  "
+        f"{size(gpu['memory_used_bytes'])} / {size(gpu['memory_total_bytes'])} used (driver)  "
         f"util {'n/a' if util is None else f'{util}%'}"
     )
     if machine:  # whether the reading process sees a GPU says nothing about the machine
@@ -326,24 +327,24 @@ def _gpu_line(gpu: dict[str, Any], machine: bool = False) -> str:
 def _gpu_details(gpu: dict[str, Any], label: Optional[str]) -> list[str]:
     if "usage" not in gpu or gpu["lost"]:
         return []
-    usage = gpu["usage"]
-    lines = [f"[{_text_bar(usage, gpu['memory_total_bytes'])}] " + _legend(usage, label)]
+    usage, size = gpu["usage"], sizes_for(gpu["memory_total_bytes"])
+    lines = [f"[{_text_bar(usage, gpu['memory_total_bytes'])}] " + _legend(usage, label, size)]
     if gpu.get("tensorflow_in_use_bytes") is not None:
         lines.append(
-            f"TensorFlow allocator: {format_bytes(gpu['tensorflow_in_use_bytes'])} in use, "
-            f"peak {format_bytes(gpu['tensorflow_peak_bytes'])}"
+            f"TensorFlow allocator: {size(gpu['tensorflow_in_use_bytes'])} in use, "
+            f"peak {size(gpu['tensorflow_peak_bytes'])}"
         )
     if gpu["processes"] is None:
         lines.append("processes: n/a")
     for proc in gpu["processes"] or []:
-        lines.append(_process_line(proc, label))
+        lines.append(_process_line(proc, label, size))
     if gpu.get("claim"):
         lines.append("claimed by " + _claim_text(gpu["claim"], label))
     lines.extend(f"note: {note}" for note in gpu.get("notes", []))
     return lines
 
 
-def _legend(usage: dict[str, Any], label: Optional[str]) -> str:
+def _legend(usage: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str]) -> str:
     parts = []
     for key, name, _ch, _colour in SEGMENTS:
         if usage[key] == 0 and key in ("my_other_bytes", "others_bytes", "unattributed_bytes"):
@@ -351,7 +352,7 @@ def _legend(usage: dict[str, Any], label: Optional[str]) -> str:
         if key == "this_kernel_bytes" and label is None:
             continue  # a terminal report: the reading process holds no GPU memory
         name = _segment_name(key, name, label)
-        text = f"{name} {format_bytes(usage[key])}"
+        text = f"{name} {size(usage[key])}"
         if key == "this_kernel_bytes" and usage["this_kernel_source"] == "tensorflow":
             text += " (TensorFlow allocator)"
         parts.append(text)
@@ -385,13 +386,13 @@ def _text_bar(usage: dict[str, Any], total: Optional[int]) -> str:
     return "".join(ch * n for (_k, _l, ch, _c), n in zip(SEGMENTS, cells))
 
 
-def _process_line(proc: dict[str, Any], label: Optional[str]) -> str:
+def _process_line(proc: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str]) -> str:
     tag = {"this kernel": f"  ({label or 'this process'})", "unknown": "  (exited)"}.get(proc["whose"], "")
     if proc["note"] and proc["whose"] != "unknown":
         tag += f"  ({proc['note']})"
     command = _short(proc["command"] or "n/a", 48)
     return (
-        f"pid {proc['pid']:<8} {proc['user'] or 'n/a':<10} {format_bytes(proc['used_memory_bytes']):>10}  "
+        f"pid {proc['pid']:<8} {proc['user'] or 'n/a':<10} {size(proc['used_memory_bytes']):>10}  "
         f"{command}{tag}"
     )
 
@@ -464,25 +465,26 @@ def _gpu_html(gpu: dict[str, Any], label: str) -> str:
     head = f'<div style="font-weight: 600">{_e(_gpu_line(gpu))}</div>'
     if gpu["lost"] or "usage" not in gpu:
         return f'<div style="{_CARD}">{head}</div>'
-    parts = [head, _bar_html(gpu["usage"], gpu["memory_total_bytes"], label)]
+    size = sizes_for(gpu["memory_total_bytes"])
+    parts = [head, _bar_html(gpu["usage"], gpu["memory_total_bytes"], label, size)]
     if gpu.get("tensorflow_in_use_bytes") is not None:
         parts.append(
-            f"<div>TensorFlow allocator: {_e(format_bytes(gpu['tensorflow_in_use_bytes']))} in use, "
-            f"peak {_e(format_bytes(gpu['tensorflow_peak_bytes']))}</div>"
+            f"<div>TensorFlow allocator: {_e(size(gpu['tensorflow_in_use_bytes']))} in use, "
+            f"peak {_e(size(gpu['tensorflow_peak_bytes']))}</div>"
         )
-    parts.append(_processes_html(gpu["processes"], label))
+    parts.append(_processes_html(gpu["processes"], label, size))
     if gpu.get("claim"):
         parts.append(f"<div>Claimed by {_e(_claim_text(gpu['claim'], label))}</div>")
     parts.extend(f'<div style="{_MUTED}">Note: {_e(n)}</div>' for n in gpu.get("notes", []))
     return f'<div style="{_CARD}">{"".join(parts)}</div>'
 
 
-def _bar_html(usage: dict[str, Any], total: Optional[int], label: str) -> str:
+def _bar_html(usage: dict[str, Any], total: Optional[int], label: str, size: Callable[[Optional[int]], str]) -> str:
     segments = []
     for key, name, _ch, colour in SEGMENTS[:-1]:  # free is the empty track behind them
         value = usage[key]
         if total and value:
-            title = f"{label if key == 'this_kernel_bytes' else name}: {format_bytes(value)}"
+            title = f"{label if key == 'this_kernel_bytes' else name}: {size(value)}"
             segments.append(
                 f'<div title="{_e(title)}" style="width: {100 * value / total:.2f}%; background: {colour}"></div>'
             )
@@ -491,16 +493,16 @@ def _bar_html(usage: dict[str, Any], total: Optional[int], label: str) -> str:
         'background: var(--jp-layout-color2, #eeeeee); border: 1px solid var(--jp-border-color1, #bdbdbd)">'
         + "".join(segments) + "</div>"
     )
-    return bar + _legend_html(usage, label)
+    return bar + _legend_html(usage, label, size)
 
 
-def _legend_html(usage: dict[str, Any], label: str) -> str:
+def _legend_html(usage: dict[str, Any], label: str, size: Callable[[Optional[int]], str]) -> str:
     items = []
     for key, name, _ch, colour in SEGMENTS:
         name = label if key == "this_kernel_bytes" else name
         if key == "free_bytes":
             colour = "var(--jp-layout-color2, #eeeeee)"
-        text = f"{name} {format_bytes(usage[key])}"
+        text = f"{name} {size(usage[key])}"
         if key == "this_kernel_bytes" and usage["this_kernel_source"] == "tensorflow":
             text += " (TensorFlow allocator)"
         items.append(
@@ -511,7 +513,7 @@ def _legend_html(usage: dict[str, Any], label: str) -> str:
     return f'<div style="{_MUTED}">{"".join(items)}</div>'
 
 
-def _processes_html(processes: Optional[list[dict[str, Any]]], label: str) -> str:
+def _processes_html(processes: Optional[list[dict[str, Any]]], label: str, size: Callable[[Optional[int]], str]) -> str:
     if processes is None:
         return f'<div style="{_MUTED}">processes: n/a</div>'
     if not processes:
@@ -525,7 +527,7 @@ def _processes_html(processes: Optional[list[dict[str, Any]]], label: str) -> st
         cells = (
             str(proc["pid"]),
             proc["user"] or "n/a",
-            format_bytes(proc["used_memory_bytes"]),
+            size(proc["used_memory_bytes"]),
             _short(proc["command"] or "n/a", 60),
             tag,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-__all__ = ["MIB", "GIB", "format_bytes", "format_change", "format_size"]
+__all__ = ["MIB", "GIB", "format_bytes", "format_change", "format_size", "sizes_for"]
 
 MIB = 1024**2
 GIB = 1024**3
@@ -38,3 +38,19 @@ def format_change(
     if delta == 0:
         return "unchanged"
     return ("+" if delta > 0 else "-") + fmt(abs(delta))
+
+
+def sizes_for(total: Optional[int]) -> Callable[[Optional[int]], str]:
+    """One unit for a group of figures side by side (a GPU's used, free, shares and processes),
+    chosen from the group's largest, its total: GiB from 1 GiB up, else MiB.  ``2.3 GiB / 15.0 GiB``,
+    never ``2,348 MiB / 15.0 GiB``; a small non-zero share keeps two significant digits."""
+    if total is None or total < GIB:
+        return lambda value: "n/a" if value is None else f"{value / MIB:,.0f} MiB"
+    return _in_gib
+
+
+def _in_gib(value: Optional[int]) -> str:
+    if value is None:
+        return "n/a"
+    gib = value / GIB
+    return f"{gib:,.1f} GiB" if gib == 0 or abs(gib) >= 0.05 else f"{gib:.2g} GiB"
