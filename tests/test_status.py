@@ -323,3 +323,18 @@ def test_one_unit_per_gpu_chosen_from_its_total():
     ]
     assert [sizes_for(512 * MIB)(v) for v in (300 * MIB, 512 * MIB)] == ["300 MiB", "512 MiB"]
     assert sizes_for(None)(2048 * MIB) == "2,048 MiB"  # no total known: MiB, never a guess
+
+
+def test_the_card_and_the_gpu_panel_colour_each_holder_alike():
+    """One colour per meaning (issue 16, item 8): the card's segments take the panel's theme variables."""
+    import re
+
+    css = (Path(status.__file__).resolve().parents[1] / "js" / "lab" / "style" / "index.css").read_text()
+    panel = {part: var for part, var in re.findall(r"\.tfgpu-lab-(\w+)[^{]*\{\s*background: var\((--[\w-]+)\)", css)}
+    card = {key: re.match(r"var\((--[\w-]+)", colour).group(1) for key, _n, _c, colour in status.SEGMENTS if colour != "transparent"}
+    assert card == {
+        "this_kernel_bytes": panel["kernels"],  # this kernel, among this server's kernels
+        "my_other_bytes": panel["my_other"],
+        "others_bytes": panel["others"],
+        "unattributed_bytes": panel["unattributed"],
+    }

@@ -25,7 +25,7 @@ __all__ = ["build_report", "render_html", "render_text"]
 BAR_WIDTH = 40  # characters of the text bar
 SEGMENTS = (  # report key, label, text bar character, HTML colour (JupyterLab variable, fallback)
     ("this_kernel_bytes", "this kernel", "#", "var(--jp-brand-color1, #1976d2)"),
-    ("my_other_bytes", "my other processes", "=", "var(--jp-success-color1, #388e3c)"),
+    ("my_other_bytes", "my other processes", "=", "var(--jp-brand-color3, #90caf9)"),
     ("others_bytes", "other users", "x", "var(--jp-warn-color1, #f57c00)"),
     ("unattributed_bytes", "unattributed", ":", "var(--jp-layout-color4, #9e9e9e)"),
     ("free_bytes", "free", ".", "transparent"),
