@@ -130,6 +130,13 @@ function themeColors(el) {
   return colors;
 }
 
+/** The chart grid's colour: the theme's secondary text at 15 % (shown on the root for tests). */
+function gridColor(colors, root) {
+  const color = withAlpha(colors["--jp-ui-font-color2"], 0.15);
+  root.dataset.gridColor = color;
+  return color;
+}
+
 const probe = document.createElement("canvas").getContext("2d");
 
 function withAlpha(color, alpha) {
@@ -209,8 +216,9 @@ function chartOptions(panel, width, gpu = true) {
   const font = `${narrow ? 10 : 11}px ${c["--jp-ui-font-family"]}`;
   const axis = {
     stroke: c["--jp-ui-font-color2"],
-    grid: { stroke: c["--jp-border-color2"], width: 1 },
-    ticks: { stroke: c["--jp-border-color2"], width: 1, size: narrow ? 3 : 6 },
+    // Faint in every theme: the text colour at low alpha (a theme's border colour can be bright).
+    grid: { stroke: panel.gridColor, width: 1 },
+    ticks: { stroke: panel.gridColor, width: 1, size: narrow ? 3 : 6 },
     font,
   };
   return {
@@ -336,6 +344,7 @@ export class Panel {
     this.syncKey = `tfgpu-${Math.random().toString(36).slice(2)}`;
     this.windowS = model.get("window");
     this.colors = themeColors(root);
+    this.gridColor = gridColor(this.colors, root);
     this.narrow = false;
     this.build();
   }
@@ -467,6 +476,7 @@ export class Panel {
 
   rethemed() {
     this.colors = themeColors(this.root);
+    this.gridColor = gridColor(this.colors, this.root);
     for (const [key, entry] of this.cards) this.makeChart(entry, key);
   }
 

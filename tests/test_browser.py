@@ -7,6 +7,7 @@ draw new points while that cell still runs.  Screenshots go to test-artifacts/ f
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -273,6 +274,9 @@ def test_the_chart_moves_while_a_cell_runs_and_stop_ends_the_sampler(open_notebo
     )
     time.sleep(1.0)  # the charts re-read the theme's colours
     shot(panel, "monitor-dark.png")
+    # The grid stays faint in the dark theme (issue 16, item 8: it was bright white).
+    grid = panel.evaluate("el => el.dataset.gridColor")
+    assert re.fullmatch(r"rgba\(\d+,\d+,\d+,0\.15\)", grid.replace(" ", "")), grid
     switch_theme(page, "JupyterLab Light")
 
     # Stop: the last panel's stop ends the kernel's sampler thread.
@@ -347,6 +351,9 @@ def test_use_auto_hides_gpus_with_a_note_and_a_later_panel_titles_the_visible_on
     later = page.locator(".tfgpu-monitor").nth(1)
     page.wait_for_function("() => +document.querySelectorAll('.tfgpu-monitor')[1].dataset.points >= 3", timeout=30_000)
     assert later.locator(".tfgpu-device-title").all_inner_texts() == ["GPU 1 · NVIDIA A100-SXM4-80GB"]
+    # One GPU takes the whole width, not one column of two (issue 16, item 8).
+    card, row = later.locator(".tfgpu-device").bounding_box(), later.locator(".tfgpu-devices").bounding_box()
+    assert card["width"] > 0.9 * row["width"], (card, row)
     assert "joined the running sampler at its 0.2 s" in later.locator(".tfgpu-state").inner_text()
     assert later.locator(".tfgpu-select").first.input_value() == "0.2"
     assert first.locator(".tfgpu-select").first.input_value() == "0.2"  # the first panel kept its interval
