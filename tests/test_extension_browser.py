@@ -167,11 +167,12 @@ def open_beside(page, name: str) -> None:
     wait_for_kernel(page)
 
 
-def run_from_palette(page, label: str) -> None:
-    """Run a command from JupyterLab's command palette (Ctrl+Shift+C from the notebook, in command mode).
+def run_from_palette(page, label: str, until) -> None:
+    """Run a command from JupyterLab's command palette (Ctrl+Shift+C from the notebook, in command
+    mode) until its effect, the locator ``until``, is visible.
 
     Tries again when the palette closes under the test's hands (a notebook that takes the focus
-    back as its kernel settles closes the modal palette).
+    back as its kernel settles closes the modal palette, and may swallow the Enter).
     """
     palette = page.locator(".lm-CommandPalette-input")
     for _ in range(5):
@@ -181,6 +182,7 @@ def run_from_palette(page, label: str) -> None:
             palette.fill(label, timeout=3_000)
             page.locator(".lm-CommandPalette-item.lm-mod-active", has_text=label).wait_for(timeout=3_000)
             palette.press("Enter", timeout=3_000)
+            until.wait_for(timeout=5_000)
             return
         except PlaywrightTimeout:
             page.keyboard.press("Escape")
@@ -206,8 +208,7 @@ def test_lab_panel_status_bar_and_shutdown(server, page):
     open_beside(page, "beta.ipynb")
 
     # The panel, from the command palette: both kernels, with what the driver attributes to their pids.
-    run_from_palette(page, "GPU Memory Panel")
-    page.locator("#jp-right-stack .tfgpu-lab-panel").wait_for(timeout=15_000)
+    run_from_palette(page, "GPU Memory Panel", until=page.locator("#jp-right-stack .tfgpu-lab-panel"))
     wait_for_attribution(page, server, {"alpha.ipynb", "beta.ipynb"})
     expected = expected_figures(server)
     gpus = page.locator(".tfgpu-lab-gpu")
