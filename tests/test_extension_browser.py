@@ -202,6 +202,16 @@ def wait_for_status(page, text: str, timeout: float = 20.0) -> None:
     raise AssertionError(f"the status bar says {status_text(page)!r}, not {text!r}")
 
 
+def assert_kept_across_a_poll(page, locator, timeout: float = 30.0) -> None:
+    """The node ``locator`` finds is not replaced when the panel draws its next reading."""
+    locator.evaluate("el => { el.dataset.probe = 'kept'; }")
+    updated = page.locator(".tfgpu-lab-updated").inner_text()
+    page.wait_for_function(
+        "old => document.querySelector('.tfgpu-lab-updated').innerText !== old", arg=updated, timeout=timeout * 1000
+    )
+    assert locator.get_attribute("data-probe") == "kept", "the panel redrew a node whose part of the reading was unchanged"
+
+
 # -- JupyterLab --------------------------------------------------------------------------------
 def test_lab_panel_status_bar_and_shutdown(server, page):
     open_in_lab(page, server, "kernels", "alpha.ipynb")
@@ -249,10 +259,20 @@ def test_lab_panel_status_bar_and_shutdown(server, page):
     time.sleep(0.5)
     shot(page, "extension-lab-panel-dark.png")
     switch_theme(page, "JupyterLab Light")
+    page.wait_for_function(
+        "bg => getComputedStyle(document.querySelector('.tfgpu-lab-panel')).backgroundColor === bg",
+        arg=light,
+        timeout=15_000,
+    )
 
-    # Open: beta's row brings beta's notebook to the front.
-    page.locator(".tfgpu-lab-kernel", has_text="beta.ipynb").locator("button[data-action='open']").click()
-    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current", has_text="beta.ipynb").wait_for(timeout=10_000)
+    # A poll redraws only what changed: the row's Open button is the same node after a new reading,
+    # so a click that lands while a reading arrives is not lost.
+    open_beta = page.locator(".tfgpu-lab-kernel", has_text="beta.ipynb").locator("button[data-action='open']")
+    assert_kept_across_a_poll(page, open_beta)
+
+    # Open: beta's row brings beta's notebook to the front (JupyterLab's current widget: jp-mod-current).
+    open_beta.click()
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current", has_text="beta.ipynb").wait_for(timeout=10_000)
     wait_for_status(page, expected["beta.ipynb"][0])
 
     # Shut down beta's kernel: a confirmation first, then it leaves the panel (and the server).

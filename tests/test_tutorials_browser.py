@@ -8,10 +8,16 @@ prompt ``[ ]:``; one still running shows ``[*]:``.  Screenshots go to test-artif
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 from browser_support import REPO, chromium, has_chromium, jupyter_server, shot, wait_for_kernel
+
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # has_chromium() skips these tests without Playwright
+    PlaywrightTimeout = TimeoutError
 
 pytestmark = [
     pytest.mark.browser,
@@ -39,9 +45,37 @@ def prompts(page) -> list[str]:
     return [text.strip() for text in cells.all_inner_texts()]
 
 
+def make_current(page, app: str, name: str) -> None:
+    """JupyterLab's Run menu acts on the shell's current widget, which follows the keyboard focus.
+
+    Until the notebook has had the focus, the menu reads "Run All" and "Restart Kernel and Run
+    All" (for no notebook); clicking a cell's prompt gives the notebook the focus, and the shell
+    marks its tab ``jp-mod-current``.  Notebook 7 shows one notebook per page: it is current.
+    """
+    if app != "lab":
+        return
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current", has_text=name)
+    for _ in range(3):
+        page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell .jp-InputPrompt").first.click()
+        try:
+            tab.wait_for(timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"JupyterLab never made {name} its current widget")
+
+
+def open_dialog(page) -> str | None:
+    dialogs = page.locator(".jp-Dialog")
+    return " / ".join(dialogs.all_inner_texts()) if dialogs.count() else None
+
+
 def run_all(page) -> None:
+    """Run > Run All Cells (the exact item: "Restart Kernel and Run All Cells…" contains the words too)."""
+    if (dialog := open_dialog(page)) is not None:
+        raise AssertionError(f"a dialog is open before Run All: {dialog!r}")
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
 
 
 def started(page, timeout: float = 30) -> bool:
@@ -94,6 +128,7 @@ def test_run_all_runs_every_cell(tmp_path, monkeypatch, app, path, name):
         page.goto(server.url(path.format(name=name)))
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
         wait_for_kernel(page)
+        make_current(page, app, name)
         run_all(page)
         if not started(page):  # the menu can miss a click while the page is still settling
             run_all(page)

@@ -1,9 +1,11 @@
 // The GPU side panel: one bar per GPU split by who holds its memory, then the kernels of this
 // server that hold some, each with Open and Shut down.
 //
-// Drawn with plain DOM from a small view model; the DOM is replaced only when the model
-// changes (at most once a minute for an idle server, when an idle time ticks), so a button
-// under the pointer or the keyboard focus is not swept away by every poll.
+// Drawn with plain DOM from a small view model.  Each part of the panel (a GPU's card, a
+// kernel's row, the "updated" line) is redrawn only when its own part of the model changes,
+// and nodes that did not change stay in place: a poll that brings a new time or a new figure
+// for one GPU must not sweep away the button under the pointer (a click whose mousedown and
+// mouseup land on different nodes is lost) or the keyboard focus.
 
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { refreshIcon } from '@jupyterlab/ui-components';
@@ -118,13 +120,7 @@ export class GpuPanel extends PolledWidget {
   // -- drawing ---------------------------------------------------------------------------
   protected override onUpdateRequest(msg: Message): void {
     super.onUpdateRequest(msg);
-    const view = this._view(this._options.poller.reading);
-    const signature = JSON.stringify(view);
-    if (signature === this._signature) {
-      return;
-    }
-    this._signature = signature;
-    this.node.replaceChildren(...this._draw(view));
+    this._draw(this._view(this._options.poller.reading));
   }
 
   private _view(reading: Reading | null): IView {
@@ -176,44 +172,53 @@ export class GpuPanel extends PolledWidget {
     return view;
   }
 
-  private _draw(view: IView): HTMLElement[] {
-    const nodes: HTMLElement[] = [];
-    const header = h('div', 'tfgpu-lab-header');
-    const refresh = h('button', 'tfgpu-lab-icon-button tfgpu-lab-refresh');
-    refresh.title = 'Read again now';
-    refresh.dataset.action = 'refresh';
-    refresh.append(refreshIcon.element({ tag: 'span' }));
-    header.append(h('h2', 'tfgpu-lab-heading', 'GPU memory'), refresh);
-    nodes.push(header, h('div', 'tfgpu-lab-updated', view.updated));
+  private _draw(view: IView): void {
+    const parts: IPart[] = [
+      { key: 'header', data: null, draw: drawHeader },
+      { key: 'updated', data: view.updated, draw: () => h('div', 'tfgpu-lab-updated', view.updated) }
+    ];
     if (view.message) {
-      nodes.push(h('div', 'tfgpu-lab-message', view.message));
+      const message = view.message;
+      parts.push({ key: 'message', data: message, draw: () => h('div', 'tfgpu-lab-message', message) });
     }
     for (const gpu of view.gpus) {
-      nodes.push(drawGpu(gpu));
+      parts.push({ key: `gpu-${gpu.index}`, data: gpu, draw: () => drawGpu(gpu) });
     }
     if (view.gpus.some(g => g.segments.length)) {
-      nodes.push(drawLegend(view.user));
+      parts.push({ key: 'legend', data: view.user, draw: () => drawLegend(view.user) });
     }
-    const section = h('div', 'tfgpu-lab-kernels');
-    section.append(h('h3', 'tfgpu-lab-subheading', 'Kernels holding GPU memory'));
+    parts.push({ key: 'kernels', data: null, draw: () => this._kernelSection });
+    if (view.notes.length) {
+      parts.push({ key: 'notes', data: view.notes, draw: () => drawNotes(view.notes) });
+    }
+    this._parts.sync(this.node, parts);
+    this._drawKernels(view);
+  }
+
+  /** The kernels' section: a row per kernel holding GPU memory, kept by kernel id. */
+  private _drawKernels(view: IView): void {
+    const parts: IPart[] = [
+      { key: 'heading', data: null, draw: () => h('h3', 'tfgpu-lab-subheading', 'Kernels holding GPU memory') }
+    ];
     if (view.kernels.length) {
-      const list = h('ul', 'tfgpu-lab-kernel-list');
-      list.append(...view.kernels.map(drawKernel));
-      section.append(list);
+      parts.push({ key: 'list', data: null, draw: () => this._kernelList });
     }
     if (view.quiet) {
-      section.append(h('p', 'tfgpu-lab-quiet', view.quiet));
+      const quiet = view.quiet;
+      parts.push({ key: 'quiet', data: quiet, draw: () => h('p', 'tfgpu-lab-quiet', quiet) });
     }
-    for (const line of view.unattributable) {
-      section.append(h('p', 'tfgpu-lab-quiet tfgpu-lab-unattributable', line));
-    }
-    nodes.push(section);
-    if (view.notes.length) {
-      const notes = h('ul', 'tfgpu-lab-notes');
-      notes.append(...view.notes.map(n => h('li', null, n)));
-      nodes.push(notes);
-    }
-    return nodes;
+    view.unattributable.forEach((line, i) => {
+      parts.push({ key: `unattributable-${i}`, data: line, draw: () => h('p', 'tfgpu-lab-quiet tfgpu-lab-unattributable', line) });
+    });
+    this._sectionParts.sync(this._kernelSection, parts);
+    this._rows.sync(
+      this._kernelList,
+      view.kernels.map(row => {
+        // What ticks (the idle time) or follows the focus (current) is set in place, not redrawn.
+        const { activity, title, current, ...drawn } = row;
+        return { key: row.id, data: drawn, draw: () => drawKernel(row), refresh: node => refreshKernel(node, row) };
+      })
+    );
   }
 
   // -- actions (one listener: rows are redrawn, the panel's node stays) ----------------------
@@ -277,7 +282,11 @@ export class GpuPanel extends PolledWidget {
   }
 
   private _options: IGpuPanelOptions;
-  private _signature = '';
+  private _parts = new KeptNodes();
+  private _kernelSection = h('div', 'tfgpu-lab-kernels');
+  private _sectionParts = new KeptNodes();
+  private _kernelList = h('ul', 'tfgpu-lab-kernel-list');
+  private _rows = new KeptNodes();
   private _gone = new Map<string, number>(); // kernel id -> when it was shut down (unix s)
 }
 
@@ -373,6 +382,57 @@ function kernelRow(kernel: IKernel, generatedAt: number, current: boolean): IKer
 }
 
 // -- DOM -------------------------------------------------------------------------------------
+/** A part of the panel: drawn by `draw`, again only when `data` changes; `refresh` sets the rest in place. */
+interface IPart {
+  key: string;
+  data: unknown;
+  draw: () => HTMLElement;
+  refresh?: (node: HTMLElement) => void;
+}
+
+/** The nodes drawn for a parent's parts, kept (not redrawn, not moved) while their data is unchanged. */
+class KeptNodes {
+  sync(parent: HTMLElement, parts: IPart[]): void {
+    const drawn = new Map<string, { signature: string; node: HTMLElement }>();
+    const nodes = parts.map(({ key, data, draw, refresh }) => {
+      const signature = JSON.stringify(data);
+      const old = this._drawn.get(key);
+      const node = old && old.signature === signature ? old.node : draw();
+      refresh?.(node);
+      drawn.set(key, { signature, node });
+      return node;
+    });
+    this._drawn = drawn;
+    nodes.forEach((node, i) => {
+      const there = parent.children[i] ?? null;
+      if (there !== node) {
+        parent.insertBefore(node, there);
+      }
+    });
+    while (parent.children.length > nodes.length) {
+      parent.lastElementChild!.remove();
+    }
+  }
+
+  private _drawn = new Map<string, { signature: string; node: HTMLElement }>();
+}
+
+function drawHeader(): HTMLElement {
+  const header = h('div', 'tfgpu-lab-header');
+  const refresh = h('button', 'tfgpu-lab-icon-button tfgpu-lab-refresh');
+  refresh.title = 'Read again now';
+  refresh.dataset.action = 'refresh';
+  refresh.append(refreshIcon.element({ tag: 'span' }));
+  header.append(h('h2', 'tfgpu-lab-heading', 'GPU memory'), refresh);
+  return header;
+}
+
+function drawNotes(lines: string[]): HTMLElement {
+  const notes = h('ul', 'tfgpu-lab-notes');
+  notes.append(...lines.map(n => h('li', null, n)));
+  return notes;
+}
+
 function h<K extends keyof HTMLElementTagNameMap>(tag: K, className: string | null, text?: string): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   if (className) {
@@ -425,18 +485,17 @@ function drawLegend(user: string | null): HTMLElement {
 }
 
 function drawKernel(row: IKernelRow): HTMLElement {
-  const item = h('li', `tfgpu-lab-kernel${row.current ? ' tfgpu-lab-current' : ''}`);
+  const item = h('li', 'tfgpu-lab-kernel');
   item.dataset.kernelId = row.id;
   if (row.path) {
     item.dataset.path = row.path;
   }
-  item.title = row.title;
   const top = h('div', 'tfgpu-lab-kernel-top');
   const memory = h('span', 'tfgpu-lab-kernel-memory');
   memory.append(...row.memory.map(text => h('span', 'tfgpu-lab-kernel-gpu', text)));
   top.append(h('span', 'tfgpu-lab-kernel-name', row.name), memory);
   const bottom = h('div', 'tfgpu-lab-kernel-bottom');
-  bottom.append(h('span', 'tfgpu-lab-kernel-activity', row.activity));
+  bottom.append(h('span', 'tfgpu-lab-kernel-activity'));
   const actions = h('span', 'tfgpu-lab-kernel-actions');
   const open = h('button', 'tfgpu-lab-button', 'Open');
   open.dataset.action = 'open';
@@ -449,6 +508,15 @@ function drawKernel(row: IKernelRow): HTMLElement {
   bottom.append(actions);
   item.append(top, bottom);
   return item;
+}
+
+function refreshKernel(item: HTMLElement, row: IKernelRow): void {
+  item.classList.toggle('tfgpu-lab-current', row.current);
+  item.title = row.title;
+  const activity = item.querySelector('.tfgpu-lab-kernel-activity');
+  if (activity && activity.textContent !== row.activity) {
+    activity.textContent = row.activity;
+  }
 }
 
 function plural(n: number, noun: string): string {
