@@ -1,24 +1,36 @@
 """Advisory per-GPU claims: which live kernel has taken which GPU (``%gpu use auto``).
 
-A claim is an exclusive ``flock`` on a file of the claimant's own in a directory shared by
-every user of the machine.  The open file descriptor is kept for the life of the process, and
-the kernel drops the lock when the process ends, however it ends (SIGKILL included): a dead
-kernel's claim vanishes by itself, and no pid is trusted to say whether it lives.  Claims are
-advisory: tfgpu_magic honours them, CUDA does not.
+A claim is a file of the claimant's own in a directory shared by every user of the machine,
+named for the GPU and for the claiming process: ``<gpu key>.<uid>.<pid>.<start>.lock``, where
+``start`` is the process's start time (``/proc/<pid>/stat``, clock ticks since boot).  The
+claimant holds an exclusive ``flock`` on it for as long as it keeps the claim.
 
-Every claimant makes its own file, ``<gpu key>.<uid>.<random>.lock``, with ``O_CREAT|O_EXCL``
-(mode 0600 until it is locked and its record written, then 0644): only its owner can write,
-rename or delete it (the directory is sticky), so identity comes from the file system, never
-from what a file says.  A claim is taken in two steps: lock a fresh file of one's own, then
-list the GPU's entries; if any other entry is held, give up.  Two claimants racing each see
-the other (each looks only after its own lock is visible), so at most one wins, with or
-without the directory-wide lock (:func:`choosing`), which only keeps simultaneous choosers
-from both backing off.  Anybody can hold that lock, so it is waited for a bounded time only.
+A claim is alive only while three facts no neighbour can forge agree: the file belongs to the
+uid in its name (only that user can create a file owned by it; the directory is sticky, so only
+its owner can rename or delete it), the process named by pid and start time is running now with
+that uid (the live process table), and its lock is held.  A lock alone proves nothing: anyone who
+can read a dead kernel's left-over file can lock it.  Claims are advisory: tfgpu_magic honours
+them, CUDA does not.
 
-Readers (``%gpu status``, ``tfgpu``) open each entry with ``O_NOFOLLOW|O_NONBLOCK``, check it
-with ``fstat``, and skip anything that is not a regular file owned by the uid in its name,
-with a note; nothing read from a file reaches the screen unescaped.  A claim counts only while
-its locked file is still the one at its path.
+A claim is written whole, then made visible: the file is created under a temporary name, locked,
+its record (pid and GPU key) written and made readable (0644), and only then linked under its
+claim name, so no reader ever sees a half-made claim.  Then the GPU's entries are listed; if any
+other live claim is there, the claimant gives up.  Two claimants racing each see the other (each
+looks only after its own file is visible), so at most one wins, with or without the
+directory-wide lock (:func:`choosing`), which only keeps simultaneous choosers from both backing
+off.  Anybody can hold that lock, so choosers wait for it a bounded time and readers never do.
+An owner's left-overs (files of its dead processes, temporary files of claims cut short by
+``kill -9``) are removed by that owner's next claim.
+
+Reading costs one directory listing and a few string operations per entry; files are opened only
+for names that match a running process of the uid in the name, so entries planted by others (any
+number of them) cost no system call each.  Readers (``%gpu status``, ``tfgpu``) open files with
+``O_NOFOLLOW|O_NONBLOCK``, check them with ``fstat``, and skip anything that is not a regular file
+owned by the uid in its name, with a note; nothing read from a file reaches the screen unescaped.
+
+Where ``/proc`` hides other users' processes (``hidepid``), their claims cannot be checked against
+the process table; their locks decide, as a note says.  Kernels in different pid namespaces (two
+containers sharing ``/tmp``) do not see each other's claims.
 
 The directory is ``/tmp`` itself, or ``$TFGPU_MAGIC_CLAIM_DIR``.  It must belong to root or to
 the user, and be sticky if others may write to it: whoever owns it could delete everybody's
@@ -42,6 +54,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Optional
 
+from .process_table import ProcessTable, own_start
 from .safe_text import safe
 
 __all__ = [
@@ -68,8 +81,15 @@ CHOOSE_LOCK = "tfgpu_magic-choose.lock"
 LOCK_TIMEOUT_S = 2.0
 MAX_NOTES = 8
 _READ_LIMIT = 256  # a claim record is ~60 bytes
-_PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT
-_NAME = re.compile(r"(?P<key>[A-Za-z0-9_-]+)\.(?P<uid>[0-9]{1,10})\.(?P<token>[0-9a-f]{16})\.lock")
+# A claim's name: GPU key, owner's uid, claiming process's pid and start time.
+_NAME = re.compile(
+    r"(?P<key>[A-Za-z0-9_-]+)\.(?P<uid>[0-9]{1,10})\.(?P<pid>[1-9][0-9]{0,6})\.(?P<start>[0-9]{1,20})\.lock"
+)
+# Names of older versions (a random token where the pid and start time are): their owner removes them.
+_OLD_NAME = re.compile(r"(?P<key>[A-Za-z0-9_-]+)\.(?P<uid>[0-9]{1,10})\.[0-9a-f]{16}\.lock")
+# A claim being written: invisible to readers until linked under its claim name.
+_NEW_PREFIX = "tfgpu_magic-new."
+_NEW_NAME = re.compile(r"tfgpu_magic-new\.(?P<uid>[0-9]{1,10})\.(?P<pid>[1-9][0-9]{0,6})\.(?P<start>[0-9]{1,20})\.[0-9a-f]{8}")
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
@@ -127,6 +147,7 @@ class _Entry(NamedTuple):
 _held: dict[tuple[str, str], _Mine] = {}
 _lock = threading.Lock()
 _choosing_depth = 0  # choosing() blocks this process is inside; nested ones don't lock again
+_identity: Optional[tuple[int, int]] = None  # (pid, start time) of this process, for claim names
 
 
 def claim_dir() -> str:
@@ -350,51 +371,99 @@ def _claim_in(dfd: int, directory: str, key: str) -> bool:
     name, fd = _create_own(dfd, directory, safe, uid)
     try:
         info = os.fstat(fd)
-        # Our lock is visible now; any other live claim on this GPU (another user's or another
-        # kernel of ours) means we lose.  Own entries nobody holds are left-overs: remove them.
-        others, stale = _scan(dfd, directory, safe, own=name)
-        for old in stale:
+        # Our claim is visible now; any other live claim on this GPU (another user's or another
+        # kernel of ours) means we lose.  Our own left-overs are removed on the way.
+        names, table = os.listdir(dfd), ProcessTable()
+        others, stale = _scan(dfd, directory, {safe}, names, table, own=name)
+        for old in stale + _stale_new_files(dfd, names, uid, table):
             with contextlib.suppress(OSError):
-                _unlink_if_same(dfd, old[0], old[1], old[2])
+                _unlink_if_same(dfd, *old)
     except BaseException as err:
         _let_go(dfd, name, fd, os.fstat(fd))
         if isinstance(err, OSError):
             raise ClaimError(f"cannot read the claim directory {_shown(directory, 200)} ({_why(err)})") from None
         raise
-    if others or not _at_path(dfd, name, info):
+    if others[safe] or not _at_path(dfd, name, info):
         _let_go(dfd, name, fd, info)
         return False
     _held[(directory, key)] = _Mine(fd, name, info.st_dev, info.st_ino, info.st_mtime)
     return True
 
 
+def _own_identity() -> tuple[int, int]:
+    """(pid, start time) of this process, read again after a fork."""
+    global _identity
+    if _identity is None or _identity[0] != os.getpid():
+        _identity = (os.getpid(), own_start())
+    return _identity
+
+
 def _create_own(dfd: int, directory: str, safe: str, uid: int) -> tuple[str, int]:
-    """A new file of ours for ``safe``, locked, with its record; mode 0600 until then, so no one
-    else can open (and lock) it first."""
+    """Our claim file for ``safe``: written whole under a temporary name, locked, then linked
+    under its claim name, so no reader ever sees it half made."""
     shown = _shown(directory, 200)
-    for _ in range(5):
-        name = f"{safe}.{uid}.{secrets.token_hex(8)}.lock"
+    pid, start = _own_identity()
+    name = f"{safe}.{uid}.{pid}.{start}.lock"
+    temporary = f"{_NEW_PREFIX}{uid}.{pid}.{start}.{secrets.token_hex(4)}"
+    try:
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=dfd)
+    except OSError as err:
+        raise ClaimError(f"cannot create a claim file in {shown} ({_why(err)}); {_advice(err)}") from None
+    try:
         try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=dfd)
-        except FileExistsError:
-            continue
-        except OSError as err:
-            raise ClaimError(f"cannot create a claim file in {shown} ({_why(err)}); {_advice(err)}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            record = f"pid={os.getpid()}\nkey={safe}\n".encode()
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it open
+            record = f"pid={pid}\nkey={safe}\n".encode()
             if os.write(fd, record) != len(record):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            os.fchmod(fd, 0o644)  # readable now: others can see that it is held
+            os.fchmod(fd, 0o644)  # readable: others can check its record
         except OSError as err:
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dfd)
-            os.close(fd)
-            if isinstance(err, BlockingIOError):
-                continue
             raise ClaimError(f"cannot write a claim file in {shown} ({_why(err)}); {_advice(err)}") from None
-        return name, fd
-    raise ClaimError(f"cannot create a claim file in {shown}: the names keep being taken; try again")
+        try:
+            os.link(temporary, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        except FileExistsError:
+            raise ClaimError(_name_taken(dfd, directory, name)) from None
+        except OSError as err:
+            raise ClaimError(f"cannot create a claim file in {shown} ({_why(err)}); {_advice(err)}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dfd)
+    return name, fd
+
+
+def _name_taken(dfd: int, directory: str, name: str) -> str:
+    """Our claim's name exists already: only another user can have put it there, to block us."""
+    path = _shown(os.path.join(directory, name), 200)
+    try:
+        owner = _who(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_uid)
+    except OSError:
+        owner = "someone"
+    return (
+        f"cannot claim: {path} already exists, made by {owner} to block this kernel's claim; "
+        "ask an administrator to remove it, or set $" + ENV_DIR + " to a directory you own"
+    )
+
+
+def _stale_new_files(dfd: int, names: list[str], uid: int, table: ProcessTable) -> list[tuple[str, int, int]]:
+    """Our temporary files whose process has ended (killed while claiming): ours to remove."""
+    stale = []
+    for name in names:
+        if not name.startswith(_NEW_PREFIX):
+            continue
+        match = _NEW_NAME.fullmatch(name)
+        if not match or int(match["uid"]) != uid or _ours_alive(table, match, uid):
+            continue
+        with contextlib.suppress(OSError):
+            info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if info.st_uid == uid and stat.S_ISREG(info.st_mode):
+                stale.append((name, info.st_dev, info.st_ino))
+    return stale
+
+
+def _ours_alive(table: ProcessTable, match: re.Match, uid: int) -> bool:
+    return table.is_alive(int(match["pid"]), int(match["start"]), uid) is not False
 
 
 def _advice(err: OSError) -> str:
@@ -486,43 +555,47 @@ def holder(key: str, notes: Optional[list[str]] = None) -> Optional[Holder]:
     Entries that cannot be read are skipped; ``notes`` (if given) gets a line for each.
     ClaimError only when the directory itself is unusable.
     """
-    return holders([key], notes=notes, lock=False)[key]
+    return holders([key], notes=notes)[key]
 
 
 def holders(
-    keys: list[str], notes: Optional[list[str]] = None, lock: bool = True
+    keys: list[str], notes: Optional[list[str]] = None, lock: bool = False
 ) -> dict[str, Optional[Holder]]:
-    """Holders of several claims, read under the shared directory lock (``lock=False``: without).
+    """Holders of several claims.  Readers never wait for the directory lock (anyone can hold
+    it); ``lock`` is accepted for older callers and ignored.
 
     Never raises for a bad entry: it is skipped, and ``notes`` (if given) gets one line about it
     (at most :data:`MAX_NOTES` lines in all).  ClaimError only when the directory is unusable.
     """
+    del lock
     found: dict[str, Optional[Holder]] = {}
     mine = held()
     directory = claim_dir()
     said: list[str] = []
-    with choosing(shared=True) if lock else contextlib.nullcontext(Choice(locked=True)) as choice:
-        said.extend(choice.notes)
-        dfd = _open_dir(directory, create=False, notes=said)
-        try:
-            names = os.listdir(dfd) if dfd is not None else []
-            for key in keys:
-                own = _held.get((directory, key)) if key in mine else None
-                entries = _held_entries(dfd, directory, _safe_key(key), said, names, own) if dfd is not None else []
-                if own is not None:
-                    found[key] = _this_process(directory, key)
-                else:
-                    found[key], entries = (entries[0].holder if entries else None), entries[1:]
-                for extra in entries:
-                    said.append(
-                        f"{_shown(key)} is also held by {extra.holder.describe()} through "
-                        f"{_shown(os.path.join(directory, extra.name), 200)}, ignoring the claim before it"
-                    )
-        except OSError as err:
-            raise ClaimError(f"cannot read the claim directory {_shown(directory, 200)} ({_why(err)})") from None
-        finally:
-            if dfd is not None:
-                os.close(dfd)
+    dfd = _open_dir(directory, create=False, notes=said)
+    try:
+        names = os.listdir(dfd) if dfd is not None else []
+        safes = {_safe_key(key) for key in keys}
+        own = {_held[(directory, key)].name for key in keys if key in mine}
+        entries, _ = (
+            _scan(dfd, directory, safes, names, ProcessTable(), notes=said) if dfd is not None else ({}, [])
+        )
+        for key in keys:
+            listed = [e for e in entries.get(_safe_key(key), []) if e.name not in own]
+            if key in mine:
+                found[key] = _this_process(directory, key)
+            else:
+                found[key], listed = (listed[0].holder if listed else None), listed[1:]
+            for extra in listed:
+                said.append(
+                    f"{_shown(key)} is also held by {extra.holder.describe()} through "
+                    f"{_shown(os.path.join(directory, extra.name), 200)}, ignoring the claim before it"
+                )
+    except OSError as err:
+        raise ClaimError(f"cannot read the claim directory {_shown(directory, 200)} ({_why(err)})") from None
+    finally:
+        if dfd is not None:
+            os.close(dfd)
     if notes is not None:
         notes.extend(_capped(said))
     return found
@@ -540,81 +613,122 @@ def _capped(notes: list[str]) -> list[str]:
     return unique[: MAX_NOTES - 1] + [f"... and {len(unique) - MAX_NOTES + 1} more notes about claim files"]
 
 
-def _held_entries(
-    dfd: int, directory: str, safe: str, notes: list[str], names: list[str], own: Optional[_Mine]
-) -> list[_Entry]:
-    entries, _ = _scan(dfd, directory, safe, own=own.name if own else None, notes=notes, names=names)
-    return sorted(entries, key=lambda e: (e.ctime, e.name))
-
-
 def _scan(
     dfd: int,
     directory: str,
-    safe: str,
+    safes: set[str],
+    names: list[str],
+    table: ProcessTable,
     own: Optional[str] = None,
     notes: Optional[list[str]] = None,
-    names: Optional[list[str]] = None,
-) -> tuple[list[_Entry], list[tuple[str, int, int]]]:
-    """The held claim entries for ``safe``, and our own entries nobody holds (left-overs).
+) -> tuple[dict[str, list[_Entry]], list[tuple[str, int, int]]]:
+    """The live claims on each of ``safes`` (oldest first), and our own left-overs.
 
-    ``own`` (our new file) is left out.  Whatever is not a regular file owned by the uid in its
-    name, readable, and at its path, is skipped with a note.
+    ``own`` (our new file) is left out.  A name is looked at only when it names a GPU asked for;
+    a file is opened only when its name matches a running process of the uid in it, so planted
+    entries cost a string test each.  Entries skipped by name are counted in one note per GPU.
     """
     notes = notes if notes is not None else []
-    found: list[_Entry] = []
+    found: dict[str, list[_Entry]] = {safe: [] for safe in safes}
     stale: list[tuple[str, int, int]] = []
-    table: Optional[dict] = None
+    not_claims: dict[str, int] = {}
     me = os.geteuid()
-    prefix = safe + "."
-    for name in names if names is not None else os.listdir(dfd):
-        if not name.startswith(prefix) or name == own or name == safe + ".lock":  # `<key>.lock`: older versions
+    mine = str(me)
+    for name in names:
+        # Cheapest tests first: a flood of planted names must cost a split and a set look-up each.
+        parts = name.split(".")
+        safe = parts[0]
+        if safe not in found or name == own:
             continue
-        shown = "claim file " + _shown(os.path.join(directory, name), 200)
+        if len(parts) != 5 or parts[4] != "lock" or not _is_number(parts[2]):
+            if len(parts) == 4 and parts[1] == mine and _OLD_NAME.fullmatch(name):
+                stale.extend(_if_mine(dfd, name, me, locked_is_stale=False))
+            elif name != safe + ".lock":  # `<key>.lock`: an old version's, never anyone's claim now
+                not_claims[safe] = not_claims.get(safe, 0) + 1
+            continue
+        pid = int(parts[2])
+        if not table.may_run(pid):  # no such process: a dead kernel's left-over (ours to remove)
+            if parts[1] == mine and _NAME.fullmatch(name):
+                stale.extend(_if_mine(dfd, name, me, locked_is_stale=True))
+            continue
         match = _NAME.fullmatch(name)
-        if not match or match["key"] != safe:
-            notes.append(f"skipped {shown}: not a claim file's name")
+        if match is None:
+            not_claims[safe] = not_claims.get(safe, 0) + 1
             continue
-        named = int(match["uid"])
+        named, start = int(match["uid"]), int(match["start"])
+        alive = table.is_alive(pid, start, named)
+        if alive is False:
+            if named == me:  # a dead kernel of ours (kill -9): ours to remove, locked by anyone or not
+                stale.extend(_if_mine(dfd, name, me, locked_is_stale=True))
+            continue
+        entry = _entry(dfd, directory, name, safe, named, pid, notes)
+        if entry is not None:
+            found[safe].append(entry)
+    for safe, count in not_claims.items():
+        notes.append(
+            f"skipped {count} {'entry' if count == 1 else 'entries'} in {_shown(directory, 200)} named like claims on "
+            f"{_shown(safe)} that are not claim files"
+        )
+    if table.hides_others and any(found.values()):
+        notes.append("this machine's /proc hides other users' processes: their claims are judged by their locks only")
+    return {safe: sorted(entries, key=lambda e: (e.ctime, e.name)) for safe, entries in found.items()}, stale
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 7
+
+
+def _if_mine(dfd: int, name: str, me: int, locked_is_stale: bool) -> list[tuple[str, int, int]]:
+    """``name`` as a left-over to remove, if it is a regular file of ours (and, unless its process
+    is known dead, nobody holds its lock)."""
+    try:
+        info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return []
+    if info.st_uid != me or not stat.S_ISREG(info.st_mode):
+        return []
+    if not locked_is_stale:
         try:
-            info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            notes.append(f"skipped {shown}: {_why(err)}")
-            continue
-        if not stat.S_ISREG(info.st_mode):
-            notes.append(f"skipped {shown}: a {_kind(info.st_mode)}, not a regular file")
-            continue
-        if info.st_uid != named:
-            notes.append(f"skipped {shown}: named for uid {named} but owned by {_who(info.st_uid)}")
-            continue
-        if stat.S_IMODE(info.st_mode) & 0o066 != 0o044:  # each user must see the same claims, written by the owner only
-            notes.append(f"skipped {shown} ({_who(named)}'s): mode {stat.S_IMODE(info.st_mode):04o}, not 0644")
-            continue
-        state = _probe(dfd, name, info, safe, shown, notes)
-        if state is None:
-            continue
-        if state == "free":
-            if named == me:
-                stale.append((name, info.st_dev, info.st_ino))
-            continue
-        if table is None:
-            table = _flock_holders()
-        intruder = _locked_by_another_user(table, info)
-        if intruder is not None:
-            notes.append(
-                f"ignored {shown}: its lock is held by a process of {_who(intruder)}, not by its owner {_who(named)}"
-            )
-            if named == me:
-                stale.append((name, info.st_dev, info.st_ino))
-            continue
-        pid, ctime, since = state
-        found.append(_Entry(name, Holder(pid, _user(named), since, False, uid=named), ctime))
-    return found, stale
+            fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
+        except OSError:
+            return []
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return []  # held: a live kernel of an older version
+        finally:
+            os.close(fd)
+    return [(name, info.st_dev, info.st_ino)]
+
+
+def _entry(dfd: int, directory: str, name: str, safe: str, named: int, pid: int, notes: list[str]) -> Optional[_Entry]:
+    """The claim ``name`` of a running process, if its file is what a claim must be and is locked."""
+    shown = "claim file " + _shown(os.path.join(directory, name), 200)
+    try:
+        info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        notes.append(f"skipped {shown}: {_why(err)}")
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        notes.append(f"skipped {shown}: a {_kind(info.st_mode)}, not a regular file")
+        return None
+    if info.st_uid != named:
+        notes.append(f"skipped {shown}: named for uid {named} but owned by {_who(info.st_uid)}")
+        return None
+    if stat.S_IMODE(info.st_mode) & 0o066 != 0o044:  # each user must see the same claims, written by the owner only
+        notes.append(f"skipped {shown} ({_who(named)}'s): mode {stat.S_IMODE(info.st_mode):04o}, not 0644")
+        return None
+    state = _probe(dfd, name, info, safe, shown, notes)
+    if state is None or state == "free":
+        return None
+    ctime, since = state
+    return _Entry(name, Holder(pid, _user(named), since, False, uid=named), ctime)
 
 
 def _probe(dfd: int, name: str, info: os.stat_result, safe: str, shown: str, notes: list[str]):
-    """"free" if nobody holds ``name``, (pid, ctime, mtime) if someone does, None to skip it."""
+    """"free" if nobody holds ``name``'s lock, (ctime, mtime) if someone does, None to skip it."""
     try:
         fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
     except FileNotFoundError:
@@ -644,67 +758,10 @@ def _probe(dfd: int, name: str, info: os.stat_result, safe: str, shown: str, not
     finally:
         os.close(fd)
     fields = dict(line.split(b"=", 1) for line in text.splitlines() if b"=" in line)
-    if fields.get(b"key", safe.encode()) != safe.encode():
+    if fields.get(b"key") != safe.encode():
         notes.append(f"skipped {shown}: its record is for another GPU (a hard link?)")
         return None
-    raw = fields.get(b"pid", b"")
-    pid = int(raw) if re.fullmatch(rb"[1-9][0-9]{0,6}", raw) and int(raw) < _PID_MAX else None
-    return pid, now.st_ctime, now.st_mtime
-
-
-def _flock_holders() -> Optional[dict[tuple[int, int, int], list[int]]]:
-    """(major, minor, inode) -> pids holding an exclusive flock, from ``/proc/locks``; None if unreadable."""
-    try:
-        with open("/proc/locks", "rb") as f:
-            text = f.read(4 << 20)
-    except OSError:
-        return None
-    table: dict[tuple[int, int, int], list[int]] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        # b"1: FLOCK  ADVISORY  WRITE 6466 fe:00:2146625 0 EOF" (waiters have "->" after the number)
-        if len(parts) < 6 or parts[1] != b"FLOCK" or parts[3] != b"WRITE":
-            continue
-        try:
-            pid = int(parts[4])
-            major, minor, ino = parts[5].split(b":")
-            table.setdefault((int(major, 16), int(minor, 16), int(ino)), []).append(pid)
-        except ValueError:
-            continue
-    return table
-
-
-def _locked_by_another_user(table: Optional[dict], info: os.stat_result) -> Optional[int]:
-    """The uid holding the lock on a claim file, when the kernel shows it is not the file's owner.
-
-    Anyone who can read a left-over claim file can lock it; ``/proc/locks`` names the locking
-    pid, and ``/proc/<pid>/status`` its uids.  Anything unclear (no entry, a pid not visible
-    here, a process running as root or with the owner's uid) counts as the owner's own lock.
-    """
-    if not table or info.st_uid == 0:  # root's own process may have changed uid since
-        return None
-    pids = table.get((os.major(info.st_dev), os.minor(info.st_dev), info.st_ino))
-    if not pids:
-        return None
-    others = set()
-    for pid in pids:
-        uids = _uids(pid) if pid > 0 else None
-        if not uids or info.st_uid in uids or 0 in uids:
-            return None
-        others.add(uids[1])  # the effective uid
-    return min(others)
-
-
-def _uids(pid: int) -> Optional[list[int]]:
-    """Real, effective, saved and file-system uids of ``pid``, or None if not visible."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f.read(8192).splitlines():
-                if line.startswith(b"Uid:"):
-                    return [int(u) for u in line.split()[1:5]]
-    except (OSError, ValueError):
-        return None
-    return None
+    return now.st_ctime, now.st_mtime
 
 
 # -- process lifetime -----------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""What a flooded claim directory costs a reader (issue 17, item 3): run by hand.
+
+A neighbour plants entries named like claims on this machine's GPUs in the shared claim
+directory: older-version names, claim names of processes that do not run, and claim names of
+running processes that hold no claim.  Timed, on a simulated 4-GPU server with one live claim:
+``claims.holders`` for the 4 GPUs (what ``%gpu``, ``tfgpu`` and the server extension read), and
+the whole ``tfgpu --json`` in a fresh process.  The figure should stay flat as the count grows,
+but for the directory listing itself.
+
+    .venv/bin/python benchmarks/bench_claims_flood.py [--counts 0,10000,100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import median_ms  # noqa: E402
+
+from tfgpu_magic import claims  # noqa: E402
+from tfgpu_magic.simulated import shared_server  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def plant(directory: str, keys: list[str], count: int) -> None:
+    live = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    for i in range(count):
+        key = keys[i % len(keys)]
+        name = (
+            f"{key}.{1000 + i % 7}.{i:016x}.lock",
+            f"{key}.{1000 + i % 7}.{100000 + i}.{i}.lock",
+            f"{key}.{1000 + i % 7}.{live[i % len(live)]}.{i}.lock",
+        )[i % 3]
+        os.close(os.open(os.path.join(directory, name), os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def tfgpu_json_ms(directory: str, runs: int = 3) -> float:
+    env = {**os.environ, claims.ENV_DIR: directory}
+    samples = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "tfgpu_magic", "--demo", "--json"], env=env, check=True,
+                       stdout=subprocess.DEVNULL, cwd=REPO)
+        samples.append((time.perf_counter() - began) * 1000)
+    return sorted(samples)[len(samples) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--counts", default="0,10000,100000")
+    counts = [int(c) for c in parser.parse_args().counts.split(",")]
+    keys = [gpu.uuid for gpu in shared_server().gpus]
+    print(f"{'planted':>9}  {'holders(4 GPUs)':>16}  {'tfgpu --json (fresh process)':>29}")
+    for count in counts:
+        with tempfile.TemporaryDirectory(prefix="tfgpu-flood-") as directory:
+            os.environ[claims.ENV_DIR] = directory
+            with claims.choosing():
+                claims.claim(keys[0])
+            plant(directory, keys, count)
+            holders = median_ms(lambda: claims.holders(keys), runs=5)
+            whole = tfgpu_json_ms(directory)
+            claims.release_all()
+        print(f"{count:>9}  {holders:>13.1f} ms  {whole:>26.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
