@@ -17,6 +17,15 @@ from typing import Optional
 __all__ = ["Allocation", "allocation_from", "cuda_to_nvml", "order_is_nvml", "visible_env_value"]
 
 _INDEX = re.compile(r"[0-9]+", re.ASCII)  # never str.isdigit: it accepts '²', which int() refuses
+MAX_INDEX_DIGITS = 9  # no machine has a billion GPUs: a longer index names none (and int() refuses 4,301 digits)
+
+
+def index_value(entry: str) -> Optional[int]:
+    """The GPU index an all-digit entry names, as CUDA reads it (leading zeros ignored);
+    None when it is too long to name any GPU.  Never int() on the whole: an inherited value
+    may hold thousands of digits, which int() refuses with a ValueError."""
+    significant = entry.lstrip("0") or "0"
+    return int(significant) if len(significant) <= MAX_INDEX_DIGITS else None
 
 
 def visible_env_value(gpus: Sequence[int]) -> str:
@@ -49,8 +58,8 @@ def cuda_to_nvml(env: Mapping[str, Optional[str]], nvml_uuids: Sequence[Optional
 
 def _entry_index(entry: str, nvml_uuids: Sequence[Optional[str]]) -> Optional[int]:
     if _INDEX.fullmatch(entry):
-        index = int(entry)
-        return index if index < len(nvml_uuids) else None
+        index = index_value(entry)
+        return index if index is not None and index < len(nvml_uuids) else None
     if entry.startswith("MIG-GPU-"):  # legacy MIG form: MIG-GPU-<parent uuid>/<gi>/<ci>
         return _uuid_index(entry[4:].split("/", 1)[0], nvml_uuids)
     if entry.startswith("GPU-"):
@@ -99,9 +108,10 @@ def allocation_from(raw: Optional[str], nvml_uuids: Optional[Sequence[Optional[s
     if nvml_uuids is None:
         indices = []
         for entry in entries:
-            if not _INDEX.fullmatch(entry):
+            index = index_value(entry) if _INDEX.fullmatch(entry) else None
+            if index is None or index in indices:
                 break
-            indices.append(int(entry))
+            indices.append(index)
         if len(indices) != len([e for e in entries if e]) and any(e.startswith(("GPU-", "MIG-")) for e in entries):
             return Allocation(raw, None, "GPU UUIDs cannot be matched without NVML")
         return Allocation(raw, tuple(indices), _ignored_note(raw, entries, len(indices)))
