@@ -85,3 +85,56 @@ def test_an_absurd_cpu_limit_is_read_as_no_limit_of_its_own(monkeypatch):
     monkeypatch.setenv(tf_runtime.CPU_STATS_ENV, "true")
     monkeypatch.setenv(tf_runtime.CPU_LIMIT_ENV, LONG)
     assert "TensorFlow's default for the CPU BFC allocator" in oom._cpu_limit_text()
+
+
+# -- (9) a malformed value is explained ----------------------------------------------------------------
+NOT_AN_ENTRY = "not a GPU index, GPU UUID or MIG instance UUID"
+
+
+@pytest.mark.parametrize(
+    "inherited, gpus, explanation",
+    [
+        ("²", [], f"entry 1 ('²') is {NOT_AN_ENTRY}, so CUDA uses no GPU: it uses the entries before the "
+                  "first invalid one and ignores that entry and everything after it"),
+        ("0,x", [0], f"entry 2 ('x') is {NOT_AN_ENTRY}, so CUDA uses GPU 0: it uses the entries before the "
+                     "first invalid one and ignores that entry and everything after it"),
+        ("2,7,3", [2], "entry 2 ('7') names no GPU (this machine has 4, numbers 0-3), so CUDA uses GPU 2: "
+                       "it uses the entries before the first invalid one and ignores that entry and everything after it"),
+        ("1,1", [1], "entry 2 ('1') repeats GPU 1, so CUDA uses GPU 1: it uses the entries before the "
+                     "first invalid one and ignores that entry and everything after it"),
+        ("GPU-0000000,0", [], "entry 1 ('GPU-0000000') is the start of several GPUs' UUIDs, so CUDA uses no GPU: "
+                              "it uses the entries before the first invalid one and ignores that entry and everything after it"),
+        (LONG, [], f"entry 1 ('{'1' * 37}...') names no GPU (this machine has 4, numbers 0-3), so CUDA uses no GPU: "
+                   "it uses the entries before the first invalid one and ignores that entry and everything after it"),
+    ],
+)
+def test_a_malformed_value_says_which_entry_is_invalid_and_what_cuda_does(shell, monkeypatch, inherited, gpus, explanation):
+    note = f"CUDA_VISIBLE_DEVICES was set before the kernel started, and its {explanation}"
+    _, said = loaded(shell, monkeypatch, {"CUDA_VISIBLE_DEVICES": inherited})
+    assert said == f"tfgpu_magic: {note}\n"  # %load_ext says it once, in one line
+    report = status_json(shell)
+    assert report["allocation"]["gpus"] == gpus
+    assert report["allocation"]["note"] == note
+    position = int(explanation.split()[1])
+    assert report["allocation"]["invalid_entry"]["position"] == position
+    assert note in report["notes"]
+    assert f"Note: {note}" in gpu(shell, "status").splitlines()
+
+
+def test_a_value_with_nothing_odd_says_nothing(shell, monkeypatch):
+    _, said = loaded(shell, monkeypatch, {"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert said == ""
+    report = status_json(shell)
+    assert report["allocation"]["invalid_entry"] is None and report["allocation"]["note"] is None
+
+
+def test_the_echoed_entry_is_neutralised_and_capped(shell, monkeypatch):
+    hostile = "0,\x1b]0;pwned\x07\u202e" + "y" * 5000
+    _, said = loaded(shell, monkeypatch, {"CUDA_VISIBLE_DEVICES": hostile})
+    assert said.startswith("tfgpu_magic: CUDA_VISIBLE_DEVICES was set before the kernel started, and its "
+                           "entry 2 ('\\x1b]0;pwned\\x07\\u202eyyyyyyyyyyyyyyyyyyyyyyyyyy...') is ")
+    assert len(said) < 400 and "\x1b" not in said and "\u202e" not in said
+    report = status_json(shell)
+    assert report["allocation"]["invalid_entry"]["entry"] == "\\x1b]0;pwned\\x07\\u202e" + "y" * 26 + "..."
+    text = gpu(shell, "status")
+    assert "\x1b" not in text and "y" * 100 not in text

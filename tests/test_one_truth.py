@@ -63,9 +63,12 @@ def test_a_malformed_allocation_is_reported_never_a_traceback():
     session = session_with({"CUDA_VISIBLE_DEVICES": "0,x"})
     text = status.render_text(status.build_report(session))
     assert "allocated by the environment: GPU 0" in text
-    assert session.machine.allocation().note == (
-        "CUDA reads CUDA_VISIBLE_DEVICES='0,x' up to its first invalid entry ('x'), so the rest is ignored"
+    assert session.machine.allocation().note == (  # which entry, and what CUDA does with it (issue 17)
+        "CUDA_VISIBLE_DEVICES was set before the kernel started, and its entry 2 ('x') is not a GPU index, "
+        "GPU UUID or MIG instance UUID, so CUDA uses GPU 0: it uses the entries before the first invalid one "
+        "and ignores that entry and everything after it"
     )
+    assert f"Note: {session.machine.allocation().note}" in text.splitlines()
 
 
 def test_mig_instances_without_their_gpu_are_named_not_numbered():

@@ -67,6 +67,10 @@ class Session:
     def prepare(self, say: Callable[[str], None] = print) -> None:
         """At extension load: watch for TensorFlow, and number CUDA's GPUs as nvidia-smi does."""
         self._install_import_hooks()
+        if self.machine.inherited["CUDA_VISIBLE_DEVICES"] is not None:
+            odd = self.machine.allocation().note  # an invalid entry: which, and what CUDA does with it
+            if odd:
+                say(f"tfgpu_magic: {odd}")
         if self.tf.stage() >= Stage.ENUMERATED:
             return
         inherited = self.machine.inherited["CUDA_DEVICE_ORDER"]

@@ -14,6 +14,7 @@ import os
 from typing import Any, Callable, Optional
 
 from . import claims, holdings, owners
+from .numbering import shown as _cut
 from .nvml import GpuInfo, NvmlUnavailable
 from .safe_text import safe_tree
 from .session import Session, SessionError
@@ -86,7 +87,14 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
             "cuda_visible_devices": allocation.raw,
             "gpus": None if allocation.gpus is None else list(allocation.gpus),
             "note": allocation.note,
+            "invalid_entry": None if allocation.invalid is None else {
+                "position": allocation.invalid.position,  # 1 for the first entry
+                "entry": allocation.invalid.entry,  # control characters escaped, cut to 40 characters
+                "why": allocation.invalid.why,
+            },
         }
+        if allocation.note:
+            report["notes"].append(allocation.note)
     try:
         resolution = session.resolution()
     except SessionError as err:
@@ -148,7 +156,8 @@ def _in_force(session: Session, stage: Stage) -> list[str]:
         env["CUDA_VISIBLE_DEVICES"] = cuda.get("CUDA_VISIBLE_DEVICES")
         env = {k: v for k, v in env.items() if v is not None}
         if env:
-            lines.append("environment for TensorFlow's start: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+            # An inherited value may be megabytes of anything: shown escaped and cut.
+            lines.append("environment for TensorFlow's start: " + ", ".join(f"{k}={_cut(v, 80)}" for k, v in env.items()))
     note = session.machine.numbering_note() if session.nvml.available() else None
     if note:
         lines.append(f"numbering: {note}")
