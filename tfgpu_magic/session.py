@@ -230,6 +230,8 @@ class Session:
         if plan.visible == "all" and resolution.visible is None:
             return allocation.raw  # the allocation as the environment wrote it
         gpus = resolution.visible if resolution.visible is not None else tuple(sorted(plan.visible))  # type: ignore[arg-type]
+        if allocation.restricted and allocation.gpus is not None:
+            return allocation.env_value(gpus)  # a GPU allocated as MIG instances keeps their UUIDs
         return numbering.visible_env_value(gpus)
 
     def _apply_tf(self, resolution: Resolution, stage: Stage) -> None:
