@@ -44,7 +44,8 @@ def said(session: Session, line: str) -> str:
         ("2,3", (2, 3)),
         ("GPU-00000002-fake-0000-0000-000000000002", (2,)),  # a UUID (a unique prefix would do)
         ("GPU-00000003", (3,)),
-        ("MIG-GPU-00000001-fake-0000-0000-000000000001/1/0", (1,)),  # legacy MIG form names its GPU
+        # legacy MIG form: GPU 1 is not in MIG mode, so it has no instance 1/0 (issue 17; see test_allocation_input.py)
+        ("MIG-GPU-00000001-fake-0000-0000-000000000001/1/0", ()),
         ("0,x,2", (0,)),  # CUDA reads up to the first invalid entry
         ("²", ()),  # not an ASCII digit: CUDA sees nothing
         ("-1", ()),
@@ -63,15 +64,21 @@ def test_a_malformed_allocation_is_reported_never_a_traceback():
     session = session_with({"CUDA_VISIBLE_DEVICES": "0,x"})
     text = status.render_text(status.build_report(session))
     assert "allocated by the environment: GPU 0" in text
-    assert session.machine.allocation().note == (
-        "CUDA reads CUDA_VISIBLE_DEVICES='0,x' up to its first invalid entry ('x'), so the rest is ignored"
+    assert session.machine.allocation().note == (  # which entry, and what CUDA does with it (issue 17)
+        "CUDA_VISIBLE_DEVICES was set before the kernel started, and its entry 2 ('x') is not a GPU index, "
+        "GPU UUID or MIG instance UUID, so CUDA uses GPU 0: it uses the entries before the first invalid one "
+        "and ignores that entry and everything after it"
     )
+    assert f"Note: {session.machine.allocation().note}" in text.splitlines()
 
 
 def test_mig_instances_without_their_gpu_are_named_not_numbered():
-    session = session_with({"CUDA_VISIBLE_DEVICES": "MIG-4a2e3f1c-aaaa-bbbb-cccc-000000000000"})
+    server = shared_server(ME)
+    server.gpus[1].faults["mig"] = RuntimeError("no MIG readings")  # which GPU holds the instance is unknown
+    session = session_with({"CUDA_VISIBLE_DEVICES": "MIG-4a2e3f1c-aaaa-bbbb-cccc-000000000000"}, server)
     assert session.machine.allocation().gpus is None
-    assert said(session, "use 1").startswith("SessionError: ") is False  # no numbers to check against
+    # No numbers to check against, so a number could leave the allocation (issue 17): refused.
+    assert said(session, "use 1").startswith("SessionError: GPU 1 cannot be checked against this kernel's allocation")
     assert "cannot rank them: use `%gpu use all`" in said(session, "use auto")
 
 

@@ -105,6 +105,11 @@ def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
             f"the environment allocated {allocation.describe()} ({allocation.note}); "
             "`%gpu use auto` cannot rank them: use `%gpu use all`"
         )
+    if allocation.mig:
+        raise ChoiceError(
+            f"the environment allocated {allocation.describe()}: MIG instances are not ranked; "
+            "`%gpu use all` keeps the allocation"
+        )
     allowed = tuple(range(count)) if allocation.gpus is None else allocation.gpus
     where = f"the environment allocated {allocation.describe()}" if allocation.restricted else f"this machine has {count}"
     if auto.count > len(allowed):

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 from .nvml import GpuInfo, GpuLost, Nvml
 from .owners import EXITED_NOTE, ProcessTable
 
-__all__ = ["GpuUsage", "MINE", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN", "attribute", "tf_by_gpu"]
+__all__ = ["GpuUsage", "MINE", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN", "attribute", "entries", "tf_by_gpu"]
 
 
 THIS_KERNEL, MINE, OTHERS, UNKNOWN = "this kernel", "mine", "others", "unknown"
@@ -66,6 +66,12 @@ def attribute(
         return _unlisted(gpu, tf_in_use_bytes, f"NVML could not list the processes ({err})")
     entries = tuple(_entry(p.pid, p.used_memory_bytes, p.kind, table, my_pid, me) for p in listed)
     return _split(gpu, entries, tf_in_use_bytes, my_pid)
+
+
+def entries(processes: Any, table: ProcessTable, my_pid: int, me: Optional[str]) -> tuple[ProcessEntry, ...]:
+    """Whose each listed process is (``nvml.GpuProcess`` objects), as :func:`attribute` says it:
+    for listings that are not a whole GPU's (a MIG instance's)."""
+    return tuple(_entry(p.pid, p.used_memory_bytes, p.kind, table, my_pid, me) for p in processes)
 
 
 def _entry(pid: int, used: Optional[int], kind: str, table: ProcessTable, my_pid: int, me: Optional[str]) -> ProcessEntry:

@@ -19,7 +19,7 @@ from collections.abc import MutableMapping
 from typing import Optional
 
 from . import numbering
-from .nvml import Nvml
+from .nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 from .plan import MachineFacts
 from .tf_runtime import CUDA_ENV, Stage, TensorFlow
 from .units import MIB
@@ -75,10 +75,35 @@ class Machine:
         totals = {i: self.nvml.total_bytes(i) for i in range(count)}
         return {i: None if t is None else t // MIB for i, t in totals.items()}
 
+    def mig_instances(self) -> Optional[list[numbering.MigInstance]]:
+        """Every MIG instance on the machine (what ``MIG-`` entries name); None when unknown:
+        no NVML, or a GPU whose MIG mode or instances could not be read."""
+        count = self.gpu_count()
+        if count is None:
+            return None
+        found = []
+        try:
+            for index in range(count):
+                for device in self.nvml.mig_devices(index):
+                    if device.uuid is None or device.gpu_instance_id is None or device.compute_instance_id is None:
+                        return None
+                    total = device.memory.total_bytes if device.memory else None
+                    found.append(numbering.MigInstance(
+                        device.uuid, index, device.gpu_instance_id, device.compute_instance_id, total
+                    ))
+        except (GpuLost, ReadingFailed, NvmlUnavailable):
+            return None
+        return found
+
+    def _mig_for(self, value: Optional[str]) -> Optional[list[numbering.MigInstance]]:
+        """MIG instances, read only for a value that names some (they cost NVML calls per GPU)."""
+        return self.mig_instances() if value is not None and "MIG-" in value else None
+
     def allocation(self) -> numbering.Allocation:
         """The GPUs the environment allocated to this kernel (read once NVML can match UUIDs)."""
         if self._allocation is None or (self._allocation.gpus is None and self.nvml.available()):
-            self._allocation = numbering.allocation_from(self.inherited["CUDA_VISIBLE_DEVICES"], self.uuids())
+            raw = self.inherited["CUDA_VISIBLE_DEVICES"]
+            self._allocation = numbering.allocation_from(raw, self.uuids(), self._mig_for(raw))
         return self._allocation
 
     # -- CUDA's numbering -----------------------------------------------------------------------
@@ -92,9 +117,10 @@ class Machine:
     def cuda_map(self) -> list[int]:
         """nvidia-smi index of each CUDA device (TensorFlow's physical GPU k is entry k)."""
         uuids = self.uuids()
+        env = self.cuda_env()
         if uuids is None:  # no NVML: trust the indices as written
-            return numbering.cuda_to_nvml(self.cuda_env(), [None] * 64)
-        return numbering.cuda_to_nvml(self.cuda_env(), uuids)
+            return numbering.cuda_to_nvml(env, [None] * 64)
+        return numbering.cuda_to_nvml(env, uuids, self._mig_for(env.get("CUDA_VISIBLE_DEVICES")))
 
     def numbering_note(self) -> Optional[str]:
         """Why CUDA's numbers may differ from nvidia-smi's, when they may (once CUDA has numbered them)."""
@@ -131,10 +157,15 @@ class Machine:
             default = None
         else:
             raw = self.unmanaged_value("CUDA_VISIBLE_DEVICES")
-            default = tuple(sorted(numbering.cuda_to_nvml({"CUDA_VISIBLE_DEVICES": raw}, self.uuids() or [])))
+            visible = numbering.cuda_to_nvml({"CUDA_VISIBLE_DEVICES": raw}, self.uuids() or [], self._mig_for(raw))
+            default = tuple(sorted(set(visible)))
+        totals = self.totals_mib()
+        for index in {m.gpu for m in allocation.mig}:  # a MIG instance's memory, not its GPU's
+            sizes = [m.total_bytes for m in allocation.instances_on(index)]
+            totals[index] = None if None in sizes else min(sizes) // MIB  # type: ignore[type-var]
         return MachineFacts(
             count=count,
-            totals_mib=self.totals_mib(),
+            totals_mib=totals,
             allocated=allocation.gpus,
             allocation_text=allocation.describe() if allocation.restricted else None,
             cuda_found=cuda_found,

@@ -36,6 +36,11 @@ The contract (what callers may rely on)
   ``"<reading>: <reason>"``).  ``processes`` raises rather than returning ``[]`` because an
   unknown listing must not look like an idle GPU; only the graphics listing may fail quietly
   (compute-only GPUs refuse it).
+* :meth:`Nvml.mig_devices` lists a GPU's MIG instances (``[]`` when it is not in MIG mode or
+  has no MIG support) and raises like :meth:`Nvml.processes`; a reading of one instance that
+  fails is ``None`` with a note, as in :meth:`Nvml.gpu`.  MIG handles are fetched on every
+  call (a handle dies with its compute instance).  :meth:`Nvml.mig_processes` lists one
+  instance's processes.
 * An index outside ``range(device_count())`` is the caller's bug: ``IndexError``.
 * ``KeyboardInterrupt`` (any ``BaseException`` that is not an ``Exception``) passes through.
 """
@@ -53,6 +58,7 @@ __all__ = [
     "GpuLost",
     "GpuProcess",
     "MemoryInfo",
+    "MigDevice",
     "Nvml",
     "NvmlUnavailable",
     "ReadingFailed",
@@ -71,6 +77,9 @@ MEMORY = "memory"
 UTILIZATION = "utilization"
 COMPUTE_CAPABILITY = "compute capability"
 MIG = "MIG mode"
+MIG_DEVICES = "MIG devices"
+MIG_IDS = "MIG instance ids"
+MAX_MIG_DEVICES = 64  # more than any GPU has (an A100 or H100: 7); bounds a driver's answer
 PROCESSES = "processes"
 GRAPHICS_PROCESSES = "graphics processes"
 
@@ -139,6 +148,20 @@ class GpuInfo:
     mig_enabled: Optional[bool]
     lost: bool = False  # True when the GPU stopped answering; other fields are then None
     notes: tuple[str, ...] = ()  # "<reading>: <reason>" for each reading that failed
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance (a compute instance in a GPU instance), as NVML lists it under its GPU."""
+
+    index: int  # its GPU's nvidia-smi index
+    mig_index: int  # its place among the GPU's MIG devices (nvidia-smi's and nvitop's `3:0`)
+    uuid: Optional[str]  # "MIG-..."
+    name: Optional[str]
+    gpu_instance_id: Optional[int]
+    compute_instance_id: Optional[int]
+    memory: Optional[MemoryInfo]  # the instance's own memory
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -376,6 +399,76 @@ class Nvml:
             found.setdefault(proc.pid, proc)
         return list(found.values())
 
+    # -- MIG ------------------------------------------------------------------------------
+    def mig_devices(self, index: int) -> list[MigDevice]:
+        """The GPU's MIG instances, in NVML's order; ``[]`` when MIG is off or not supported.
+
+        Raises :class:`GpuLost` or :class:`ReadingFailed` when the mode or the listing cannot be
+        read (an unknown listing must not look like a GPU without instances).
+        """
+        lib = self._ensure_started()
+        handle = self._handle(index)
+        try:
+            enabled = _mig_enabled(lib, handle)
+        except Exception as err:
+            if _not_supported(lib, err) or isinstance(err, (AttributeError, TypeError)):
+                return []  # no MIG support, or a binding without the function
+            raise self._failed(index, MIG, err) from err
+        if not enabled:
+            return []
+        count = self._read(index, MIG_DEVICES, lambda lib, h: int(lib.nvmlDeviceGetMaxMigDeviceCount(h)), lib, handle)
+        found = []
+        for slot in range(max(0, min(count, MAX_MIG_DEVICES))):
+            try:
+                mig_handle = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except Exception as err:
+                if _is_nvml_error(lib, err) and _code(err) == getattr(lib, "NVML_ERROR_NOT_FOUND", 6):
+                    continue  # no instance at this index
+                raise self._failed(index, MIG_DEVICES, err) from err
+            found.append(self._mig_device(index, slot, lib, mig_handle))
+        return found
+
+    def _mig_device(self, index: int, slot: int, lib: Any, handle: Any) -> MigDevice:
+        notes: list[str] = []
+
+        def optional(reading: str, read: Callable[[Any, Any], T]) -> Optional[T]:
+            try:
+                return read(lib, handle)
+            except Exception as err:
+                failure = self._failed(index, reading, err)
+                if isinstance(failure, GpuLost):
+                    raise failure from err
+                notes.append(f"MIG {index}:{slot} {failure.note}")
+                return None
+
+        return MigDevice(
+            index=index,
+            mig_index=slot,
+            uuid=optional(UUID, _uuid),
+            name=optional(NAME, _name),
+            gpu_instance_id=optional(MIG_IDS, lambda lib, h: int(lib.nvmlDeviceGetGpuInstanceId(h))),
+            compute_instance_id=optional(MIG_IDS, lambda lib, h: int(lib.nvmlDeviceGetComputeInstanceId(h))),
+            memory=optional(MEMORY, _memory_info),
+            notes=tuple(dict.fromkeys(notes)),
+        )
+
+    def mig_processes(self, index: int, mig_index: int) -> list[GpuProcess]:
+        """Processes NVML lists on one MIG instance (``gpu_index`` is its GPU's); raises like :meth:`processes`."""
+        lib = self._ensure_started()
+        handle = self._handle(index)
+        mig_handle = self._read(
+            index, MIG_DEVICES, lambda lib, h: lib.nvmlDeviceGetMigDeviceHandleByIndex(h, mig_index), lib, handle
+        )
+        compute = self._read(index, PROCESSES, _listing, lib, mig_handle, index, "compute")
+        try:
+            graphics = self._read(index, GRAPHICS_PROCESSES, _listing, lib, mig_handle, index, "graphics")
+        except ReadingFailed:
+            graphics = []
+        found: dict[int, GpuProcess] = {}
+        for proc in compute + graphics:
+            found.setdefault(proc.pid, proc)
+        return list(found.values())
+
     # -- helpers --------------------------------------------------------------------------
     def _handle(self, index: int) -> Any:
         """The device handle (cached once had); raises GpuLost or ReadingFailed."""
@@ -475,6 +568,13 @@ def _listing(lib: Any, handle: Any, index: int, kind: str) -> list[GpuProcess]:
         used = getattr(proc, "usedGpuMemory", None)
         result.append(GpuProcess(int(proc.pid), index, None if used is None else int(used), kind))
     return result
+
+
+def _not_supported(lib: Any, err: BaseException) -> bool:
+    return _is_nvml_error(lib, err) and _code(err) in (
+        getattr(lib, "NVML_ERROR_NOT_SUPPORTED", 3),
+        getattr(lib, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+    )
 
 
 def _lost(index: int, err: GpuLost) -> GpuInfo:

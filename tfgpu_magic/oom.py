@@ -146,7 +146,9 @@ def _cpu_limit_text() -> str:
     if os.environ.get(tf_runtime.CPU_STATS_ENV, "").lower() != "true":
         return "none of TensorFlow's own (the default CPU allocator takes what the system gives)"
     raw = os.environ.get(tf_runtime.CPU_LIMIT_ENV)
-    if raw and raw.isascii() and raw.isdigit():  # '²'.isdigit() is True; int('²') fails
+    # '²'.isdigit() is True and int('²') fails; int() refuses over 4,300 digits, and TensorFlow
+    # reads the value as an int64 (at most 19 digits), so a longer one is not a limit it uses.
+    if raw and raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) <= 18:
         return f"{format_size(int(raw) * MIB)} ({tf_runtime.CPU_LIMIT_ENV}={raw})"
     return f"{format_size(tf_runtime.CPU_DEFAULT_LIMIT_MIB * MIB)} (TensorFlow's default for the CPU BFC allocator)"
 

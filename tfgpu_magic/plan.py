@@ -205,9 +205,12 @@ def _visible(plan: Plan, facts: MachineFacts) -> Optional[tuple[int, ...]]:
         return facts.default_visible
     if plan.visible == "none":
         return ()
-    allowed = facts.allocated if facts.allocated is not None else (
-        None if facts.count is None else tuple(range(facts.count))
-    )
+    if facts.allocation_text is not None and facts.allocated is None:
+        allowed = None  # an allocation whose GPUs cannot be numbered: not every GPU either
+    else:
+        allowed = facts.allocated if facts.allocated is not None else (
+            None if facts.count is None else tuple(range(facts.count))
+        )
     if plan.visible == "all":
         return allowed if facts.cuda_found is None or allowed is None else tuple(
             i for i in allowed if i in facts.cuda_found
@@ -221,6 +224,12 @@ def _visible(plan: Plan, facts: MachineFacts) -> Optional[tuple[int, ...]]:
                 f"no GPU {','.join(map(str, missing))}: this machine has {facts.count} GPU"
                 f"{'s' if facts.count != 1 else ''} (numbers {valid}, as nvidia-smi shows); {grammar.usage('use')}"
             )
+    if facts.allocation_text is not None and facts.allocated is None:
+        raise PlanError(
+            f"GPU {','.join(map(str, wanted))} cannot be checked against this kernel's allocation: the "
+            f"environment allocated {facts.allocation_text}, whose GPUs cannot be numbered here, and a GPU "
+            "number could leave it; valid here: %gpu use all | %gpu use none"
+        )
     if facts.allocation_text is not None and facts.allocated is not None:
         outside = [i for i in wanted if i not in facts.allocated]
         if outside:

@@ -67,6 +67,10 @@ class Session:
     def prepare(self, say: Callable[[str], None] = print) -> None:
         """At extension load: watch for TensorFlow, and number CUDA's GPUs as nvidia-smi does."""
         self._install_import_hooks()
+        if self.machine.inherited["CUDA_VISIBLE_DEVICES"] is not None:
+            odd = self.machine.allocation().note  # an invalid entry: which, and what CUDA does with it
+            if odd:
+                say(f"tfgpu_magic: {odd}")
         if self.tf.stage() >= Stage.ENUMERATED:
             return
         inherited = self.machine.inherited["CUDA_DEVICE_ORDER"]
@@ -226,6 +230,8 @@ class Session:
         if plan.visible == "all" and resolution.visible is None:
             return allocation.raw  # the allocation as the environment wrote it
         gpus = resolution.visible if resolution.visible is not None else tuple(sorted(plan.visible))  # type: ignore[arg-type]
+        if allocation.restricted and allocation.gpus is not None:
+            return allocation.env_value(gpus)  # a GPU allocated as MIG instances keeps their UUIDs
         return numbering.visible_env_value(gpus)
 
     def _apply_tf(self, resolution: Resolution, stage: Stage) -> None:

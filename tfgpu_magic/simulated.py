@@ -17,12 +17,19 @@ Faults are injected the same way:
 * ``SimulatedGpu.faults`` (reading name -> exception): that reading raises the exception,
   any exception (``NVMLError(NVML_ERROR_NO_PERMISSION)``, ``RuntimeError("boom")``, ...), before
   the checks above; ``SimulatedNvml.faults_raised`` counts how often one was raised;
+* ``SimulatedGpu.mig = True`` with ``mig_instances`` (:class:`SimulatedMigInstance`): a GPU in
+  MIG mode.  Its instances answer NVML's MIG queries as the driver does
+  (``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``,
+  ``nvmlDeviceGetHandleByUUID``, ``nvmlDeviceGetGpuInstanceId`` / ``GetComputeInstanceId``,
+  memory and processes on the instance's handle); the GPU's own readings cover the whole GPU,
+  its process listing every instance's processes, and its utilization is not supported;
 * ``SimulatedNvml.driver = False``: ``nvmlInit`` raises ``NVML_ERROR_DRIVER_NOT_LOADED``;
   ``SimulatedNvml.init_error`` (an exception, or None): ``nvmlInit`` raises it instead.
 
 Reading names (see :data:`READINGS`): ``handle`` (``nvmlDeviceGetHandleByIndex``), ``name``,
 ``uuid``, ``pci``, ``memory``, ``utilization``, ``compute_capability``, ``mig``, and
-``processes`` (both process listings) or ``compute_processes`` / ``graphics_processes`` (one).
+``processes`` (both process listings) or ``compute_processes`` / ``graphics_processes`` (one),
+and, on a GPU in MIG mode, ``mig_devices`` (:data:`MIG_READINGS`: the MIG device count, handles and ids).
 """
 
 from __future__ import annotations
@@ -39,11 +46,15 @@ __all__ = [
     "DEMO_KERNEL_PID",
     "READINGS",
     "LiveKernelsNvml",
+    "MIG_READINGS",
     "SimulatedGpu",
+    "SimulatedMigHandle",
+    "SimulatedMigInstance",
     "SimulatedNvml",
     "SimulatedProcess",
     "busy_server",
     "kernels_server",
+    "mig_server",
     "shared_server",
 ]
 
@@ -76,6 +87,9 @@ READINGS = (
     "compute_processes",
     "graphics_processes",
 )
+# Readings of a GPU in MIG mode only (faults and ``unsupported`` take them too): the MIG device
+# count, handles and instance ids.
+MIG_READINGS = ("mig_devices",)
 
 
 class NVMLError(Exception):
@@ -113,6 +127,31 @@ class SimulatedProcess:
 
 
 @dataclass
+class SimulatedMigInstance:
+    """A MIG device (a compute instance in a GPU instance) on a simulated GPU in MIG mode."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    total_mib: int
+    profile: str = ""  # e.g. "2g.10gb", shown in the instance's name
+    base_used_mib: int = 0  # the instance's context overhead
+    uuid: str = ""  # "MIG-...": given one when the server is made
+    processes: list[SimulatedProcess] = field(default_factory=list)
+
+    @property
+    def used_mib(self) -> int:
+        return min(self.base_used_mib + sum(p.used_mib or 0 for p in self.processes), self.total_mib)
+
+
+@dataclass(frozen=True)
+class SimulatedMigHandle:
+    """A MIG device handle: its GPU and its place among the GPU's MIG devices (as NVML's index)."""
+
+    parent: int
+    slot: int
+
+
+@dataclass
 class SimulatedGpu:
     name: str = "NVIDIA A100-SXM4-40GB"
     total_mib: int = 40960
@@ -123,6 +162,8 @@ class SimulatedGpu:
     pci_bus_id: str = ""
     compute_capability: tuple[int, int] = (8, 0)
     mig: bool = False
+    mig_instances: list[SimulatedMigInstance] = field(default_factory=list)  # read only when ``mig``
+    max_mig_devices: int = 7  # what nvmlDeviceGetMaxMigDeviceCount says (an A100's 7); 0: no MIG support
     processes: list[SimulatedProcess] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)  # e.g. {"utilization", "processes"}
     lost: bool = False
@@ -133,6 +174,8 @@ class SimulatedGpu:
     @property
     def used_mib(self) -> int:
         used = self.base_used_mib + sum(p.used_mib or 0 for p in self.processes)
+        if self.mig:  # the GPU's reading covers its instances
+            used += sum(m.used_mib for m in self.mig_instances)
         return min(used, self.total_mib)
 
 
@@ -164,6 +207,8 @@ class SimulatedNvml:
         for i, gpu in enumerate(gpus):
             gpu.uuid = gpu.uuid or f"GPU-{i:08x}-fake-0000-0000-{i:012x}"
             gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x17 + i * 0x10:02X}:00.0"
+            for slot, instance in enumerate(gpu.mig_instances):
+                instance.uuid = instance.uuid or f"MIG-{i:08x}-{slot:04x}-fake-0000-{instance.gpu_instance_id:012x}"
 
     # -- lifecycle --------------------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -189,10 +234,15 @@ class SimulatedNvml:
         return index  # the handle is the index; readings look the GPU up again each call
 
     # -- readings ---------------------------------------------------------------------------
-    def nvmlDeviceGetName(self, handle: int) -> str:
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        if isinstance(handle, SimulatedMigHandle):
+            gpu, instance = self._mig(handle, "name")
+            return f"{gpu.name} MIG {instance.profile}".rstrip()
         return self._gpu(handle, "name").name
 
-    def nvmlDeviceGetUUID(self, handle: int) -> str:
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, SimulatedMigHandle):
+            return self._mig(handle, "uuid")[1].uuid
         return self._gpu(handle, "uuid").uuid
 
     def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
@@ -202,21 +252,80 @@ class SimulatedNvml:
         if version is not None and not self.memory_v2:
             self.calls += 1
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
-        gpu = self._gpu(handle, "memory")
-        used, reserved, total = gpu.used_mib * MIB, gpu.reserved_mib * MIB, gpu.total_mib * MIB
+        gpu: Any = self._mig(handle, "memory")[1] if isinstance(handle, SimulatedMigHandle) else self._gpu(handle, "memory")
+        reserved_mib = getattr(gpu, "reserved_mib", 0)
+        used, reserved, total = gpu.used_mib * MIB, reserved_mib * MIB, gpu.total_mib * MIB
         if version is None:  # version 1 counts the driver's reservation as used
             return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
         return SimpleNamespace(total=total, reserved=reserved, used=used, free=total - used - reserved)
 
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
-        return SimpleNamespace(gpu=self._gpu(handle, "utilization").utilization, memory=0)
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
+        if isinstance(handle, SimulatedMigHandle):
+            self._mig(handle, "utilization")
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "utilization")
+        if gpu.mig:  # NVML has no utilization for a GPU in MIG mode
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=gpu.utilization, memory=0)
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
         return self._gpu(handle, "compute_capability").compute_capability
 
-    def nvmlDeviceGetMigMode(self, handle: int) -> tuple[int, int]:
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        """[current, pending], as pynvml returns them."""
+        if isinstance(handle, SimulatedMigHandle):
+            self._check()
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # a MIG device has no MIG mode of its own
         mig = int(self._gpu(handle, "mig").mig)
-        return (mig, mig)
+        return [mig, mig]
+
+    # -- MIG devices (pynvml's names and semantics) ----------------------------------------
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        gpu = self._gpu(self._physical(handle), "mig_devices")
+        if gpu.max_mig_devices == 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_mig_devices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> SimulatedMigHandle:
+        """NVML: NOT_SUPPORTED without MIG support, INVALID_ARGUMENT for an index beyond the
+        maximum (or a GPU not in MIG mode), NOT_FOUND where no MIG device is at that index."""
+        gpu = self._gpu(self._physical(handle), "mig_devices")
+        if gpu.max_mig_devices == 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if not gpu.mig or not 0 <= index < gpu.max_mig_devices:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(gpu.mig_instances):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return SimulatedMigHandle(handle, index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any) -> Any:
+        """A GPU's handle for a ``GPU-`` UUID, a MIG device's for a ``MIG-`` one; NOT_FOUND otherwise."""
+        self._check()
+        wanted = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        for i, gpu in enumerate(self.gpus):
+            if gpu.uuid == wanted:
+                return i
+            for slot, instance in enumerate(gpu.mig_instances if gpu.mig else ()):
+                if instance.uuid == wanted:
+                    return SimulatedMigHandle(i, slot)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> bool:
+        self._check()
+        return isinstance(handle, SimulatedMigHandle)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> int:
+        if not isinstance(handle, SimulatedMigHandle):
+            self._check()
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self._mig(handle, "handle")
+        return handle.parent
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        return self._mig_only(handle).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        return self._mig_only(handle).compute_instance_id
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         return self._processes(handle, "compute")
@@ -227,11 +336,19 @@ class SimulatedNvml:
     # -- the process table a real server has beside NVML (psutil's job there) ----------------
     def owner_of(self, pid: int) -> Optional[SimulatedProcess]:
         """The simulated process with this pid, or None if it exited or never existed."""
-        for gpu in self.gpus:
-            for proc in gpu.processes:
-                if proc.pid == pid and proc.alive:
-                    return proc
+        for proc in self.fixed_processes():
+            if proc.pid == pid and proc.alive:
+                return proc
         return None
+
+    def fixed_processes(self) -> list[SimulatedProcess]:
+        """Every simulated process, those on MIG instances included."""
+        found = []
+        for gpu in self.gpus:
+            found += gpu.processes
+            for instance in gpu.mig_instances:
+                found += instance.processes
+        return found
 
     # -- helpers ----------------------------------------------------------------------------
     def _check(self) -> None:
@@ -257,15 +374,47 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu
 
-    def _processes(self, handle: int, kind: str) -> list[SimpleNamespace]:
+    def _processes(self, handle: Any, kind: str) -> list[SimpleNamespace]:
+        """On a MIG device, its processes; on a GPU in MIG mode, every instance's (with their
+        ``gpuInstanceId``/``computeInstanceId``, as NVML's version-3 process records have)."""
+        if isinstance(handle, SimulatedMigHandle):
+            _gpu, instance = self._mig(handle, "processes", f"{kind}_processes")
+            return [_record(p, instance) for p in instance.processes if p.kind == kind]
         gpu = self._gpu(handle, "processes", f"{kind}_processes")
-        return [
-            SimpleNamespace(
-                pid=p.pid, usedGpuMemory=None if p.used_mib is None else p.used_mib * MIB
-            )
-            for p in gpu.processes
-            if p.kind == kind
-        ]
+        listed = [_record(p, None) for p in gpu.processes if p.kind == kind]
+        for instance in gpu.mig_instances if gpu.mig else ():
+            listed += [_record(p, instance) for p in instance.processes if p.kind == kind]
+        return listed
+
+    def _physical(self, handle: Any) -> int:
+        if isinstance(handle, SimulatedMigHandle):
+            self._check()
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # MIG queries take the GPU's handle
+        return handle
+
+    def _mig(self, handle: SimulatedMigHandle, reading: str, *also: str) -> tuple[SimulatedGpu, SimulatedMigInstance]:
+        """The GPU and instance behind a MIG handle; a handle whose instance is gone is invalid."""
+        gpu = self._gpu(handle.parent, reading, *also)
+        if not gpu.mig or handle.slot >= len(gpu.mig_instances):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu, gpu.mig_instances[handle.slot]
+
+    def _mig_only(self, handle: Any) -> SimulatedMigInstance:
+        if not isinstance(handle, SimulatedMigHandle):
+            self._gpu(handle, "mig_devices")
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # not a MIG device
+        return self._mig(handle, "mig_devices")[1]
+
+
+def _record(p: SimulatedProcess, instance: Optional[SimulatedMigInstance]) -> SimpleNamespace:
+    """A process as pynvml gives it (``nvmlProcessInfo_v3``); NVML's 'no instance' is 0xFFFFFFFF."""
+    none = 0xFFFFFFFF
+    return SimpleNamespace(
+        pid=p.pid,
+        usedGpuMemory=None if p.used_mib is None else p.used_mib * MIB,
+        gpuInstanceId=none if instance is None else instance.gpu_instance_id,
+        computeInstanceId=none if instance is None else instance.compute_instance_id,
+    )
 
 
 def shared_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
@@ -303,6 +452,33 @@ def shared_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml
             ),
         ]
     )
+
+
+def mig_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
+    """``shared_server`` with GPU 3 an A100 in MIG mode, shared by three tenants' instances.
+
+    GPU 3 (40 GiB) holds MIG instances 1/0 (2g.10gb, where bob runs), 2/0 (2g.10gb, alice's)
+    and 5/0 (1g.5gb, idle).  A kernel a scheduler started with ``CUDA_VISIBLE_DEVICES`` set to
+    instance 1/0's UUID (``server.gpus[3].mig_instances[0].uuid``) has that instance, not the GPU.
+    """
+    server = shared_server(my_pid, me)
+    gpu = SimulatedGpu(
+        name="NVIDIA A100-SXM4-40GB",
+        total_mib=40960,
+        base_used_mib=0,
+        mig=True,
+        uuid=server.gpus[3].uuid,
+        pci_bus_id=server.gpus[3].pci_bus_id,
+        mig_instances=[
+            SimulatedMigInstance(1, 0, 9984, "2g.10gb", 13, processes=[SimulatedProcess(41005, 3072, "bob", "python sweep.py")]),
+            SimulatedMigInstance(2, 0, 9984, "2g.10gb", 13, processes=[SimulatedProcess(41006, 6144, "alice", "python eval.py")]),
+            SimulatedMigInstance(5, 0, 4864, "1g.5gb", 13),
+        ],
+    )
+    for slot, instance in enumerate(gpu.mig_instances):
+        instance.uuid = f"MIG-{3:08x}-{slot:04x}-fake-0000-{instance.gpu_instance_id:012x}"
+    server.gpus[3] = gpu
+    return server
 
 
 def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40, me: str = "me") -> SimulatedNvml:
@@ -411,10 +587,9 @@ class LiveKernelsNvml(SimulatedNvml):
 
     def owner_of(self, pid: int) -> Optional[Any]:
         """A fixed process's simulated owner (None once it exited); any other pid's real one (psutil)."""
-        for gpu in self.gpus:
-            for proc in gpu.processes:
-                if proc.pid == pid:
-                    return proc if proc.alive else None
+        for proc in self.fixed_processes():
+            if proc.pid == pid:
+                return proc if proc.alive else None
         from .owners import PsutilProcessTable
 
         details = PsutilProcessTable().lookup(pid)

@@ -14,7 +14,8 @@ import os
 from typing import Any, Callable, Optional
 
 from . import claims, holdings, owners
-from .nvml import GpuInfo, NvmlUnavailable
+from .numbering import shown as _cut
+from .nvml import GpuInfo, GpuLost, NvmlUnavailable, ReadingFailed
 from .safe_text import safe_tree
 from .session import Session, SessionError
 from .tf_runtime import Stage
@@ -86,7 +87,24 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
             "cuda_visible_devices": allocation.raw,
             "gpus": None if allocation.gpus is None else list(allocation.gpus),
             "note": allocation.note,
+            "invalid_entry": None if allocation.invalid is None else {
+                "position": allocation.invalid.position,  # 1 for the first entry
+                "entry": allocation.invalid.entry,  # control characters escaped, cut to 40 characters
+                "why": allocation.invalid.why,
+            },
         }
+        report["allocation"]["mig_instances"] = [  # the MIG instances it names, each CUDA device of its own
+            {
+                "uuid": m.uuid,
+                "gpu": m.gpu,
+                "gpu_instance_id": m.gpu_instance_id,
+                "compute_instance_id": m.compute_instance_id,
+                "memory_total_bytes": m.total_bytes,
+            }
+            for m in allocation.mig
+        ]
+        if allocation.note:
+            report["notes"].append(allocation.note)
     try:
         resolution = session.resolution()
     except SessionError as err:
@@ -121,7 +139,43 @@ def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.P
         entry = _gpu_entry(gpu, visible, tf_names)
         entry["shown_to_cuda"] = None if exposed is None else gpu.index in exposed
         entry.update(_detail(gpu, usage, holders.get(gpu.index), tf_stats.get(gpu.index)))
+        entry["mig_instances"] = _mig_rows(session, gpu, table, me) if gpu.mig_enabled else None
         report["gpus"].append(entry)
+
+
+def _mig_rows(session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: dict[str, Any]) -> list[dict[str, Any]]:
+    """A GPU in MIG mode: one row per instance (its memory, the processes NVML lists on it), as nvitop shows them."""
+    allocated = {m.uuid for m in session.machine.allocation().mig}
+    try:
+        devices = session.nvml.mig_devices(gpu.index)
+    except (GpuLost, ReadingFailed) as err:
+        return [{"mig_index": None, "notes": [f"the MIG instances could not be listed ({err})"]}]
+    rows = []
+    for device in devices:
+        memory = device.memory
+        notes = list(device.notes)
+        try:
+            listed = session.nvml.mig_processes(gpu.index, device.mig_index)
+            processes: Optional[list[dict[str, Any]]] = [
+                _process(p) for p in holdings.entries(listed, table, me["pid"], me["user"])
+            ]
+        except (GpuLost, ReadingFailed) as err:
+            processes = None
+            notes.append(f"NVML could not list the processes ({err})")
+        rows.append({
+            "mig_index": device.mig_index,
+            "uuid": device.uuid,
+            "name": device.name,
+            "gpu_instance_id": device.gpu_instance_id,
+            "compute_instance_id": device.compute_instance_id,
+            "memory_total_bytes": memory.total_bytes if memory else None,
+            "memory_used_bytes": memory.used_bytes if memory else None,
+            "memory_free_bytes": memory.free_bytes if memory else None,
+            "allocated": device.uuid in allocated,  # this kernel's allocation names it
+            "processes": processes,
+            "notes": notes,
+        })
+    return rows
 
 
 def _in_force(session: Session, stage: Stage) -> list[str]:
@@ -148,7 +202,8 @@ def _in_force(session: Session, stage: Stage) -> list[str]:
         env["CUDA_VISIBLE_DEVICES"] = cuda.get("CUDA_VISIBLE_DEVICES")
         env = {k: v for k, v in env.items() if v is not None}
         if env:
-            lines.append("environment for TensorFlow's start: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+            # An inherited value may be megabytes of anything: shown escaped and cut.
+            lines.append("environment for TensorFlow's start: " + ", ".join(f"{k}={_cut(v, 80)}" for k, v in env.items()))
     note = session.machine.numbering_note() if session.nvml.available() else None
     if note:
         lines.append(f"numbering: {note}")
@@ -341,7 +396,41 @@ def _gpu_details(gpu: dict[str, Any], label: Optional[str]) -> list[str]:
     if gpu.get("claim"):
         lines.append("claimed by " + _claim_text(gpu["claim"], label))
     lines.extend(f"note: {note}" for note in gpu.get("notes", []))
+    for row in gpu.get("mig_instances") or []:
+        lines.append(_mig_line(gpu["index"], row, label))
+        lines.extend("  " + _process_line(proc, label, sizes_for(row.get("memory_total_bytes"))) for proc in row.get("processes") or [])
+        lines.extend(f"  note: {note}" for note in row.get("notes", []))
     return lines
+
+
+def _mig_line(index: int, row: dict[str, Any], label: Optional[str]) -> str:
+    """A MIG instance under its GPU, nvitop's `3:0`: ids, UUID, its own memory, whose allocation."""
+    if row.get("mig_index") is None:
+        return f"MIG {index}:?  instances unknown"
+    size = sizes_for(row["memory_total_bytes"])
+    ids = f"{_na(row['gpu_instance_id'])}/{_na(row['compute_instance_id'])}"
+    line = (
+        f"MIG {index}:{row['mig_index']}  instance {ids}  {row['uuid'] or 'n/a'}  "
+        f"{_used_of(size, row['memory_used_bytes'], row['memory_total_bytes'])} used"
+    )
+    if row["processes"] is None:
+        line += "  processes: n/a"
+    if row["allocated"]:
+        line += f"  allocated to {label or 'this process'}"
+    return line
+
+
+def _used_of(size: Callable[[Optional[int]], str], used: Optional[int], total: Optional[int]) -> str:
+    """'3.0 / 9.8 GiB': the unit said once where both figures share it."""
+    used_text, total_text = size(used), size(total)
+    unit = total_text.rpartition(" ")[2]
+    if used_text.endswith(" " + unit) and total_text.endswith(" " + unit):
+        used_text = used_text[: -len(unit) - 1]
+    return f"{used_text} / {total_text}"
+
+
+def _na(value: Any) -> str:
+    return "n/a" if value is None else str(value)
 
 
 def _legend(usage: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str]) -> str:
@@ -476,6 +565,13 @@ def _gpu_html(gpu: dict[str, Any], label: str) -> str:
     if gpu.get("claim"):
         parts.append(f"<div>Claimed by {_e(_claim_text(gpu['claim'], label))}</div>")
     parts.extend(f'<div style="{_MUTED}">Note: {_e(n)}</div>' for n in gpu.get("notes", []))
+    for row in gpu.get("mig_instances") or []:
+        mig_size = sizes_for(row.get("memory_total_bytes"))
+        parts.append(f'<div style="margin: 4px 0 0 12px"><div style="font-weight: 600">{_e(_mig_line(gpu["index"], row, label))}</div>')
+        if row.get("mig_index") is not None:
+            parts.append(_processes_html(row["processes"], label, mig_size))
+        parts.extend(f'<div style="{_MUTED}">Note: {_e(n)}</div>' for n in row.get("notes", []))
+        parts.append("</div>")
     return f'<div style="{_CARD}">{"".join(parts)}</div>'
 
 
