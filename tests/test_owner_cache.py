@@ -341,3 +341,45 @@ def test_a_process_name_with_spaces_and_parentheses_is_parsed(children):
         proc.kill()
         proc.wait(timeout=10)
         proc.stdout.close()
+
+
+# -- errors psutil does not translate (issue 17, item 5) ---------------------------------------------
+ODD_ERRORS = [
+    OSError(5, "Input/output error"),
+    OSError(22, "Invalid argument"),
+    ValueError("invalid literal for int() with base 10: '\x1b[2J'"),
+    RuntimeError("psutil internal error"),
+    PermissionError(1, "Operation not permitted"),
+]
+
+
+class _OddProcess:
+    """A psutil.Process whose ``where`` raises ``error``; everything else answers."""
+
+    def __init__(self, real, where, error):
+        self._real, self._where, self._error = real, where, error
+
+    def __getattr__(self, name):
+        if name == self._where:
+            raise self._error
+        return getattr(self._real, name)
+
+
+@pytest.mark.parametrize("error", ODD_ERRORS, ids=lambda e: type(e).__name__ + str(getattr(e, "errno", "") or ""))
+@pytest.mark.parametrize("where", ["Process", "cmdline", "uids", "oneshot"])
+def test_an_error_psutil_does_not_translate_is_a_note_on_that_process(children, monkeypatch, where, error):
+    [child] = children(1)
+    real_process = psutil.Process
+
+    def odd_process(pid):
+        if where == "Process" and pid == child.pid:
+            raise error
+        proc = real_process(pid)
+        return _OddProcess(proc, where, error) if pid == child.pid else proc
+
+    monkeypatch.setattr(psutil, "Process", odd_process)
+    details = fresh_table().lookup(child.pid)
+    assert details.alive and details.note, details
+    assert "\x1b" not in details.note and "\n" not in details.note
+    other = fresh_table().lookup(os.getpid())  # one odd process does not spoil the others
+    assert other.user is not None and other.note is None

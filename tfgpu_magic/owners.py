@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from .nvml import Nvml
+from .safe_text import safe
 
 __all__ = [
     "EXITED_NOTE",
@@ -273,6 +274,8 @@ class PsutilProcessTable:
                 command, command_note = _guarded_read(lambda: " ".join(proc.cmdline()) or proc.name(), psutil)
         except (psutil.NoSuchProcess, ProcessLookupError):  # ZombieProcess is a NoSuchProcess
             return EXITED
+        except Exception as err:  # AccessDenied, or what psutil does not translate (EIO, EINVAL, ValueError...)
+            return ProcessDetails(None, None, True, _unreadable(err, psutil))
         if user_note == "exited" or command_note == "exited":
             return EXITED
         note = user_note or command_note
@@ -307,12 +310,19 @@ def _proc_lookup(pid: int, names: Optional[_UserNames] = None) -> ProcessDetails
 def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[Optional[str], Optional[str]]:
     try:
         return str(read()), None
-    except psutil.AccessDenied:
-        return None, "owned by a user whose details this account may not read"
     except psutil.NoSuchProcess:
         return None, "exited"
     except KeyError:  # uid with no name: psutil cannot map it
         return None, "owner has no user name on this machine"
+    except Exception as err:  # one process's odd failure is a note on that process, never a traceback
+        return None, _unreadable(err, psutil)
+
+
+def _unreadable(err: Exception, psutil: Any) -> str:
+    if isinstance(err, (psutil.AccessDenied, PermissionError)):
+        return "owned by a user whose details this account may not read"
+    reason = getattr(err, "strerror", None) or type(err).__name__
+    return f"its details cannot be read ({safe(str(reason)[:60])})"
 
 
 class OwnerLookupTable:
