@@ -323,6 +323,26 @@ def test_a_failing_device_count_is_a_failed_start_and_is_retried():
     TALLY["survived"] += 1
 
 
+@pytest.mark.parametrize("answer, read", [(10**30, 1024), (2**31, 1024), (-1, 0)])
+def test_an_absurd_device_count_is_capped_with_a_note(answer, read, monkeypatch, capsys):
+    """A driver answering 10**30 once made `tfgpu --json` loop without bound (issue 17, item 6)."""
+    server = shared_server(ME)
+    server.nvmlDeviceGetCount = lambda: answer
+    nvml = Nvml(lib=server)
+    assert nvml.device_count() == read
+    assert nvml.count_note == f"the driver reported {answer} GPUs; " + (
+        "only the first 1024 are read" if read else "none are read"
+    )
+    monkeypatch.setattr("tfgpu_magic.simulated.shared_server", lambda *a, **k: server)
+    from tfgpu_magic.__main__ import main
+
+    assert main(["--demo", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["gpus"]) == read and nvml.count_note in report["notes"]
+    TALLY["injected"] += 1
+    TALLY["survived"] += 1
+
+
 def test_missing_pynvml_is_unavailable_and_retried(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     clock = FakeClock()

@@ -53,6 +53,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
+from .safe_text import safe
+
 __all__ = [
     "GpuInfo",
     "GpuLost",
@@ -67,6 +69,8 @@ __all__ = [
 T = TypeVar("T")
 
 RETRY_S = 5.0  # a failed start is tried again after this long (monotonic seconds)
+
+MAX_DEVICES = 1024  # more than any machine has: as many as `%gpu use` can name (0..1023)
 
 # Reading names, as notes and ReadingFailed.reading show them.
 HANDLE = "device handle"
@@ -197,6 +201,7 @@ class Nvml:
         self._exit_registered = False
         self._handles: dict[int, Any] = {}
         self._count = 0
+        self.count_note: Optional[str] = None  # why the device count was capped, if it was
         self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total"|"pci"|"cc": value}
 
     # -- start and stop -------------------------------------------------------------------
@@ -242,7 +247,7 @@ class Nvml:
                 "GPU readings are unavailable (HINT: check `nvidia-smi` on this machine)"
             ) from err
         try:
-            return int(lib.nvmlDeviceGetCount())
+            return self._capped(lib.nvmlDeviceGetCount())
         except Exception as err:
             try:
                 lib.nvmlShutdown()
@@ -252,6 +257,19 @@ class Nvml:
                 f"NVML started but could not count the GPUs ({_reason(err, _is_nvml_error(lib, err))}); "
                 "GPU readings are unavailable (HINT: check `nvidia-smi` on this machine)"
             ) from err
+
+    def _capped(self, answer: Any) -> int:
+        """The device count, within what a machine can have: a driver's absurd answer (10**30, -1)
+        would otherwise make every loop over the GPUs run without bound."""
+        count = int(answer)
+        if 0 <= count <= MAX_DEVICES:
+            self.count_note = None
+            return count
+        self.count_note = (
+            f"the driver reported {safe(str(answer)[:40])} GPUs; "
+            + (f"only the first {MAX_DEVICES} are read" if count > 0 else "none are read")
+        )
+        return min(max(count, 0), MAX_DEVICES)
 
     def shutdown(self) -> None:
         """Stop NVML if this object started it.  Safe to call more than once."""

@@ -125,6 +125,8 @@ def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.P
     table = table or owners.process_table_for(session.nvml, me["pid"])
     me["user"] = table.current_user()
     gpus = session.nvml.gpus()  # raises NvmlUnavailable before anything else is read
+    if session.nvml.count_note:
+        report["notes"].append(session.nvml.count_note)
     visible = session.visible_gpus()
     exposed = session.exposed_gpus()  # what CUDA shows: a GPU TensorFlow did not find was not hidden
     report["visible_gpus"] = visible
