@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from dataclasses import dataclass
 
@@ -402,3 +403,60 @@ def test_readings_follow_a_process_allocating_and_freeing_on_a_real_gpu():
     after = mine()
     assert during - before >= size * 0.95
     assert during - after >= size * 0.95
+
+
+# -- finalisers and the hub's lock (issue 17, item 7) -------------------------------------------------
+class _Finalised:
+    """An old panel that only a garbage collection frees; closing it leaves and forgets, as MemoryPanel.close does."""
+
+    def __init__(self, hub):
+        self.hub, self.cycle, self.closed = hub, self, []
+
+    def __del__(self):
+        self.hub.leave(self, shown=True)
+        self.hub.forget(self)
+        _FINALISED.append(True)
+
+
+_FINALISED: list[bool] = []
+
+
+def _finishes(work, seconds: float = 20.0) -> bool:
+    """Whether ``work`` returns (a deadlock never does; the thread is a daemon, so a hang fails the test only)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (work(), done.set()), daemon=True).start()
+    return done.wait(seconds)
+
+
+def test_a_collection_while_a_sampler_is_made_finalises_an_old_panel_without_deadlock():
+    hub = Hub()
+    _FINALISED.clear()
+
+    def make():
+        _Finalised(hub)  # garbage at once: a cycle only the collector frees
+        gc.collect()  # the collection an allocation in make() can trigger, forced
+        return sampler(interval=0.1)
+
+    member = object()
+    assert _finishes(lambda: hub.join(member, make, 60)), "hub.join deadlocked in a finaliser"
+    assert _FINALISED == [True]
+    hub.stop_all()
+
+
+def test_a_collection_under_the_hubs_lock_finalises_an_old_panel_without_deadlock(monkeypatch):
+    hub = Hub()
+    _FINALISED.clear()
+    s = sampler(interval=0.1)
+    real_keep = s.keep
+
+    def keep_and_collect(seconds):  # keep() runs under the lock: any allocation there may collect
+        _Finalised(hub)
+        gc.collect()
+        real_keep(seconds)
+
+    monkeypatch.setattr(s, "keep", keep_and_collect)
+    member = object()
+    assert _finishes(lambda: hub.join(member, lambda: s, 60)), "a finaliser waited for the hub's lock"
+    assert _FINALISED == [True]
+    assert _finishes(lambda: hub.set_window(member, 120))
+    hub.stop_all()

@@ -489,6 +489,13 @@ class Hub:
     The first panel starts it; it stops when the last panel leaves (or at exit).  A sampler
     whose thread was still inside a reading when it was stopped is kept as *finishing*: the
     next panel takes it back instead of starting a second thread beside it.
+
+    The lock guards only the bookkeeping, and nothing under it can run another object's code:
+    a new sampler is made before the lock is taken, and panels leave the hub's dictionaries
+    only into locals that outlive the lock.  A garbage collection can finalise an old panel at
+    any allocation, and its ``close`` calls :meth:`leave` and :meth:`forget`; those return at
+    once, without the lock, for a panel the hub no longer holds (a finalised one never is), so
+    a finaliser can never wait for a lock its own thread holds.
     """
 
     def __init__(self) -> None:
@@ -504,18 +511,34 @@ class Hub:
         return self._sampler
 
     def join(self, member: object, make: Callable[[], Sampler], window_s: float) -> Sampler:
+        spare: Optional[Sampler] = None  # made outside the lock: making allocates, and may collect
+        while True:
+            if spare is None and self._needs_a_sampler():
+                spare = make()
+            with self._lock:
+                if self._sampler is None:
+                    finishing, self._finishing = self._finishing, None
+                    # One sampler thread at most: one still finishing a reading serves again (with
+                    # the sources it was made with) rather than run beside a new one.
+                    if finishing is not None and finishing.alive:
+                        self._sampler = finishing
+                    elif spare is not None:
+                        self._sampler, spare = spare, None
+                    else:
+                        continue  # the sampler left while we looked: make one, outside the lock
+                was_shown = self._shown.pop(id(member), None)  # dropped after the lock, if at all
+                self._members[id(member)] = window_s
+                self._panels[id(member)] = member
+                self._sampler.keep(max(self._members.values()))
+                self._sampler.start()
+                joined = self._sampler
+            del was_shown, spare  # an unused spare was never started: no thread to stop
+            return joined
+
+    def _needs_a_sampler(self) -> bool:
         with self._lock:
-            self._shown.pop(id(member), None)
-            if self._sampler is None:
-                finishing, self._finishing = self._finishing, None
-                # One sampler thread at most: one still finishing a reading serves again (with
-                # the sources it was made with) rather than run beside a new one.
-                self._sampler = finishing if finishing is not None and finishing.alive else make()
-            self._members[id(member)] = window_s
-            self._panels[id(member)] = member
-            self._sampler.keep(max(self._members.values()))
-            self._sampler.start()
-            return self._sampler
+            finishing = self._finishing
+            return self._sampler is None and (finishing is None or not finishing.alive)
 
     def set_window(self, member: object, window_s: float) -> None:
         with self._lock:
@@ -530,21 +553,27 @@ class Hub:
         closes such panels).  Returns True when no sampler thread is left, False while one runs
         or is still finishing a reading (see :meth:`Sampler.stop`).
         """
+        if id(member) not in self._panels:  # not ours (a finalised panel never is): no lock
+            return self._sampler is None and self._finishing is None
         with self._lock:
             self._members.pop(id(member), None)
-            panel = self._panels.pop(id(member), None)
+            panel = self._panels.pop(id(member), None)  # dropped after the lock
             if shown and panel is not None:
                 self._shown[id(member)] = panel
             if self._members or self._sampler is None:
                 return self._sampler is None and self._finishing is None
             self._finishing, self._sampler = self._sampler, None
             self._finishing.stop(timeout=0)  # told under the lock, so a join cannot take it back first
+        del panel
         return self._wait_finishing(timeout)  # outside the lock: the thread may be calling a panel that leaves
 
     def forget(self, member: object) -> None:
         """``member`` is gone for good (closed): nothing refers to it any more."""
+        if id(member) not in self._shown:  # not ours (a finalised panel never is): no lock
+            return
         with self._lock:
-            self._shown.pop(id(member), None)
+            panel = self._shown.pop(id(member), None)  # dropped after the lock
+        del panel
 
     def members(self) -> list[Any]:
         """The panels following the sampler."""
@@ -559,12 +588,13 @@ class Hub:
     def stop_all(self, timeout: Optional[float] = None) -> bool:
         """Every member leaves and the sampler stops; True when its thread has ended."""
         with self._lock:
-            self._members.clear()
-            self._panels.clear()
+            self._members.clear()  # ids and floats: nothing to finalise
+            panels, self._panels = self._panels, {}  # dropped after the lock
             if self._sampler is not None:
                 self._finishing, self._sampler = self._sampler, None
             if self._finishing is not None:
                 self._finishing.stop(timeout=0)
+        del panels
         return self._wait_finishing(timeout)
 
     def _wait_finishing(self, timeout: Optional[float]) -> bool:
