@@ -51,7 +51,9 @@ def test_grow_and_allocator_set_their_variables(gpu):
         ("use 1", "use 3,4", f"no GPU 4: this machine has 4 GPUs (numbers 0-3, as nvidia-smi shows); {USE}"),
         ("grow", "limit 30G", "GPU 2 has 24576 MiB; 30720 MiB does not fit (use a smaller size or a percentage, e.g. `%gpu limit 90%`)"),
         ("use all", "limit 4G,8G", "`%gpu limit` gives 2 sizes but 4 GPUs are visible; give one size for all GPUs or one per visible GPU"),
-        ("use 2,3", "split 16G,16G", "GPU 2 has 24576 MiB; 32768 MiB does not fit (use a smaller size or a percentage, e.g. `%gpu limit 90%`)"),
+        # issue 17, item 11: the remedy names the verb the user typed
+        ("use 2,3", "split 16G,16G", "GPU 2 has 24576 MiB; 32768 MiB does not fit (use sizes that add up to at most 24576 MiB, or a count, e.g. `%gpu split 2`)"),
+        ("use 2", "split 1T", "GPU 2 has 24576 MiB; 1048576 MiB does not fit (use sizes that add up to at most 24576 MiB, or a count, e.g. `%gpu split 2`)"),
         ("limit 1G", "limit 12abc", f"'12abc' is not a size; {grammar.usage('limit')}"),
         ("grow", "frobnicate", f"unknown subcommand 'frobnicate'; {grammar.usage()}"),
     ],

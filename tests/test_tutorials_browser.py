@@ -12,7 +12,7 @@ import re
 import time
 
 import pytest
-from browser_support import REPO, chromium, has_chromium, jupyter_server, shot, wait_for_kernel
+from browser_support import REPO, accept_kernel_choice, chromium, has_chromium, jupyter_server, shot, wait_for_kernel
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -72,6 +72,8 @@ def open_dialog(page) -> str | None:
 
 def run_all(page) -> None:
     """Run > Run All Cells (the exact item: "Restart Kernel and Run All Cells…" contains the words too)."""
+    if accept_kernel_choice(page):
+        wait_for_kernel(page)
     if (dialog := open_dialog(page)) is not None:
         raise AssertionError(f"a dialog is open before Run All: {dialog!r}")
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()

@@ -290,9 +290,9 @@ def _logical_sizes(plan: Plan, index: int, cap: Optional[int], total_mib: Option
         return None if cap is None else (cap,)
     if split.sizes:
         if total_mib is not None and sum(split.sizes) > total_mib:
-            raise PlanError(
+            raise PlanError(  # the remedy names the verb typed: `split`, not `limit`
                 f"GPU {index} has {total_mib} MiB; {sum(split.sizes)} MiB does not fit "
-                "(use a smaller size or a percentage, e.g. `%gpu limit 90%`)"
+                f"(use sizes that add up to at most {total_mib} MiB, or a count, e.g. `%gpu split 2`)"
             )
         return tuple(split.sizes)
     assert split.count is not None
