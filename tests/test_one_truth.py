@@ -18,7 +18,7 @@ from tfgpu_magic import claims, grammar, magics, status
 from tfgpu_magic.magics import GpuMagics
 from tfgpu_magic.monitor import Sampler
 from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
+from tfgpu_magic.session import Session, SessionError
 from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, shared_server
 from tfgpu_magic.tf_runtime import AllocatorStats, Capture, Stage
 
@@ -33,8 +33,8 @@ def session_with(env: dict | None = None, server: SimulatedNvml | None = None, *
 def said(session: Session, line: str) -> str:
     try:
         return magics.use(session, grammar.parse(line), progress=lambda _: None)
-    except Exception as err:  # the magic turns these into UsageError
-        return f"{type(err).__name__}: {err}"
+    except (grammar.GrammarError, SessionError) as err:  # what the magic turns into a one-line UsageError
+        return f"{type(err).__name__}: {err}"  # anything else is a crash, and fails the test
 
 
 # -- 3. the environment's allocation ----------------------------------------------------------------
