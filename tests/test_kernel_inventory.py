@@ -37,6 +37,7 @@ from tfgpu_magic.simulated import (
     SimulatedGpu,
     SimulatedNvml,
     SimulatedProcess,
+    mig_server,
 )
 
 MIB = 1024**2
@@ -98,6 +99,7 @@ def test_the_reply_for_a_small_server_exactly():
                     "kernels_bytes": 5 * GIB, "my_other_bytes": 2 * GIB, "others_bytes": 8 * GIB,
                     "unattributed_bytes": (300 + 512) * MIB, "free_bytes": (81920 - 16172) * MIB,
                 },
+                "mig_instances": None,  # not in MIG mode
             },
             {
                 "index": 1, "name": "Tesla T4", "uuid": "GPU-00000001-fake-0000-0000-000000000001",
@@ -107,6 +109,7 @@ def test_the_reply_for_a_small_server_exactly():
                     "kernels_bytes": 0, "my_other_bytes": 0, "others_bytes": 0,
                     "unattributed_bytes": 300 * MIB, "free_bytes": (15360 - 300) * MIB,
                 },
+                "mig_instances": None,
             },
         ],
         "kernels": [
@@ -395,3 +398,26 @@ def test_on_a_real_gpu_a_kernels_child_holds_memory_for_the_kernel():
         kernel.stdin.close()
         kernel.wait(timeout=60)
         kernel.stdout.close()
+
+
+# -- MIG (issue 17, item 8) ----------------------------------------------------------------------------
+def test_a_mig_gpu_lists_its_instances_with_their_memory_and_kernels():
+    server = mig_server(my_pid=SERVER, me="bob")
+    kernel = KernelDescription("k", path="sweep.ipynb", session_type="notebook", pid=41005)
+    reply = read(server, [kernel], {SERVER: 1, 41005: SERVER}, me="bob")
+    gpus = reply["gpus"]
+    assert [g["mig_instances"] is None for g in gpus] == [True, True, True, False]
+    rows = gpus[3]["mig_instances"]
+    assert [(r["gpu_instance_id"], r["compute_instance_id"]) for r in rows] == [(1, 0), (2, 0), (5, 0)]
+    assert [r["memory_total_bytes"] for r in rows] == [9984 * MIB, 9984 * MIB, 4864 * MIB]
+    assert [r["kernel_ids"] for r in rows] == [["k"], [], []]  # the kernel runs on instance 1/0
+    assert [r["process_count"] for r in rows] == [1, 1, 0]
+    assert rows[0]["uuid"] == server.gpus[3].mig_instances[0].uuid
+
+
+def test_instances_that_cannot_be_listed_are_a_note_not_a_failure():
+    server = mig_server(my_pid=SERVER)
+    server.gpus[3].faults["mig_devices"] = NVMLError(999)
+    reply = read(server, [], {SERVER: 1})
+    [row] = reply["gpus"][3]["mig_instances"]
+    assert row["mig_index"] is None and "could not be listed" in row["notes"][0]

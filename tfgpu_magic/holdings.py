@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .nvml import GpuInfo, GpuLost, Nvml
+from .nvml import GpuInfo, GpuLost, GpuProcess, MigDevice, Nvml, ReadingFailed
 from .owners import EXITED_NOTE, ProcessTable
 
-__all__ = ["GpuUsage", "MINE", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN", "attribute", "entries", "tf_by_gpu"]
+__all__ = [
+    "GpuUsage", "MINE", "MigListing", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN",
+    "attribute", "entries", "mig_listings", "tf_by_gpu",
+]
 
 
 THIS_KERNEL, MINE, OTHERS, UNKNOWN = "this kernel", "mine", "others", "unknown"
@@ -154,3 +157,29 @@ def tf_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict[int, t
         current, peak = result.get(index, (0, 0))
         result[index] = (current + int(reading.current_bytes), peak + int(reading.peak_bytes))
     return result
+
+
+@dataclass(frozen=True)
+class MigListing:
+    """One MIG instance of a GPU and the processes NVML lists on it (None: the listing failed, see notes)."""
+
+    device: MigDevice
+    processes: Optional[list[GpuProcess]]
+    notes: tuple[str, ...]
+
+
+def mig_listings(nvml: Nvml, index: int) -> list[MigListing]:
+    """A MIG-enabled GPU's instances with their processes, for ``%gpu`` and the GPU panel alike.
+
+    Raises :class:`GpuLost` or :class:`ReadingFailed` when the instances cannot be listed.
+    """
+    listings = []
+    for device in nvml.mig_devices(index):
+        notes = list(device.notes)
+        try:
+            processes: Optional[list[GpuProcess]] = nvml.mig_processes(index, device.mig_index)
+        except (GpuLost, ReadingFailed) as err:
+            processes = None
+            notes.append(f"NVML could not list the processes ({err})")
+        listings.append(MigListing(device, processes, tuple(notes)))
+    return listings

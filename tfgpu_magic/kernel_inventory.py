@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from . import holdings, owners
-from .nvml import GpuInfo, Nvml, NvmlUnavailable
+from .nvml import GpuInfo, GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 from .safe_text import safe_tree
 
 __all__ = [
@@ -169,6 +169,8 @@ def inventory(
     unlisted = [gpu.index for gpu, usage in zip(gpus, usages) if usage.processes is None and not gpu.lost]
     reply = _reply(user, generated_at, refresh_interval_s, available=True, reason=None, notes=notes)
     reply["gpus"] = [_gpu(gpu, usage, owner_of) for gpu, usage in zip(gpus, usages)]
+    for entry, gpu in zip(reply["gpus"], gpus):
+        entry["mig_instances"] = _mig_instances(nvml, gpu, owner_of) if gpu.mig_enabled else None
     reply["kernels"] = _sorted([_kernel(k, usages, owner_of, parents, foreign, unlisted) for k in kernels])
     reply.update(_everyone_else(usages, owner_of))
     return safe_tree(reply)
@@ -278,6 +280,30 @@ def _gpu(gpu: GpuInfo, usage: holdings.GpuUsage, owner_of: Mapping[int, str]) ->
         "notes": _gpu_notes(gpu, usage),
         "split": _split(usage, owner_of, memory.free_bytes if memory else None),
     }
+
+
+def _mig_instances(nvml: Nvml, gpu: GpuInfo, owner_of: Mapping[int, str]) -> list[dict[str, Any]]:
+    """A MIG-enabled GPU's instances: each one's own memory, and which of this server's kernels run on it."""
+    try:
+        listings = holdings.mig_listings(nvml, gpu.index)
+    except (GpuLost, ReadingFailed) as err:
+        return [{"mig_index": None, "notes": [f"the MIG instances could not be listed ({err})"]}]
+    rows = []
+    for listing in listings:
+        device, memory = listing.device, listing.device.memory
+        pids = None if listing.processes is None else [p.pid for p in listing.processes]
+        rows.append({
+            "mig_index": device.mig_index,
+            "uuid": device.uuid,
+            "gpu_instance_id": device.gpu_instance_id,
+            "compute_instance_id": device.compute_instance_id,
+            "memory_used_bytes": memory.used_bytes if memory else None,
+            "memory_total_bytes": memory.total_bytes if memory else None,
+            "process_count": None if pids is None else len(pids),
+            "kernel_ids": None if pids is None else sorted({owner_of[p] for p in pids if p in owner_of}),
+            "notes": list(listing.notes),
+        })
+    return rows
 
 
 def _split(usage: holdings.GpuUsage, owner_of: Mapping[int, str], free: Optional[int]) -> dict[str, Optional[int]]:

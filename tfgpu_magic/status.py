@@ -149,21 +149,16 @@ def _mig_rows(session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: di
     """A GPU in MIG mode: one row per instance (its memory, the processes NVML lists on it), as nvitop shows them."""
     allocated = {m.uuid for m in session.machine.allocation().mig}
     try:
-        devices = session.nvml.mig_devices(gpu.index)
+        listings = holdings.mig_listings(session.nvml, gpu.index)
     except (GpuLost, ReadingFailed) as err:
         return [{"mig_index": None, "notes": [f"the MIG instances could not be listed ({err})"]}]
     rows = []
-    for device in devices:
-        memory = device.memory
-        notes = list(device.notes)
-        try:
-            listed = session.nvml.mig_processes(gpu.index, device.mig_index)
-            processes: Optional[list[dict[str, Any]]] = [
-                _process(p) for p in holdings.entries(listed, table, me["pid"], me["user"])
-            ]
-        except (GpuLost, ReadingFailed) as err:
-            processes = None
-            notes.append(f"NVML could not list the processes ({err})")
+    for listing in listings:
+        device, memory = listing.device, listing.device.memory
+        processes = (
+            None if listing.processes is None
+            else [_process(p) for p in holdings.entries(listing.processes, table, me["pid"], me["user"])]
+        )
         rows.append({
             "mig_index": device.mig_index,
             "uuid": device.uuid,
@@ -175,7 +170,7 @@ def _mig_rows(session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: di
             "memory_free_bytes": memory.free_bytes if memory else None,
             "allocated": device.uuid in allocated,  # this kernel's allocation names it
             "processes": processes,
-            "notes": notes,
+            "notes": list(listing.notes),
         })
     return rows
 
