@@ -3,8 +3,9 @@
 A neighbour plants entries named like claims on this machine's GPUs in the shared claim
 directory: older-version names, claim names of processes that do not run, and claim names of
 running processes that hold no claim.  Timed, on a simulated 4-GPU server with one live claim:
-``claims.holders`` for the 4 GPUs (what ``%gpu``, ``tfgpu`` and the server extension read), and
-the whole ``tfgpu --json`` in a fresh process.  The figure should stay flat as the count grows,
+``claims.holders`` for the 4 GPUs, the whole ``%gpu`` report in the kernel (build_report and
+render_text), and the whole ``tfgpu --json`` in a fresh process.  (The server extension's reply
+reads no claims.)  The figure should stay flat as the count grows,
 but for the directory listing itself.
 
     .venv/bin/python benchmarks/bench_claims_flood.py [--counts 0,10000,100000]
@@ -23,7 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import median_ms  # noqa: E402
 
-from tfgpu_magic import claims  # noqa: E402
+from tfgpu_magic import claims, status  # noqa: E402
+from tfgpu_magic.nvml import Nvml  # noqa: E402
+from tfgpu_magic.session import Session  # noqa: E402
 from tfgpu_magic.simulated import shared_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +60,8 @@ def main() -> None:
     parser.add_argument("--counts", default="0,10000,100000")
     counts = [int(c) for c in parser.parse_args().counts.split(",")]
     keys = [gpu.uuid for gpu in shared_server().gpus]
-    print(f"{'planted':>9}  {'holders(4 GPUs)':>16}  {'tfgpu --json (fresh process)':>29}")
+    session = Session(nvml=Nvml(lib=shared_server(os.getpid())), env={})
+    print(f"{'planted':>9}  {'holders(4 GPUs)':>16}  {'%gpu (in the kernel)':>21}  {'tfgpu --json (fresh process)':>29}")
     for count in counts:
         with tempfile.TemporaryDirectory(prefix="tfgpu-flood-") as directory:
             os.environ[claims.ENV_DIR] = directory
@@ -65,9 +69,10 @@ def main() -> None:
                 claims.claim(keys[0])
             plant(directory, keys, count)
             holders = median_ms(lambda: claims.holders(keys), runs=5)
+            magic = median_ms(lambda: status.render_text(status.build_report(session)), runs=5)
             whole = tfgpu_json_ms(directory)
             claims.release_all()
-        print(f"{count:>9}  {holders:>13.1f} ms  {whole:>26.0f} ms")
+        print(f"{count:>9}  {holders:>13.1f} ms  {magic:>18.1f} ms  {whole:>26.0f} ms")
 
 
 if __name__ == "__main__":
