@@ -56,12 +56,16 @@ class FakeTensorFlow(TensorFlow):
         self.scopes: list[str] = []
         self.reset_works = True
         self.applied: list[tuple] = []
+        self.build: Optional[dict] = {"is_cuda_build": not cpu_only, "cuda_version": "12.5.1", "cudnn_version": "9"}
 
     def stage(self) -> Stage:
         return self.fake_stage
 
     def cpu_only_build(self) -> bool:
         return self.cpu_only
+
+    def build_info(self) -> Optional[dict]:
+        return None if self.build is None or self.fake_stage is Stage.NOT_IMPORTED else dict(self.build)
 
     def enumerate_devices(self) -> None:
         if self.fake_stage is Stage.IMPORTED:

@@ -101,7 +101,8 @@ def started_with(session, stats: dict[str, AllocatorStats], gpus: dict[str, int]
 
 
 def test_gpus_expected_so_the_cpu_allocator_is_left_alone(tracing, session):
-    assert tracing(True) == SOON  # the fake server shows four GPUs
+    # the fake server shows four GPUs: the allocator is chosen only once TensorFlow lists none
+    assert tracing(True) == SOON + "; if TensorFlow finds no GPU, its CPU allocator is traced instead"
     assert tf_runtime.CPU_STATS_ENV not in session.env
 
 
@@ -150,7 +151,9 @@ def test_started_without_statistics_says_how_to_get_them_once(tracing, shell, ca
         "started without TF_CPU_ALLOCATOR_USE_BFC=true. Restart the kernel and run `%gpu trace` before "
         "`import tensorflow` (it sets the variable), or set it in the kernel's environment"
     )
-    assert run(shell, capsys, "x = 1") == (True, f"[gpu trace] {trace.NO_STATS}\n", "")
+    # The fake server lists four GPUs that TensorFlow did not find: why comes first, once.
+    why = f"[gpu trace] {session.no_gpu_diagnosis().line()}\n"
+    assert run(shell, capsys, "x = 1") == (True, why + f"[gpu trace] {trace.NO_STATS}\n", "")
     assert run(shell, capsys, "x = 2") == (True, "", "")
 
 

@@ -203,6 +203,7 @@ class Nvml:
         self._count = 0
         self.count_note: Optional[str] = None  # why the device count was capped, if it was
         self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total"|"pci"|"cc": value}
+        self._system: dict[str, Any] = {}  # facts of the driver itself: {"cuda_driver": "12.8"}
 
     # -- start and stop -------------------------------------------------------------------
     def _ensure_started(self) -> Any:
@@ -279,6 +280,7 @@ class Nvml:
             self._started = False
             self._handles.clear()
             self._static.clear()  # a later start may see other GPUs
+            self._system.clear()
             try:
                 self._lib.nvmlShutdown()
             except Exception:  # nothing useful to do at exit
@@ -314,6 +316,18 @@ class Nvml:
         lib = self._ensure_started()
         handle = self._handle(index)
         return self._read(index, UTILIZATION, _utilization, lib, handle)
+
+    def cuda_driver_version(self) -> Optional[str]:
+        """The newest CUDA version the driver supports (``nvmlSystemGetCudaDriverVersion``), as
+        ``"12.8"``; None when NVML is absent or cannot say.  Read once: a driver does not change
+        under a running process."""
+        if "cuda_driver" not in self._system:
+            try:
+                code = int(self._ensure_started().nvmlSystemGetCudaDriverVersion())
+            except Exception:  # NvmlUnavailable, Not-Supported, an old binding: unknown, retried
+                return None
+            self._system["cuda_driver"] = f"{code // 1000}.{code % 1000 // 10}" if 0 < code < 10**6 else None
+        return self._system["cuda_driver"]
 
     # UUID, name and total memory never change: read once per GPU, cached only when read.
     def uuid(self, index: int) -> Optional[str]:

@@ -18,11 +18,12 @@ from collections.abc import MutableMapping
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from . import grammar, numbering
+from . import grammar, numbering, tf_diagnosis
 from .machine import MANAGED_ENV, Machine
 from .nvml import Nvml
 from .plan import Plan, PlanError, Resolution, resolve
-from .tf_runtime import ASYNC_ALLOCATOR, AllocatorStats, ApplyError, InForce, Stage, TensorFlow
+from .tf_diagnosis import NoGpuDiagnosis
+from .tf_runtime import ASYNC_ALLOCATOR, AllocatorStats, ApplyError, InForce, Stage, TensorFlow, distribution_installed
 from .units import format_bytes, format_change
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
@@ -45,6 +46,7 @@ class Session:
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         self.hook_errors: list[str] = []
         self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
+        self._no_gpu_diagnosis: Optional[NoGpuDiagnosis] = None  # kept once made: its facts never change
         self._lock = threading.RLock()
 
     # The machine's parts, by their old names (scripts and tests use them).
@@ -120,6 +122,22 @@ class Session:
     def tensorflow_found_no_gpu(self) -> bool:
         """TensorFlow listed its devices and found no GPU, although CUDA was shown some."""
         return self.machine.cuda_found() == () and bool(self.exposed_gpus())
+
+    def no_gpu_diagnosis(self) -> Optional[NoGpuDiagnosis]:
+        """Why TensorFlow found no GPU although CUDA was shown some; None when it found its GPUs.
+
+        Made on the user's thread (``%gpu``, the trace) the first time it is asked after
+        TensorFlow listed its devices, then kept: the build, the driver's CUDA version, the
+        installed packages and what TensorFlow listed do not change while the kernel lives.
+        """
+        if self._no_gpu_diagnosis is None and self.tensorflow_found_no_gpu():
+            self._no_gpu_diagnosis = tf_diagnosis.diagnose(
+                driver_gpus=len(self.exposed_gpus() or ()),
+                build_info=self.tf.build_info(),
+                driver_cuda=self.nvml.cuda_driver_version(),
+                installed=distribution_installed,
+            )
+        return self._no_gpu_diagnosis
 
     def in_force(self) -> Optional[InForce]:
         """What TensorFlow runs with (started) or will start with (enumerated); None before."""

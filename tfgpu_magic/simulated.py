@@ -195,6 +195,7 @@ class SimulatedNvml:
     NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
     nvmlMemory_v2 = 0x02000028  # pynvml's constant: asks for the version-2 memory reading
     memory_v2 = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2
+    cuda_driver_version = 12080  # nvmlSystemGetCudaDriverVersion: CUDA 12.8; None: not supported
 
     def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
         self.gpus = gpus
@@ -221,6 +222,12 @@ class SimulatedNvml:
 
     def nvmlShutdown(self) -> None:
         self.initialized = False
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check()
+        if self.cuda_driver_version is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return self.cuda_driver_version
 
     def nvmlDeviceGetCount(self) -> int:
         self._check()

@@ -68,6 +68,7 @@ def build_report(
         }
     report["in_force"] = _in_force(session, stage)
     if stage >= Stage.ENUMERATED:
+        report["tensorflow"]["found_no_gpu"] = _no_gpu(session, notes)
         # TensorFlow's own list is what CUDA showed this kernel, known with or without NVML: the
         # card must not say "GPUs seen: unknown" beside "GPUs visible to TensorFlow: none".
         report["visible_gpus"] = session.visible_gpus()
@@ -77,6 +78,16 @@ def build_report(
     except NvmlUnavailable as err:
         report["nvml_error"] = str(err)
     return report
+
+
+def _no_gpu(session: Session, notes: list[str]) -> Optional[dict[str, Any]]:
+    """Why TensorFlow found no GPU while the driver lists some for this kernel (None: it found them)."""
+    try:
+        diagnosis = session.no_gpu_diagnosis()
+    except Exception as err:  # one reading's fault is a note, never a broken %gpu
+        notes.append(f"could not tell why TensorFlow found no GPU ({type(err).__name__}: {err})")
+        return None
+    return None if diagnosis is None else diagnosis.as_json()
 
 
 def _add_resolution(report: dict[str, Any], session: Session) -> None:
@@ -321,6 +332,10 @@ def _kernel_header(report: dict[str, Any]) -> list[str]:
         "In force:   " + ("; ".join(report["in_force"]) or "TensorFlow's defaults"),
         "TensorFlow: " + report["tensorflow"]["description"],
     ]
+    no_gpu = report["tensorflow"].get("found_no_gpu")
+    if no_gpu:
+        lines.append(f"  found no GPU: {no_gpu['why']}")
+        lines.append(f"  fix: {no_gpu['fix']}")
     for device, stats in report["tensorflow"].get("allocator", {}).items():
         lines.append(
             f"  {device} TensorFlow allocator: {format_bytes(stats['current_bytes'])} in use, "
@@ -532,6 +547,9 @@ def _summary_html(report: dict[str, Any]) -> str:
         ("In force", "; ".join(report["in_force"]) or "TensorFlow's defaults"),
         ("TensorFlow", report["tensorflow"]["description"]),
     ]
+    no_gpu = report["tensorflow"].get("found_no_gpu")
+    if no_gpu:
+        rows += [("Found no GPU", no_gpu["why"]), ("Fix", no_gpu["fix"])]
     for device, stats in report["tensorflow"].get("allocator", {}).items():
         rows.append((
             f"{device} allocator",

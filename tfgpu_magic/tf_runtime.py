@@ -112,6 +112,10 @@ class TensorFlow:
         self.owned_visibility = False  # True once we called set_visible_devices
         self._memory_devices: Optional[tuple[str, ...]] = None  # fixed once the runtime has started
         self._open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
+        # Set by `%gpu trace` when GPUs are expected: if TensorFlow then lists none, its CPU
+        # allocator is made to keep statistics just before the runtime starts (see _note_start).
+        self.cpu_stats_if_no_gpu = False
+        self.cpu_stats_set_at_start = False  # True once _note_start set CPU_STATS_ENV for that
 
     def cpu_only_build(self) -> bool:
         """Whether the installed TensorFlow can never see a GPU, known without importing it.
@@ -119,7 +123,7 @@ class TensorFlow:
         ``tensorflow-cpu`` is built without CUDA; ``tensorflow`` itself is a CUDA build on Linux
         (whether CUDA's libraries are installed or not), so it is not taken for a CPU build.
         """
-        return _installed("tensorflow-cpu") and not _installed("tensorflow")
+        return distribution_installed("tensorflow-cpu") and not distribution_installed("tensorflow")
 
     # -- the moment TensorFlow arrives ----------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -167,8 +171,32 @@ class TensorFlow:
 
     def _note_start(self) -> None:
         self._note_enumeration()  # the runtime lists devices if nothing did before
+        self._cpu_stats_when_no_gpu()
         if self.started_with is None:
             self.started_with = _capture(START_ENV)
+
+    def _cpu_stats_when_no_gpu(self) -> None:
+        """Just before the runtime starts, the last moment the CPU allocator can still be chosen:
+        if tracing asked for it and TensorFlow found no GPU, turn on the CPU allocator's statistics.
+
+        Listing the devices here is what ``ensure_initialized`` is about to do itself, so it
+        starts nothing TensorFlow would not; a variable the user set, to any value, is left alone.
+        """
+        if not self.cpu_stats_if_no_gpu or os.environ.get(CPU_STATS_ENV) is not None or self._tf is None:
+            return
+        if not self._tf.config.list_physical_devices("GPU"):
+            os.environ[CPU_STATS_ENV] = "true"
+            self.cpu_stats_set_at_start = True
+
+    def build_info(self) -> Optional[dict[str, Any]]:
+        """``tf.sysconfig.get_build_info()`` (is_cuda_build, cuda_version, cudnn_version); None
+        before the import or when this TensorFlow cannot say.  Reading it starts nothing."""
+        if self._tf is None:
+            return None
+        try:
+            return dict(self._tf.sysconfig.get_build_info())
+        except Exception:  # an old or unusual build: its facts are unknown, not an error
+            return None
 
     # -- the stage ------------------------------------------------------------------------------
     def stage(self) -> Stage:
@@ -408,7 +436,8 @@ class TensorFlow:
         writer.flush()
 
 
-def _installed(distribution: str) -> bool:
+def distribution_installed(distribution: str) -> bool:
+    """Whether a pip distribution is installed (its metadata only: nothing is imported)."""
     from importlib import metadata  # here: asked only before `%gpu trace` or a budget, not at load
 
     try:

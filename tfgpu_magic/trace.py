@@ -72,7 +72,10 @@ def _what_is_traced(session: Any) -> str:
     text = "after each cell once TensorFlow has started, its allocator peak and retained change"
     changed = enable_cpu_stats(session)
     if changed is None:
-        return text
+        # GPUs are expected; should TensorFlow find none (a CPU-only build, CUDA's libraries
+        # missing), its CPU allocator is traced instead, set up just before the runtime starts.
+        session.tf.cpu_stats_if_no_gpu = True
+        return f"{text}; if TensorFlow finds no GPU, its CPU allocator is traced instead"
     name = tf_runtime.CPU_STATS_ENV
     if changed:
         return (
@@ -126,6 +129,7 @@ class Tracer:
         self.active = True
 
     def stop(self) -> None:
+        self.session.tf.cpu_stats_if_no_gpu = False  # untraced, the allocator stays TensorFlow's choice
         self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
         self.active = False
@@ -181,12 +185,23 @@ class Tracer:
         if self.session.tf.stage() is not Stage.STARTED or self._window is None:
             return []
         readings = self._window.read()
+        why = self._no_gpu_line(tracing_cpu=bool(readings))
         if not readings:
-            return self._once("no-stats", f"{PREFIX} {NO_STATS}")
-        return [
+            return why + self._once("no-stats", f"{PREFIX} {NO_STATS}")
+        return why + [
             format_line(device_label(device, self.session), start, stats, seconds)
             for device, (start, stats) in readings.items()
         ]
+
+    def _no_gpu_line(self, tracing_cpu: bool) -> list[str]:
+        """Once: why TensorFlow found no GPU although the driver lists some for this kernel."""
+        if "no-gpu" in self._warned:
+            return []
+        diagnosis = self.session.no_gpu_diagnosis()
+        if diagnosis is None:
+            return []
+        also = "; tracing TensorFlow's CPU allocator" if tracing_cpu else ""
+        return self._once("no-gpu", f"{PREFIX} {diagnosis.line()}{also}")
 
     def _once(self, key: str, line: str) -> list[str]:
         if key in self._warned:

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 from IPython.testing.globalipapp import start_ipython
 
 import tfgpu_magic
-from tfgpu_magic.simulated import SimulatedNvml
+from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml
 
-tfgpu_magic.set_device_source(SimulatedNvml([]))  # a machine without GPUs, whatever this one has
+# A machine without GPUs, whatever this one has; `--four-gpus`: a driver listing four GPUs (which
+# TensorFlow's CPU build then does not find, as on a GPU server with the wrong TensorFlow).
+FOUR_GPUS = "--four-gpus" in sys.argv
+tfgpu_magic.set_device_source(SimulatedNvml([SimulatedGpu() for _ in range(4)] if FOUR_GPUS else []))
 ip = start_ipython()
 ip.run_line_magic("load_ext", "tfgpu_magic")
 results: dict = {}
