@@ -127,3 +127,13 @@ def test_status_bar_text_and_reason_on_hover(tmp_path):
     assert got[7]["title"].startswith("No GPU readings: NVML Shared Library Not Found")
     assert got[8]["title"].startswith("The tfgpu_magic server extension is not enabled")
     assert all(g["title"].endswith("Click for the GPU panel.") for g in got)
+
+
+def test_a_kernel_whose_spec_name_is_null_is_not_called_kernel_null(tmp_path):
+    """Issue 17, item 11: the server may not know a kernel's spec name; the row's tooltip leaves it out."""
+    named, unnamed = evaluate(tmp_path, [
+        ("kernelDetails", [kernel({"1": GIB}), "idle 3 min"]),
+        ("kernelDetails", [kernel({"1": GIB}, name=None, pid=None, path=None, session_name=None), "busy"]),
+    ])
+    assert named == "work/a.ipynb\nkernel python3, idle 3 min\npid 1234"
+    assert unnamed == "0123456789abcdef\nbusy"

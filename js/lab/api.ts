@@ -1,79 +1,18 @@
-// The server extension's reply (`GET {base_url}tfgpu/api/status`, version 1) and the one
-// poller that every view of this page shares.
-//
-// The shape is fixed by the contract between the server extension and this front end: bytes
-// are integers, a missing reading is null (never a made-up 0), strings from other processes
-// are already neutralised by the server.  Views never fetch on their own: they hold the
-// poller while they are shown, so a page with the panel closed and no status bar asks nothing.
+// The one poller that every view of this page shares, and the reply it reads (its types and
+// checks are in reply.ts).  Views never fetch on their own: they hold the poller while they
+// are shown, so a page with the panel closed and no status bar asks nothing.
 
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { DisposableDelegate, IDisposable } from '@lumino/disposable';
+import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { IStatusReply, parseReply } from './reply';
+
 export const STATUS_PATH = 'tfgpu/api/status';
-export const CONTRACT_VERSION = 1;
-
-/** Memory of one GPU split by who holds it (bytes; null where NVML could not say). */
-export interface IGpuSplit {
-  kernels_bytes: number | null;
-  my_other_bytes: number | null;
-  others_bytes: number | null;
-  unattributed_bytes: number | null;
-  free_bytes: number | null;
-}
-
-export interface IGpu {
-  index: number;
-  name: string | null;
-  uuid: string | null;
-  memory_used_bytes: number | null;
-  memory_total_bytes: number | null;
-  utilization_percent: number | null;
-  lost: boolean;
-  notes: string[];
-  split: IGpuSplit | null;
-}
-
-export interface IKernel {
-  id: string;
-  name: string;
-  path: string | null;
-  session_name: string | null;
-  session_type: string | null;
-  execution_state: string | null;
-  last_activity: string | null; // ISO 8601, the server's clock
-  pid: number | null;
-  child_pids: number[];
-  // nvidia-smi index (as a string) -> bytes, only GPUs it holds memory on; null where NVML lists
-  // its processes there but cannot say how much they hold.
-  gpu_memory_bytes: Record<string, number | null>;
-  total_gpu_memory_bytes: number | null;
-  note: string | null; // why it cannot be attributed, when it cannot
-}
-
-export interface IProcess {
-  gpu: number;
-  pid: number;
-  used_memory_bytes: number | null;
-  command?: string | null;
-  user?: string | null;
-  note?: string | null;
-}
-
-export interface IStatusReply {
-  version: number;
-  generated_at: number; // unix seconds, the server's clock
-  refresh_interval_s: number;
-  driver: { available: boolean; reason: string | null };
-  user: string | null;
-  gpus: IGpu[];
-  kernels: IKernel[];
-  my_other_processes: IProcess[];
-  other_users: IProcess[];
-  unattributed: IProcess[];
-  notes: string[];
-}
+export { CONTRACT_VERSION } from './reply';
+export type { IGpu, IGpuSplit, IKernel, IMigInstance, IProcess, IStatusReply } from './reply';
 
 /** What the last poll gave: a reply, or one line saying why there is none. */
 export type Reading =
@@ -89,11 +28,22 @@ const MAX_BACKOFF_S = 60; // a server that fails is asked less and less often, u
  * Polls the status endpoint every `refresh_interval_s` (the server's setting) while at least
  * one view holds it and the page is visible.  A hidden browser tab, or a page where nothing
  * that shows GPU memory is on screen, costs the server nothing.
+ *
+ * The schedule is `@lumino/polling`'s `Poll` (as jupyter-resource-usage uses): it backs off
+ * after failures (a failed reading rejects the poll's factory) and stands by while the page
+ * is hidden or no view holds the poller.
  */
 export class StatusPoller implements IDisposable {
   constructor(settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {
     this._settings = settings;
-    document.addEventListener('visibilitychange', this._onVisibility);
+    this._poll = new Poll<Reading, Error, 'standby'>({
+      auto: false, // started by the first hold
+      factory: () => this._tick(),
+      frequency: { interval: DEFAULT_INTERVAL_S * 1000, backoff: true, max: MAX_BACKOFF_S * 1000 },
+      linger: 0, // a hidden tab stops asking at its next tick, not one later
+      name: '@tfgpu-magic/lab:StatusPoller',
+      standby: () => (this._holders <= 0 ? true : 'when-hidden')
+    });
   }
 
   /** The latest reading, or null before the first answer. */
@@ -107,29 +57,66 @@ export class StatusPoller implements IDisposable {
   }
 
   get isDisposed(): boolean {
-    return this._disposed;
+    return this._poll.isDisposed;
   }
 
   /** Keep polling while the returned handle is not disposed (a shown panel, a visible item). */
   hold(): IDisposable {
     this._holders += 1;
-    this._schedule();
+    if (this._holders === 1) {
+      // Coming on screen: ask once the last reading is an interval old (at once if it is).
+      const last = this._reading?.receivedAt ?? -Infinity;
+      const wait = Math.max(Math.min(last + this._interval() - Date.now(), this._interval()), 0);
+      void this._poll.schedule({ interval: wait, phase: 'started' });
+    }
     return new DisposableDelegate(() => {
       this._holders -= 1;
-      this._schedule();
+      if (this._holders === 0) {
+        void this._poll.stop();
+      }
     });
   }
 
   /** Ask now, whatever the schedule; calls made while a request runs share it. */
   refresh(): Promise<Reading> {
+    return this._request().then(reading => {
+      if (this._holders > 0 && !this._poll.isDisposed) {
+        // The next poll an interval after this answer (the server's interval, known only now).
+        void this._poll.schedule({ interval: this._interval(), phase: 'refreshed' });
+      }
+      return reading;
+    });
+  }
+
+  dispose(): void {
+    if (this._poll.isDisposed) {
+      return;
+    }
+    this._poll.dispose();
+    Signal.clearData(this);
+  }
+
+  /** The poll's factory: a failed reading rejects, so that the poll backs off. */
+  private async _tick(): Promise<Reading> {
+    const reading = await this._request();
+    if (!reading.ok) {
+      throw new Error(reading.error);
+    }
+    return reading;
+  }
+
+  /** One request at a time: a caller arriving while one runs gets its answer. */
+  private _request(): Promise<Reading> {
     if (!this._inFlight) {
       this._inFlight = this._fetch().then(reading => {
         this._inFlight = null;
-        this._failures = reading.ok ? 0 : this._failures + 1;
         this._reading = reading;
-        if (!this._disposed) {
+        if (reading.ok) {
+          const interval = this._interval();
+          this._poll.frequency = { ...this._poll.frequency, interval, max: Math.max(interval, MAX_BACKOFF_S * 1000) };
+        }
+        if (!this._poll.isDisposed) {
           this._changed.emit(reading);
-          this._schedule();
         }
         return reading;
       });
@@ -137,35 +124,11 @@ export class StatusPoller implements IDisposable {
     return this._inFlight;
   }
 
-  dispose(): void {
-    if (this._disposed) {
-      return;
-    }
-    this._disposed = true;
-    window.clearTimeout(this._timer);
-    document.removeEventListener('visibilitychange', this._onVisibility);
-    Signal.clearData(this);
-  }
-
-  private _onVisibility = (): void => this._schedule();
-
-  /** Seconds between polls: the server's interval, longer after failures. */
+  /** Milliseconds between polls: the server's interval, within bounds. */
   private _interval(): number {
     const reading = this._reading;
     const asked = reading?.ok ? reading.reply.refresh_interval_s : DEFAULT_INTERVAL_S;
-    const base = Number.isFinite(asked) ? Math.min(Math.max(asked, MIN_INTERVAL_S), MAX_INTERVAL_S) : DEFAULT_INTERVAL_S;
-    return this._failures ? Math.min(base * 2 ** this._failures, MAX_BACKOFF_S) : base;
-  }
-
-  private _schedule(): void {
-    window.clearTimeout(this._timer);
-    this._timer = undefined;
-    if (this._disposed || this._holders <= 0 || document.hidden || this._inFlight) {
-      return;
-    }
-    const last = this._reading?.receivedAt ?? -Infinity;
-    const wait = Math.max(last + this._interval() * 1000 - Date.now(), 0);
-    this._timer = window.setTimeout(() => void this.refresh(), wait);
+    return Math.min(Math.max(asked, MIN_INTERVAL_S), MAX_INTERVAL_S) * 1000;
   }
 
   private async _fetch(): Promise<Reading> {
@@ -192,22 +155,14 @@ export class StatusPoller implements IDisposable {
     } catch (err) {
       return failed(`The GPU status reply is not JSON (${String(err)}).`);
     }
-    const reply = body as Partial<IStatusReply> | null;
-    if (!reply || reply.version !== CONTRACT_VERSION || !Array.isArray(reply.gpus) || !Array.isArray(reply.kernels)) {
-      return failed(
-        `The GPU status reply has version ${String(reply?.version)}, this page understands ${CONTRACT_VERSION}: ` +
-          'the server extension and the JupyterLab extension come from different tfgpu_magic versions.'
-      );
-    }
-    return { ok: true, reply: reply as IStatusReply, receivedAt: Date.now() };
+    const reply = parseReply(body);
+    return typeof reply === 'string' ? failed(reply) : { ok: true, reply, receivedAt: Date.now() };
   }
 
   private _settings: ServerConnection.ISettings;
+  private _poll: Poll<Reading, Error, 'standby'>;
   private _reading: Reading | null = null;
   private _changed = new Signal<this, Reading>(this);
   private _holders = 0;
-  private _failures = 0;
-  private _timer: number | undefined = undefined;
   private _inFlight: Promise<Reading> | null = null;
-  private _disposed = false;
 }

@@ -56,6 +56,20 @@ export function kernelLabel(kernel: IKernel): string {
   return kernel.session_name || `kernel ${kernel.id.slice(0, 8)}`;
 }
 
+/** A kernel row's tooltip: what it is, its spec and activity, its pid, why it is not attributed. */
+export function kernelDetails(kernel: IKernel, activity: string): string {
+  // The kernel spec's name only when the server knows it: never "kernel null".
+  const spec = kernel.name ? `kernel ${kernel.name}, ` : '';
+  const details = [kernel.path ?? kernel.session_name ?? kernel.id, `${spec}${activity}`];
+  if (kernel.pid !== null) {
+    details.push(`pid ${kernel.pid}`);
+  }
+  if (kernel.note) {
+    details.push(kernel.note);
+  }
+  return details.join('\n');
+}
+
 /**
  * "idle 12 min", "busy", "starting": the state, and for an idle kernel how long since its
  * last activity, measured on the server's clock (the reply's time), so a browser whose clock

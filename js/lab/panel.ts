@@ -12,13 +12,14 @@ import { refreshIcon } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
 import { Message } from '@lumino/messaging';
 
-import { IGpu, IKernel, IProcess, IStatusReply, Reading, StatusPoller } from './api';
+import { IGpu, IKernel, IMigInstance, IProcess, IStatusReply, Reading, StatusPoller } from './api';
 import {
   formatActivity,
   formatBytes,
   formatPerGpu,
   gpuFigures,
   holdsGpuMemory,
+  kernelDetails,
   kernelLabel,
   kernelTotal,
   perGpu
@@ -61,6 +62,15 @@ interface IGpuView {
   segments: ISegment[];
   message: string | null; // instead of a bar: lost, or no readings
   notes: string[];
+  mig: IMigRow[] | null; // a MIG-enabled GPU's instances, as nvitop lists them under the GPU
+}
+
+interface IMigRow {
+  label: string; // "MIG 3:1  instance 2/0"
+  usage: string; // "4.8 GiB of 9.8 GiB used"
+  percent: number | null; // used of total, for the instance's own small bar
+  who: string; // "2 processes · a.ipynb"
+  title: string; // UUID, notes
 }
 
 interface IKernelRow {
@@ -298,7 +308,8 @@ function gpuView(gpu: IGpu, reply: IStatusReply): IGpuView {
     usage: '',
     segments: [],
     message: null,
-    notes: gpu.notes ?? []
+    notes: gpu.notes ?? [],
+    mig: gpu.mig_instances ? gpu.mig_instances.map(m => migRow(gpu.index, m, reply)) : null
   };
   if (gpu.lost) {
     view.message = 'This GPU stopped answering (lost): no readings until it does.';
@@ -336,6 +347,30 @@ function gpuView(gpu: IGpu, reply: IStatusReply): IGpuView {
   return view;
 }
 
+function migRow(index: number, instance: IMigInstance, reply: IStatusReply): IMigRow {
+  if (instance.mig_index === null) {
+    const why = instance.notes.join('; ') || 'NVML did not list them';
+    return { label: `MIG ${index}:?`, usage: 'instances unknown', percent: null, who: '', title: why };
+  }
+  const ids = `${instance.gpu_instance_id ?? '?'}/${instance.compute_instance_id ?? '?'}`;
+  const used = instance.memory_used_bytes;
+  const total = instance.memory_total_bytes;
+  const kernels = (instance.kernel_ids ?? []).map(id => {
+    const kernel = reply.kernels.find(k => k.id === id);
+    return kernel ? kernelLabel(kernel) : `kernel ${id.slice(0, 8)}`;
+  });
+  const count = instance.process_count;
+  const processes = count === null ? 'processes: n/a' : count === 1 ? '1 process' : `${count} processes`;
+  const who = [processes, ...kernels].join(' · ');
+  return {
+    label: `MIG ${index}:${instance.mig_index}  instance ${ids}`,
+    usage: total !== null ? `${formatBytes(used)} of ${formatBytes(total)} used` : `${formatBytes(used)} used`,
+    percent: used !== null && total ? Math.min((used / total) * 100, 100) : null,
+    who,
+    title: [instance.uuid ?? 'UUID n/a', ...instance.notes].join('\n')
+  };
+}
+
 function processesOf(part: Part, index: number, reply: IStatusReply): string[] {
   let lines: string[] = [];
   if (part === 'kernels') {
@@ -362,13 +397,6 @@ function processesOf(part: Part, index: number, reply: IStatusReply): string[] {
 function kernelRow(kernel: IKernel, generatedAt: number, current: boolean): IKernelRow {
   const notebook = kernel.session_type === 'notebook' || Boolean(kernel.path?.endsWith('.ipynb'));
   const activity = formatActivity(kernel, generatedAt);
-  const details = [kernel.path ?? kernel.session_name ?? kernel.id, `kernel ${kernel.name}, ${activity}`];
-  if (kernel.pid !== null) {
-    details.push(`pid ${kernel.pid}`);
-  }
-  if (kernel.note) {
-    details.push(kernel.note);
-  }
   return {
     id: kernel.id,
     name: kernelLabel(kernel),
@@ -376,7 +404,7 @@ function kernelRow(kernel: IKernel, generatedAt: number, current: boolean): IKer
     openable: notebook && Boolean(kernel.path),
     memory: gpuFigures(kernel),
     activity,
-    title: details.join('\n'),
+    title: kernelDetails(kernel, activity),
     current
   };
 }
@@ -470,7 +498,36 @@ function drawGpu(gpu: IGpuView): HTMLElement {
   for (const note of gpu.notes) {
     card.append(h('div', 'tfgpu-lab-gpu-note', note));
   }
+  if (gpu.mig) {
+    card.append(drawMig(gpu.mig));
+  }
   return card;
+}
+
+function drawMig(rows: IMigRow[]): HTMLElement {
+  const list = h('ul', 'tfgpu-lab-mig');
+  if (!rows.length) {
+    list.append(h('li', 'tfgpu-lab-mig-row tfgpu-lab-quiet', 'MIG mode: no instance created'));
+  }
+  for (const row of rows) {
+    const item = h('li', 'tfgpu-lab-mig-row');
+    item.title = row.title;
+    const head = h('div', 'tfgpu-lab-mig-head');
+    head.append(h('span', 'tfgpu-lab-mig-label', row.label), h('span', 'tfgpu-lab-mig-usage', row.usage));
+    item.append(head);
+    if (row.percent !== null) {
+      const bar = h('div', 'tfgpu-lab-mig-bar');
+      const used = h('span', 'tfgpu-lab-mig-used');
+      used.style.width = `${row.percent.toFixed(3)}%`;
+      bar.append(used);
+      item.append(bar);
+    }
+    if (row.who) {
+      item.append(h('div', 'tfgpu-lab-mig-who', row.who));
+    }
+    list.append(item);
+  }
+  return list;
 }
 
 function drawLegend(user: string | null): HTMLElement {
