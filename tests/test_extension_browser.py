@@ -9,6 +9,7 @@ test-artifacts/extension-*.png.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -453,60 +454,58 @@ def test_notebook7_monitor_after_tensorflow_started_charts_and_stops(server, pag
     page.locator(".tfgpu-lab-side-area").wait_for(state="detached", timeout=15_000)
 
 
-# -- no driver -----------------------------------------------------------------------------------
-def test_without_a_driver_the_status_bar_and_panel_say_why(tmp_path, browser):
+# -- servers of their own: no driver, a GPU in MIG mode ---------------------------------------------
+@contextlib.contextmanager
+def solo_lab(tmp_path, browser, source: str, workspace: str):
+    """A Jupyter server of its own with ``source`` as its device source, and JupyterLab open on
+    its one notebook (solo.ipynb), its kernel started; yields the page."""
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / "solo.ipynb").write_text(notebook("x = 1"))
-    args = ["--TfgpuMagic.device_source=tfgpu_magic.no_such_module:source",
-            "--ServerApp.jpserver_extensions=tfgpu_magic=True"]
-    with jupyter_server(tmp_path / "root", tmp_path / "home", log_name="extension-no-driver.log", args=args) as srv:
+    args = [f"--TfgpuMagic.device_source={source}", "--ServerApp.jpserver_extensions=tfgpu_magic=True"]
+    log = f"extension-{workspace}.log"
+    with jupyter_server(tmp_path / "root", tmp_path / "home", log_name=log, args=args) as srv:
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         try:
-            open_in_lab(page, srv, "solo", "solo.ipynb")
-            wait_for_status(page, "GPU n/a")
-            title = page.locator(".tfgpu-lab-status").get_attribute("title")
-            assert "No GPU readings" in title and "no_such_module" in title
-            page.locator(".tfgpu-lab-status").click()  # the status bar opens the panel
-            message = page.locator(".tfgpu-lab-panel .tfgpu-lab-message")
-            message.wait_for(timeout=15_000)
-            assert "no_such_module" in message.inner_text()
-            wait_for_kernel(page)
-            quiet = page.locator(".tfgpu-lab-panel .tfgpu-lab-quiet")
-            quiet.filter(has_text="1 kernel running; its GPU memory cannot be read.").wait_for(timeout=15_000)
-            assert panel_rows(page) == {}  # not listed as holding nothing: nothing is known
-            shot(page, "extension-lab-no-driver.png")
-        finally:
-            page.close()
-
-
-# -- a GPU in MIG mode ------------------------------------------------------------------------------
-def test_lab_panel_lists_a_mig_gpus_instances_under_it(tmp_path, browser):
-    """Issue 17, item 8: GPU 3 of `mig_server` is in MIG mode with three tenants' instances; the
-    panel lists them under its card (ids, own memory, process count), as `%gpu` and nvitop do."""
-    (tmp_path / "root").mkdir()
-    (tmp_path / "root" / "solo.ipynb").write_text(notebook("x = 1"))
-    args = ["--TfgpuMagic.device_source=tfgpu_magic.simulated:mig_server",
-            "--ServerApp.jpserver_extensions=tfgpu_magic=True"]
-    with jupyter_server(tmp_path / "root", tmp_path / "home", log_name="extension-mig.log", args=args) as srv:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        try:
-            open_in_lab(page, srv, "mig", "solo.ipynb")
-            page.locator(".tfgpu-lab-status").click()  # the status bar opens the panel
-            rows = page.locator('.tfgpu-lab-gpu[data-index="3"] .tfgpu-lab-mig-row')
-            rows.nth(2).wait_for(timeout=15_000)
-            read = rows.evaluate_all(
-                "rows => rows.map(r => [r.querySelector('.tfgpu-lab-mig-label').innerText,"
-                " r.querySelector('.tfgpu-lab-mig-usage').innerText, r.querySelector('.tfgpu-lab-mig-who').innerText])"
-            )
-            assert read == [
-                ["MIG 3:0  instance 1/0", "3.0 GiB of 9.8 GiB used", "1 process"],
-                ["MIG 3:1  instance 2/0", "6.0 GiB of 9.8 GiB used", "1 process"],
-                ["MIG 3:2  instance 5/0", "13 MiB of 4.8 GiB used", "0 processes"],  # its own overhead
-            ]
-            assert page.locator('.tfgpu-lab-gpu[data-index="0"] .tfgpu-lab-mig').count() == 0  # not in MIG mode
-            shot(page, "extension-lab-mig.png")
+            open_in_lab(page, srv, workspace, "solo.ipynb")
+            yield page
         except Exception:
-            shot(page, "FAILED-extension-lab-mig.png")
+            shot(page, f"FAILED-extension-lab-{workspace}.png")  # the page is closed before the report hook
             raise
         finally:
             page.close()
+
+
+def test_without_a_driver_the_status_bar_and_panel_say_why(tmp_path, browser):
+    with solo_lab(tmp_path, browser, "tfgpu_magic.no_such_module:source", "no-driver") as page:
+        wait_for_status(page, "GPU n/a")
+        title = page.locator(".tfgpu-lab-status").get_attribute("title")
+        assert "No GPU readings" in title and "no_such_module" in title
+        page.locator(".tfgpu-lab-status").click()  # the status bar opens the panel
+        message = page.locator(".tfgpu-lab-panel .tfgpu-lab-message")
+        message.wait_for(timeout=15_000)
+        assert "no_such_module" in message.inner_text()
+        wait_for_kernel(page)
+        quiet = page.locator(".tfgpu-lab-panel .tfgpu-lab-quiet")
+        quiet.filter(has_text="1 kernel running; its GPU memory cannot be read.").wait_for(timeout=15_000)
+        assert panel_rows(page) == {}  # not listed as holding nothing: nothing is known
+        shot(page, "extension-lab-no-driver.png")
+
+
+def test_lab_panel_lists_a_mig_gpus_instances_under_it(tmp_path, browser):
+    """Issue 17, item 8: GPU 3 of `mig_server` is in MIG mode with three tenants' instances; the
+    panel lists them under its card (ids, own memory, process count), as `%gpu` and nvitop do."""
+    with solo_lab(tmp_path, browser, "tfgpu_magic.simulated:mig_server", "mig") as page:
+        page.locator(".tfgpu-lab-status").click()  # the status bar opens the panel
+        rows = page.locator('.tfgpu-lab-gpu[data-index="3"] .tfgpu-lab-mig-row')
+        rows.nth(2).wait_for(timeout=15_000)
+        read = rows.evaluate_all(
+            "rows => rows.map(r => [r.querySelector('.tfgpu-lab-mig-label').innerText,"
+            " r.querySelector('.tfgpu-lab-mig-usage').innerText, r.querySelector('.tfgpu-lab-mig-who').innerText])"
+        )
+        assert read == [
+            ["MIG 3:0  instance 1/0", "3.0 GiB of 9.8 GiB used", "1 process"],
+            ["MIG 3:1  instance 2/0", "6.0 GiB of 9.8 GiB used", "1 process"],
+            ["MIG 3:2  instance 5/0", "13 MiB of 4.8 GiB used", "0 processes"],  # its own overhead
+        ]
+        assert page.locator('.tfgpu-lab-gpu[data-index="0"] .tfgpu-lab-mig').count() == 0  # not in MIG mode
+        shot(page, "extension-lab-mig.png")
