@@ -24,10 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import median_ms  # noqa: E402
 
-from tfgpu_magic import claims, status  # noqa: E402
-from tfgpu_magic.nvml import Nvml  # noqa: E402
-from tfgpu_magic.session import Session  # noqa: E402
-from tfgpu_magic.simulated import shared_server  # noqa: E402
+from tfgpu_magic.gpus import claims  # noqa: E402
+from tfgpu_magic.gpus.nvml import Nvml  # noqa: E402
+from tfgpu_magic.gpus.simulated import shared_server  # noqa: E402
+from tfgpu_magic.kernel import status
+from tfgpu_magic.kernel.session import Session  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -36,11 +36,12 @@ from typing import Any, Callable, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tfgpu_magic import owners  # noqa: E402
-from tfgpu_magic.kernel_inventory import KernelDescription, inventory, read_ancestry, read_parent_map  # noqa: E402
-from tfgpu_magic.nvml import Nvml  # noqa: E402
-from tfgpu_magic.simulated import FAKE_PID_BASE, LiveKernelsNvml, SimulatedNvml, busy_server  # noqa: E402
 from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
+
+from tfgpu_magic.gpus import owners  # noqa: E402
+from tfgpu_magic.gpus.nvml import Nvml  # noqa: E402
+from tfgpu_magic.gpus.simulated import FAKE_PID_BASE, LiveKernelsNvml, SimulatedNvml, busy_server  # noqa: E402
+from tfgpu_magic.server.kernel_inventory import KernelDescription, inventory, read_ancestry, read_parent_map  # noqa: E402
 
 INTERVAL_S = 0.5  # the server's refresh interval in part 2 (the default is 2 s)
 

@@ -70,7 +70,7 @@ def magic_times(calls: int = 300) -> dict[str, float]:
     from IPython.core.interactiveshell import InteractiveShell
 
     import tfgpu_magic
-    from tfgpu_magic.simulated import shared_server
+    from tfgpu_magic.gpus.simulated import shared_server
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "tfgpu_magic")

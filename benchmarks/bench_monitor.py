@@ -14,10 +14,10 @@ import argparse
 import os
 import time
 
-from tfgpu_magic.monitor import Sampler
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess
-from tfgpu_magic.widget import batch
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess
+from tfgpu_magic.kernel.monitor import Sampler
+from tfgpu_magic.kernel.widget import batch
 
 GPUS = 8
 

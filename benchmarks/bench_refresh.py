@@ -38,8 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TFGPU_MAGIC_CLAIM_DIR", tempfile.mkdtemp(prefix="tfgpu-bench-claims-"))
 
-from tfgpu_magic.simulated import SimulatedNvml, busy_server  # noqa: E402
 from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
+
+from tfgpu_magic.gpus.simulated import SimulatedNvml, busy_server  # noqa: E402
 
 SLEEPERS = 38  # with this process and one exited pid: the busy server's 40
 
@@ -61,9 +62,10 @@ def fake_call_ms(server: SimulatedNvml) -> float:
 
 # -- our code ----------------------------------------------------------------------------------
 def ours(pids: list[int], gone: int, runs: int) -> None:
-    from tfgpu_magic import owners, status
-    from tfgpu_magic.nvml import Nvml
-    from tfgpu_magic.session import Session
+    from tfgpu_magic.gpus import owners
+    from tfgpu_magic.gpus.nvml import Nvml
+    from tfgpu_magic.kernel import status
+    from tfgpu_magic.kernel.session import Session
 
     server = real_pid_server(pids, gone)
     session = Session(nvml=Nvml(lib=server), env={})
@@ -130,7 +132,7 @@ def install_pynvml_standin(server: SimulatedNvml) -> SimpleNamespace:
     """Point ``pynvml``'s functions at the fake server; returns counters of the calls made."""
     import pynvml
 
-    from tfgpu_magic.simulated import NVMLError as FakeError
+    from tfgpu_magic.gpus.simulated import NVMLError as FakeError
 
     counts = SimpleNamespace(answered=0, refused=0)
 
@@ -286,7 +288,7 @@ def start_sleepers(count: int) -> list[subprocess.Popen]:
 
 def settle(procs: list[subprocess.Popen]) -> None:
     """Wait until every sleeper has exec'd and is older than the table's minimum age."""
-    from tfgpu_magic import owners
+    from tfgpu_magic.gpus import owners
 
     time.sleep(owners.MIN_AGE_S + 0.2)
     deadline = time.monotonic() + 30

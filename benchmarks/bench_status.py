@@ -20,11 +20,12 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TFGPU_MAGIC_CLAIM_DIR", tempfile.mkdtemp(prefix="tfgpu-bench-claims-"))
 
-from tfgpu_magic import status  # noqa: E402
-from tfgpu_magic.nvml import Nvml  # noqa: E402
-from tfgpu_magic.session import Session  # noqa: E402
-from tfgpu_magic.simulated import busy_server  # noqa: E402
 from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
+
+from tfgpu_magic.gpus.nvml import Nvml  # noqa: E402
+from tfgpu_magic.gpus.simulated import busy_server  # noqa: E402
+from tfgpu_magic.kernel import status  # noqa: E402
+from tfgpu_magic.kernel.session import Session  # noqa: E402
 
 
 def fake_part(runs: int = 300) -> None:

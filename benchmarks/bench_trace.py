@@ -25,9 +25,9 @@ import tensorflow as tf  # noqa: E402
 from IPython.testing.globalipapp import start_ipython  # noqa: E402
 
 import tfgpu_magic  # noqa: E402
-from tfgpu_magic import trace  # noqa: E402
-from tfgpu_magic.session import get_session  # noqa: E402
-from tfgpu_magic.simulated import SimulatedNvml  # noqa: E402
+from tfgpu_magic.gpus.simulated import SimulatedNvml  # noqa: E402
+from tfgpu_magic.kernel import trace  # noqa: E402
+from tfgpu_magic.kernel.session import get_session  # noqa: E402
 
 ROUNDS = 5000
 

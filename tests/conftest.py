@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import shared_server
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel.session import Session
 
 pytest_plugins = ["pytester"]  # tests/test_browser_artifacts.py runs pytest itself
 
@@ -82,7 +82,7 @@ def _tensorflow_stays_out(request):
 @pytest.fixture(autouse=True)
 def claim_dir(tmp_path, monkeypatch):
     """GPU claims go to a folder of the test's own, never the machine's shared one."""
-    from tfgpu_magic import claims
+    from tfgpu_magic.gpus import claims
 
     directory = tmp_path / "claims"
     monkeypatch.setenv(claims.ENV_DIR, str(directory))
@@ -114,7 +114,7 @@ def shell():
 @pytest.fixture
 def gpu(shell, session):
     """Run ``%gpu LINE`` against a fresh session; returns what it printed."""
-    from tfgpu_magic.magics import GpuMagics
+    from tfgpu_magic.kernel.magics import GpuMagics
 
     shell.register_magics(GpuMagics(shell, session=session))
 
@@ -157,7 +157,8 @@ def run_scenario(name: str, *args: str, env: dict | None = None, timeout: int = 
 def no_leaked_sampler():
     """Stop every panel after the test, and fail it if a sampler thread outlived it."""
     from fakes import monitor_threads
-    from tfgpu_magic import monitor
+
+    from tfgpu_magic.kernel import monitor
 
     yield
     monitor._hub.stop_all()

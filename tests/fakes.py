@@ -7,10 +7,10 @@ import threading
 import time
 from typing import Any, Optional
 
-from tfgpu_magic.monitor import THREAD_NAME
-from tfgpu_magic.owners import OwnerLookupTable
-from tfgpu_magic.simulated import SimulatedNvml
-from tfgpu_magic.tf_runtime import AllocatorStats, InForce, Stage, TensorFlow
+from tfgpu_magic.frameworks.tensorflow import AllocatorStats, InForce, Stage, TensorFlow
+from tfgpu_magic.gpus.owners import OwnerLookupTable
+from tfgpu_magic.gpus.simulated import SimulatedNvml
+from tfgpu_magic.kernel.monitor import THREAD_NAME
 
 
 def fake_process_table(server: SimulatedNvml, me: str = "me", my_pid: Optional[int] = None) -> OwnerLookupTable:

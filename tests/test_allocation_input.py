@@ -12,16 +12,16 @@ import json
 import os
 
 import pytest
+from fakes import FakeTensorFlow
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import tfgpu_magic
-from fakes import FakeTensorFlow
-from tfgpu_magic import session as session_module
 from tfgpu_magic.__main__ import main
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import NVML_ERROR_NO_PERMISSION, NVMLError, SimulatedNvml, mig_server, shared_server
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import NVML_ERROR_NO_PERMISSION, NVMLError, SimulatedNvml, mig_server, shared_server
+from tfgpu_magic.kernel import session as session_module
+from tfgpu_magic.kernel.session import Session
 
 ME = os.getpid()
 LONG = "1" * 4301  # int() refuses over 4,300 digits with a ValueError
@@ -80,7 +80,8 @@ def test_tfgpu_demo_reads_a_4301_digit_value(monkeypatch, capsys):
 
 
 def test_an_absurd_cpu_limit_is_read_as_no_limit_of_its_own(monkeypatch):
-    from tfgpu_magic import oom, tf_runtime
+    from tfgpu_magic.frameworks import tensorflow as tf_runtime
+    from tfgpu_magic.kernel import oom
 
     monkeypatch.setenv(tf_runtime.CPU_STATS_ENV, "true")
     monkeypatch.setenv(tf_runtime.CPU_LIMIT_ENV, LONG)

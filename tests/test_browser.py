@@ -48,9 +48,9 @@ pytestmark = [
 SETUP = """\
 import sys, time
 sys.path.insert(0, REPO)
-from tfgpu_magic import monitor
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.simulated import shared_server
+from tfgpu_magic.kernel import monitor
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
 from types import SimpleNamespace
 server = shared_server()  # four fake GPUs; this kernel holds 10 GiB on GPU 1
 GIB = 2**30
@@ -78,7 +78,7 @@ import os, sys, tempfile
 sys.path.insert(0, REPO)
 os.environ["TFGPU_MAGIC_CLAIM_DIR"] = tempfile.mkdtemp()  # claims of this test only
 import tfgpu_magic
-from tfgpu_magic.simulated import shared_server
+from tfgpu_magic.gpus.simulated import shared_server
 tfgpu_magic.set_device_source(shared_server())
 %load_ext tfgpu_magic""".replace("REPO", repr(str(REPO)), 1),
     "%gpu monitor --interval 0.2 --window 60",

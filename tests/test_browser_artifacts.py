@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from browser_support import ARTIFACTS, chromium, has_chromium, save_failure_artifacts
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not has_chromium(), reason="needs /usr/bin/chromium")]

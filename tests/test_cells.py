@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_scenario
-from tfgpu_magic import cells
-from tfgpu_magic.cells import BudgetExceeded, CellCommand, check_budget, parse_cell_line
-from tfgpu_magic.grammar import GrammarError
-from tfgpu_magic.tf_runtime import Stage
+
+from tfgpu_magic.command.grammar import GrammarError
+from tfgpu_magic.frameworks.tensorflow import Stage
+from tfgpu_magic.kernel import cells
+from tfgpu_magic.kernel.cells import BudgetExceeded, CellCommand, check_budget, parse_cell_line
 
 MIB = 1024 * 1024
 VALID = "valid: %%gpu budget 2G | %%gpu on 1"

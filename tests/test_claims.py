@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tfgpu_magic import claims
+from tfgpu_magic.gpus import claims
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HOLDER = textwrap.dedent(
     """
     import sys
-    from tfgpu_magic import claims
+    from tfgpu_magic.gpus import claims
     with claims.choosing():
         ok = claims.claim(sys.argv[1])
     print("claimed" if ok else "refused", flush=True)
@@ -131,7 +131,7 @@ def test_a_stuck_chooser_stalls_others_only_briefly(claim_dir, monkeypatch):
     script = textwrap.dedent(
         """
         import sys
-        from tfgpu_magic import claims
+        from tfgpu_magic.gpus import claims
         with claims.choosing():
             print("claimed", flush=True)
             sys.stdin.read()
@@ -189,7 +189,7 @@ def test_a_kernel_that_ends_normally_leaves_no_file_behind(claim_dir):
     script = textwrap.dedent(
         """
         import sys
-        from tfgpu_magic import claims
+        from tfgpu_magic.gpus import claims
         with claims.choosing():
             claims.claim(sys.argv[1])
         print("claimed", flush=True)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from tfgpu_magic import claims
+from tfgpu_magic.gpus import claims
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root, to run children as other uids"

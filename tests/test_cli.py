@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tfgpu_magic.__main__ import main
-from tfgpu_magic.nvml import Nvml
+from tfgpu_magic.gpus.nvml import Nvml
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,11 +12,11 @@ import sys
 import warnings
 
 import pytest
+from conftest import ROOT
 from IPython.core.completer import provisionalcompleter
 
-from conftest import ROOT
-from tfgpu_magic import grammar
-from tfgpu_magic.magics import register_completion
+from tfgpu_magic.command import grammar
+from tfgpu_magic.kernel.magics import register_completion
 
 CASES = [
     ("%gpu mon", ["monitor"]),

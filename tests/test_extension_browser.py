@@ -1,6 +1,6 @@
 """The JupyterLab / Notebook 7 extension in a real browser, against the real server extension.
 
-One Jupyter server on loopback, with ``--TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``:
+One Jupyter server on loopback, with ``--TfgpuMagic.device_source=tfgpu_magic.gpus.simulated:kernels_server``:
 simulated GPUs on which this server's own kernels hold memory (kernel ``n``, by pid, holds
 ``n + 1`` GiB on GPU ``n % 2``, plus 256 MiB per process below it).  The same server serves
 JupyterLab (``/lab``) and Notebook 7 (``/tree``, ``/notebooks/NAME.ipynb``).  Screenshots go to
@@ -46,19 +46,19 @@ pytestmark = [
 
 GIB = 2**30
 MIB = 2**20
-SOURCE = "--TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server"
+SOURCE = "--TfgpuMagic.device_source=tfgpu_magic.gpus.simulated:kernels_server"
 
 # `%gpu monitor --sidebar` on a simulated server inside the kernel (the magic's own path).
 MONITOR = """\
 %load_ext tfgpu_magic
 import tfgpu_magic
-from tfgpu_magic.simulated import shared_server
+from tfgpu_magic.gpus.simulated import shared_server
 tfgpu_magic.set_device_source(shared_server())
 %gpu monitor --sidebar --interval 0.2"""
 OFF = "%gpu monitor off"
 # Issue 16, item 4: the simulated server, TensorFlow started (it finds no GPU), then `%gpu monitor`.
 AFTER_TF = (
-    "import tfgpu_magic\nfrom tfgpu_magic.simulated import shared_server\n"
+    "import tfgpu_magic\nfrom tfgpu_magic.gpus.simulated import shared_server\n"
     "tfgpu_magic.set_device_source(shared_server())\n%load_ext tfgpu_magic",
     "import tensorflow as tf\nx = tf.ones([256, 256])",
     "%gpu monitor --interval 0.2",
@@ -498,7 +498,7 @@ def test_without_a_driver_the_status_bar_and_panel_say_why(tmp_path, browser):
 def test_lab_panel_lists_a_mig_gpus_instances_under_it(tmp_path, browser):
     """Issue 17, item 8: GPU 3 of `mig_server` is in MIG mode with three tenants' instances; the
     panel lists them under its card (ids, own memory, process count), as `%gpu` and nvitop do."""
-    with solo_lab(tmp_path, browser, "tfgpu_magic.simulated:mig_server", "mig") as page:
+    with solo_lab(tmp_path, browser, "tfgpu_magic.gpus.simulated:mig_server", "mig") as page:
         page.locator(".tfgpu-lab-status").click()  # the status bar opens the panel
         rows = page.locator('.tfgpu-lab-gpu[data-index="3"] .tfgpu-lab-mig-row')
         rows.nth(2).wait_for(timeout=15_000)

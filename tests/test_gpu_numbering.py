@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from tfgpu_magic import grammar
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
+from tfgpu_magic.command import grammar
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.kernel.session import Session
 
 pytestmark = pytest.mark.gpu
 

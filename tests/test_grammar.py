@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfgpu_magic import grammar
-from tfgpu_magic.grammar import Auto, GrammarError, Percent
+from tfgpu_magic.command import grammar
+from tfgpu_magic.command.grammar import Auto, GrammarError, Percent
 
 USE = grammar.usage("use")
 LIMIT = grammar.usage("limit")

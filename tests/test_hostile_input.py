@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from tfgpu_magic import grammar
-from tfgpu_magic.cells import parse_cell_line
-from tfgpu_magic.grammar import GrammarError
+from tfgpu_magic.command import grammar
+from tfgpu_magic.command.grammar import GrammarError
+from tfgpu_magic.kernel.cells import parse_cell_line
 
 USE = grammar.usage("use")
 LIMIT = grammar.usage("limit")
@@ -112,8 +112,8 @@ def test_the_bounds_themselves_are_accepted(line, command):
 
 def test_the_grammar_refuses_what_the_panel_would_refuse():
     """The panel's traits are the bounds that matter: a line it would refuse must not get past parsing."""
-    from tfgpu_magic import monitor
-    from tfgpu_magic.widget import MemoryPanel
+    from tfgpu_magic.kernel import monitor
+    from tfgpu_magic.kernel.widget import MemoryPanel
 
     traits = MemoryPanel.class_traits()
     assert traits["interval"].min == monitor.MIN_INTERVAL_S == grammar.MIN_INTERVAL_S

@@ -18,14 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table
 from IPython.core.error import UsageError
 
-from tfgpu_magic import claims, grammar, holdings, magics, owners
-from tfgpu_magic.choosing import ChoiceError, choose_gpus
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
-from fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
+from tfgpu_magic.command import grammar
+from tfgpu_magic.gpus import claims, holdings, owners
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
+from tfgpu_magic.kernel import magics
+from tfgpu_magic.kernel.choosing import ChoiceError, choose_gpus
+from tfgpu_magic.kernel.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -294,7 +296,7 @@ KERNEL = textwrap.dedent(
     import os, sys, time
     from IPython.core.interactiveshell import InteractiveShell
     import tfgpu_magic
-    from tfgpu_magic.simulated import shared_server
+    from tfgpu_magic.gpus.simulated import shared_server
     tfgpu_magic.set_device_source(shared_server())
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "tfgpu_magic")

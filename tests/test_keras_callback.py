@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, run_scenario
 
 
@@ -44,7 +43,7 @@ def test_keys_follow_tensorflows_device_names(training):
 
 def test_importing_the_package_and_the_magic_modules_imports_neither_tensorflow_nor_keras():
     code = (
-        "import sys, tfgpu_magic, tfgpu_magic.trace, tfgpu_magic.cells, tfgpu_magic.oom\n"
+        "import sys, tfgpu_magic, tfgpu_magic.kernel.trace, tfgpu_magic.kernel.cells, tfgpu_magic.kernel.oom\n"
         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -53,7 +52,8 @@ def test_importing_the_package_and_the_magic_modules_imports_neither_tensorflow_
 
 
 def test_all_is_honest():
-    from tfgpu_magic import cells, oom, tf_runtime, trace
+    from tfgpu_magic.frameworks import tensorflow as tf_runtime
+    from tfgpu_magic.kernel import cells, oom, trace
 
     for module in (cells, oom, tf_runtime, trace):
         assert all(hasattr(module, name) for name in module.__all__), module.__name__

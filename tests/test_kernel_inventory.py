@@ -14,10 +14,21 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-
 from fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table, wait_for
-from tfgpu_magic import kernel_inventory, owners
-from tfgpu_magic.kernel_inventory import (
+
+from tfgpu_magic.gpus import owners
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import (
+    NVML_ERROR_NO_PERMISSION,
+    LiveKernelsNvml,
+    NVMLError,
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+    mig_server,
+)
+from tfgpu_magic.server import kernel_inventory
+from tfgpu_magic.server.kernel_inventory import (
     FOREIGN_PIDS_NOTE,
     REMOTE_NOTE,
     KernelDescription,
@@ -28,16 +39,6 @@ from tfgpu_magic.kernel_inventory import (
     read_ancestry,
     read_parent_map,
     unavailable,
-)
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.simulated import (
-    NVML_ERROR_NO_PERMISSION,
-    LiveKernelsNvml,
-    NVMLError,
-    SimulatedGpu,
-    SimulatedNvml,
-    SimulatedProcess,
-    mig_server,
 )
 
 MIB = 1024**2
@@ -358,7 +359,7 @@ def test_generated_at_is_the_time_of_the_reading():
 def test_the_inventory_runs_where_there_is_no_jupyter_server():
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import sys, tfgpu_magic.kernel_inventory, tfgpu_magic.simulated; "
+         "import sys, tfgpu_magic.server.kernel_inventory, tfgpu_magic.gpus.simulated; "
          "print(sorted(m for m in ('jupyter_server', 'jupyter_client', 'tornado', 'pynvml') if m in sys.modules))"],
         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=60,
     )

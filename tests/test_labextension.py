@@ -33,7 +33,7 @@ def ts_constant(name: str) -> str:
 
 
 def test_one_name_and_one_version_everywhere():
-    from tfgpu_magic import widget
+    from tfgpu_magic.kernel import widget
 
     assert NAME == "tfgpu-magic" == ts_constant("MODULE_NAME") == widget.NPM_PACKAGE
     assert PACKAGE_JSON["version"] == tfgpu_magic.__version__ == PYPROJECT["project"]["version"]
@@ -90,7 +90,7 @@ def test_importing_the_package_for_its_entry_points_stays_light():
 
 # -- the SideArea widget ---------------------------------------------------------------------------
 def test_the_side_area_names_the_extensions_model_and_view():
-    from tfgpu_magic.widget import SideArea
+    from tfgpu_magic.kernel.widget import SideArea
 
     side = SideArea()
     try:
@@ -104,7 +104,7 @@ def test_the_side_area_names_the_extensions_model_and_view():
 
 
 def test_a_front_end_without_widgets_is_told_where_the_panel_went():
-    from tfgpu_magic.widget import SideArea
+    from tfgpu_magic.kernel.widget import SideArea
 
     side = SideArea(title="GPU memory")
     try:

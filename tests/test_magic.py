@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from traitlets.config import Config
 
-from tfgpu_magic import grammar
-from tfgpu_magic.magics import MANUAL, GpuMagics, complete
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import SimulatedNvml
+from tfgpu_magic.command import grammar
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import SimulatedNvml
+from tfgpu_magic.kernel.magics import MANUAL, GpuMagics, complete
+from tfgpu_magic.kernel.session import Session
 
 USE = grammar.usage("use")
 
@@ -185,7 +185,7 @@ def test_an_error_never_changes_the_request(server, lines):
 
 
 def test_use_auto_gives_its_claim_back_when_the_session_refuses(gpu, server):
-    from tfgpu_magic import claims
+    from tfgpu_magic.gpus import claims
 
     gpu("use 1")
     gpu("limit 30G")  # fits GPU 1 (80 GiB)
@@ -197,7 +197,7 @@ def test_use_auto_gives_its_claim_back_when_the_session_refuses(gpu, server):
 
 
 def test_reset_releases_claims(gpu):
-    from tfgpu_magic import claims
+    from tfgpu_magic.gpus import claims
 
     gpu("use auto")
     assert claims.held()

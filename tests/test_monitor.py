@@ -8,12 +8,12 @@ import time
 from dataclasses import dataclass
 
 import pytest
-
 from fakes import monitor_threads, wait_for
-from tfgpu_magic import monitor
-from tfgpu_magic.monitor import MAX_HISTORY, Hub, Sampler
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
+
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
+from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel.monitor import MAX_HISTORY, Hub, Sampler
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -227,7 +227,7 @@ class ManualSampler(Sampler):
 
 @pytest.fixture
 def panel_on_fake():
-    widget = pytest.importorskip("tfgpu_magic.widget")
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     hub, server = Hub(), shared_server(ME)
     made = []
 
@@ -312,7 +312,7 @@ def test_interval_and_window_from_the_browser_reach_the_sampler(panel_on_fake):
 
 
 def test_open_panel_wires_a_given_nvml_and_closing_stops_the_thread():
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
     try:
         s = monitor.active_sampler()
@@ -328,7 +328,7 @@ def test_open_panel_wires_a_given_nvml_and_closing_stops_the_thread():
 
 
 def test_the_front_end_closing_the_panel_stops_the_sampler():
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
     try:
         wait_for(monitor.sampler_running)
@@ -339,7 +339,7 @@ def test_the_front_end_closing_the_panel_stops_the_sampler():
 
 
 def test_monitor_off_stops_every_panel_and_the_thread():
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     fake = Nvml(lib=shared_server())
     panels = [monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False) for _ in range(2)]
     try:

@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_scenario
 from fakes import FakeTensorFlow
-from tfgpu_magic import tf_diagnosis, tf_runtime, trace
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml
-from tfgpu_magic.status import build_report, render_text
-from tfgpu_magic.tf_runtime import Stage
+
+from tfgpu_magic.frameworks import tensorflow as tf_runtime
+from tfgpu_magic.frameworks import tensorflow_diagnosis as tf_diagnosis
+from tfgpu_magic.frameworks.tensorflow import Stage
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml
+from tfgpu_magic.kernel import trace
+from tfgpu_magic.kernel.session import Session
+from tfgpu_magic.kernel.status import build_report, render_text
 
 FIX_CUDA = 'pip install "tensorflow[and-cuda]", then restart the kernel'
 
@@ -145,7 +147,7 @@ def four_gpu_session(tf: FakeTensorFlow, driver_cuda: int | None = 12080) -> Ses
 
 
 def test_status_reads_the_diagnosis_made_once(monkeypatch):
-    from tfgpu_magic import session as session_module
+    from tfgpu_magic.kernel import session as session_module
 
     monkeypatch.setattr(session_module, "distribution_installed", installed("tensorflow"))
     tf = CountingTensorFlow(stage=Stage.STARTED, found=[])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfgpu_magic.nvml import GpuLost, Nvml, NvmlUnavailable
-from tfgpu_magic.simulated import SimulatedNvml, shared_server
+from tfgpu_magic.gpus.nvml import GpuLost, Nvml, NvmlUnavailable
+from tfgpu_magic.gpus.simulated import SimulatedNvml, shared_server
 
 MIB = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """Injected NVML faults: each failure stays inside its reading or its GPU, with a note saying why.
 
-The contract (see ``tfgpu_magic.nvml``): public readings raise nothing but ``NvmlUnavailable``
+The contract (see ``tfgpu_magic.gpus.nvml``): public readings raise nothing but ``NvmlUnavailable``
 and, where documented, ``GpuLost`` / ``ReadingFailed``; any other failure of one reading is
 None plus a note, and the other GPUs read normally.  Every reading the simulated server knows
 is broken on one GPU with every kind of error, then read through ``Nvml``, the status report,
@@ -16,10 +16,10 @@ import sys
 import pytest
 from IPython.core.error import UsageError
 
-from tfgpu_magic import status
-from tfgpu_magic.nvml import GpuInfo, GpuLost, MemoryInfo, Nvml, NvmlUnavailable, ReadingFailed
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import READINGS, SimulatedNvml, shared_server
+from tfgpu_magic.gpus.nvml import GpuInfo, GpuLost, MemoryInfo, Nvml, NvmlUnavailable, ReadingFailed
+from tfgpu_magic.gpus.simulated import READINGS, SimulatedNvml, shared_server
+from tfgpu_magic.kernel import status
+from tfgpu_magic.kernel.session import Session
 
 NVMLError = SimulatedNvml.NVMLError
 ME = 4242
@@ -333,7 +333,7 @@ def test_an_absurd_device_count_is_capped_with_a_note(answer, read, monkeypatch,
     assert nvml.count_note == f"the driver reported {answer} GPUs; " + (
         "only the first 1024 are read" if read else "none are read"
     )
-    monkeypatch.setattr("tfgpu_magic.simulated.shared_server", lambda *a, **k: server)
+    monkeypatch.setattr("tfgpu_magic.gpus.simulated.shared_server", lambda *a, **k: server)
     from tfgpu_magic.__main__ import main
 
     assert main(["--demo", "--json"]) == 0
@@ -398,7 +398,7 @@ def test_status_shows_why_a_reading_is_missing(reading, kind):
 @pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
 def test_cli_does_not_crash(reading, kind, as_json, monkeypatch, capsys):
     server = faulty_server(reading, kind)
-    monkeypatch.setattr("tfgpu_magic.simulated.shared_server", lambda *a, **k: server)
+    monkeypatch.setattr("tfgpu_magic.gpus.simulated.shared_server", lambda *a, **k: server)
     from tfgpu_magic.__main__ import main
 
     assert main(["--demo", "--json"] if as_json else ["--demo"]) == 0

@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 
 import pytest
+from fakes import FakeTensorFlow
 from IPython.core.error import UsageError
 
-from fakes import FakeTensorFlow
-from tfgpu_magic import claims, grammar, magics, status
-from tfgpu_magic.magics import GpuMagics
-from tfgpu_magic.monitor import Sampler
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session, SessionError
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, shared_server
-from tfgpu_magic.tf_runtime import AllocatorStats, Capture, Stage
+from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Capture, Stage
+from tfgpu_magic.gpus import claims
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, shared_server
+from tfgpu_magic.kernel import magics, status
+from tfgpu_magic.kernel.magics import GpuMagics
+from tfgpu_magic.kernel.monitor import Sampler
+from tfgpu_magic.kernel.session import Session, SessionError
 
 MIB = 1024 * 1024
 ME = os.getpid()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import weakref
 
 import pytest
-
 from conftest import run_scenario
-from tfgpu_magic import grammar, oom
-from tfgpu_magic.tf_runtime import AllocatorStats, Stage
+
+from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
+from tfgpu_magic.kernel import oom
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

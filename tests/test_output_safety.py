@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tfgpu_magic import claims, status
-from tfgpu_magic.nvml import Nvml
+from tfgpu_magic.gpus import claims
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel import status
+from tfgpu_magic.kernel.session import Session
 from tfgpu_magic.safe_text import safe, safe_tree
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import shared_server
 
 ROOT = Path(__file__).resolve().parent.parent
 ME = 4242

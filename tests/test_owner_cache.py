@@ -19,11 +19,12 @@ import time
 import psutil
 import pytest
 
-from tfgpu_magic import owners, status
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.owners import EXITED, PsutilProcessTable, ProcessDetails
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import busy_server
+from tfgpu_magic.gpus import owners
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.owners import EXITED, ProcessDetails, PsutilProcessTable
+from tfgpu_magic.gpus.simulated import busy_server
+from tfgpu_magic.kernel import status
+from tfgpu_magic.kernel.session import Session
 
 LINUX_PROC = os.path.exists("/proc/self/stat")
 ME = getpass.getuser()

@@ -9,16 +9,16 @@ import subprocess
 import sys
 
 import pytest
-
 from fakes import monitor_threads
-from tfgpu_magic import monitor
-from tfgpu_magic.monitor import THREAD_NAME, Hub, Sampler
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.simulated import shared_server
+
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel.monitor import THREAD_NAME, Hub, Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ME = 4242
-widget = pytest.importorskip("tfgpu_magic.widget")
+widget = pytest.importorskip("tfgpu_magic.kernel.widget")
 
 
 class ManualSampler(Sampler):
@@ -78,7 +78,7 @@ def test_an_explicit_interval_changes_every_panel_and_says_so(panels):
 
 
 def test_the_grammar_leaves_the_interval_to_the_panel_when_none_is_given():
-    from tfgpu_magic import grammar
+    from tfgpu_magic.command import grammar
 
     assert grammar.parse("monitor").interval is None
     assert grammar.parse("monitor --interval 0.5").interval == 0.5
@@ -190,7 +190,7 @@ def test_open_panel_outside_ipython_prints_the_line_and_returns_none(capsys):
 # -- issue 16, item 5: TensorFlow found no GPU (a CPU build): the GPUs were not hidden ----------------
 @pytest.mark.parametrize("typed", [[], ["use auto"]], ids=["no-use", "use-auto"])
 def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypatch, typed):
-    from tfgpu_magic.tf_runtime import Stage
+    from tfgpu_magic.frameworks.tensorflow import Stage
 
     monkeypatch.setattr(monitor, "SLOW_SOURCES_S", 0.0)
     for line in typed:

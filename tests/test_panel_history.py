@@ -12,9 +12,9 @@ import sys
 import types
 from dataclasses import dataclass
 
-from tfgpu_magic.monitor import MAX_HISTORY, DeviceSample, Sample, Sampler, _Stored
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.simulated import busy_server
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import busy_server
+from tfgpu_magic.kernel.monitor import MAX_HISTORY, DeviceSample, Sample, Sampler, _Stored
 
 ME = 4242
 MIB = 1024 * 1024

@@ -10,12 +10,12 @@ import threading
 import time
 
 import pytest
-
 from fakes import monitor_threads, wait_for
-from tfgpu_magic import monitor
-from tfgpu_magic.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, Hub, Sampler
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.simulated import shared_server
+
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, Hub, Sampler
 
 ME = 4242
 
@@ -64,7 +64,7 @@ def test_a_stop_during_a_slow_reading_says_the_thread_still_runs():
 
 
 def test_monitor_off_during_a_slow_reading_tells_the_truth_and_the_next_panel_reuses_the_thread():
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     gate = Gate()
     fake = Nvml(lib=shared_server())
     panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False, tf_stats=gate)
@@ -147,7 +147,7 @@ def registries() -> tuple[int, int]:
 
 
 def test_open_and_off_cycles_leave_no_widget_or_comm_behind():
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     fake = Nvml(lib=shared_server())
     before = registries()
     for _ in range(5):
@@ -160,7 +160,7 @@ def test_open_and_off_cycles_leave_no_widget_or_comm_behind():
 
 
 def test_a_panel_stopped_by_its_button_stays_on_screen_until_monitor_off_closes_it():
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     fake = Nvml(lib=shared_server())
     before = registries()
     panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False)
@@ -172,7 +172,7 @@ def test_a_panel_stopped_by_its_button_stays_on_screen_until_monitor_off_closes_
 
 
 def test_closing_a_panel_closes_its_layout_and_its_sidebar(shell, monkeypatch):
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     monkeypatch.setattr(monitor, "_has_front_end", lambda: True)  # the test shell has no kernel
     fake = Nvml(lib=shared_server())
     before = registries()
@@ -189,7 +189,7 @@ def test_closing_a_panel_closes_its_layout_and_its_sidebar(shell, monkeypatch):
 
 
 def test_the_front_end_closing_the_model_releases_it_in_the_kernel():
-    pytest.importorskip("tfgpu_magic.widget")
+    pytest.importorskip("tfgpu_magic.kernel.widget")
     before = registries()
     panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
     import comm
@@ -263,7 +263,7 @@ def test_a_tick_never_raises():
 
 
 def test_a_refused_window_leaves_nothing_behind():
-    widget = pytest.importorskip("tfgpu_magic.widget")
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     import traitlets
 
     before = registries()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tfgpu_magic import grammar
-from tfgpu_magic.grammar import Percent
-from tfgpu_magic.numbering import cuda_to_nvml, visible_env_value
-from tfgpu_magic.plan import CONTEXT_RESERVE_MIB, MachineFacts, Plan, PlanError, resolve
+from tfgpu_magic.command import grammar
+from tfgpu_magic.command.grammar import Percent
+from tfgpu_magic.command.plan import CONTEXT_RESERVE_MIB, MachineFacts, Plan, PlanError, resolve
+from tfgpu_magic.gpus.numbering import cuda_to_nvml, visible_env_value
 
 UUIDS = ["GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2", "GPU-dddd-3"]
 

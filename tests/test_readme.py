@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, START_UP_PREFIXES
 
 README = ROOT / "README.md"
@@ -199,16 +198,16 @@ def _load_config(block: Block, tmp_path: Path):
 def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
     name, config = _load_config(block, tmp_path)
     if name == "jupyter_server_config.py":
-        from tfgpu_magic.serverext import TfgpuMagic
+        from tfgpu_magic.server.extension import TfgpuMagic
 
         settings = TfgpuMagic(config=config)
         for trait, value in config.TfgpuMagic.items():
             assert getattr(settings, trait) == value
         return
-    from tfgpu_magic.magics import GpuMagics
-    from tfgpu_magic.nvml import Nvml
-    from tfgpu_magic.session import Session
-    from tfgpu_magic.simulated import shared_server
+    from tfgpu_magic.gpus.nvml import Nvml
+    from tfgpu_magic.gpus.simulated import shared_server
+    from tfgpu_magic.kernel.magics import GpuMagics
+    from tfgpu_magic.kernel.session import Session
 
     assert "tfgpu_magic" in config.InteractiveShellApp.extensions
     magics = GpuMagics(shell, session=Session(nvml=Nvml(lib=shared_server()), env={}), config=config)

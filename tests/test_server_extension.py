@@ -25,8 +25,10 @@ from jupyter_server.auth import Authorizer
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
 from tornado.httpclient import HTTPClientError
 
-from tfgpu_magic import kernel_inventory, owners, serverext
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, kernels_server, shared_server
+from tfgpu_magic.gpus import owners
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, kernels_server, shared_server
+from tfgpu_magic.server import extension as serverext
+from tfgpu_magic.server import kernel_inventory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024**3
@@ -405,7 +407,7 @@ def test_the_extension_is_declared_without_importing_the_server_and_enabled_by_t
          "print(points, sorted(m for m in ('jupyter_server', 'tornado', 'psutil', 'pynvml') if m in sys.modules))"],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )
-    assert probe.stdout.strip() == "[{'module': 'tfgpu_magic.serverext'}] []", probe.stderr
+    assert probe.stdout.strip() == "[{'module': 'tfgpu_magic.server.extension'}] []", probe.stderr
     with open(os.path.join(ROOT, "jupyter-config", "server-config", "tfgpu_magic.json")) as f:
         assert json.load(f) == {"ServerApp": {"jpserver_extensions": {"tfgpu_magic": True}}}
 

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tfgpu_magic import claims, grammar, status
-from tfgpu_magic.choosing import choose_gpus
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, busy_server, shared_server
+from tfgpu_magic.command import grammar
+from tfgpu_magic.gpus import claims
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, busy_server, shared_server
+from tfgpu_magic.kernel import status
+from tfgpu_magic.kernel.choosing import choose_gpus
+from tfgpu_magic.kernel.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -123,7 +125,7 @@ def no_driver_started(gpus: dict[str, int], found: list[int]) -> dict:
     """TensorFlow started on a machine whose NVML cannot be reached (no NVIDIA driver)."""
     from fakes import FakeTensorFlow
 
-    from tfgpu_magic.tf_runtime import Stage
+    from tfgpu_magic.frameworks.tensorflow import Stage
 
     tf = FakeTensorFlow(Stage.STARTED, gpus=gpus, found=found)
     session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={}, tf=tf)
@@ -166,7 +168,7 @@ def test_claims_are_shown_for_this_kernel_and_others():
         [sys.executable, "-c", textwrap.dedent(
             """
             import sys
-            from tfgpu_magic import claims
+            from tfgpu_magic.gpus import claims
             with claims.choosing():
                 claims.claim(sys.argv[1])
             print("claimed", flush=True)
@@ -286,7 +288,10 @@ def test_a_process_of_unknown_owner_counts_as_others():
 
 def test_all_is_honest_and_the_package_import_stays_light():
     import tfgpu_magic.__main__ as cli
-    from tfgpu_magic import choosing, holdings, machine, owners, plan, session, tf_runtime
+    from tfgpu_magic.command import plan
+    from tfgpu_magic.frameworks import tensorflow as tf_runtime
+    from tfgpu_magic.gpus import holdings, owners
+    from tfgpu_magic.kernel import choosing, machine, session
 
     for module in (claims, choosing, holdings, machine, owners, plan, session, status, tf_runtime, cli):
         assert all(hasattr(module, name) for name in module.__all__), module.__name__
@@ -301,7 +306,7 @@ def test_all_is_honest_and_the_package_import_stays_light():
 
 def test_gpus_tensorflow_did_not_find_are_not_called_hidden(gpu):
     """A CPU-only TensorFlow lists no GPU: the ones `%gpu use` left shown were not hidden (issue 16, item 5)."""
-    from tfgpu_magic.tf_runtime import Stage
+    from tfgpu_magic.frameworks.tensorflow import Stage
 
     gpu("use 1,2")
     gpu.session.tf.fake_stage, gpu.session.tf.found = Stage.ENUMERATED, []
@@ -315,7 +320,7 @@ def test_gpus_tensorflow_did_not_find_are_not_called_hidden(gpu):
 
 
 def test_one_unit_per_gpu_chosen_from_its_total():
-    from tfgpu_magic.units import GIB, MIB, sizes_for
+    from tfgpu_magic.command.units import GIB, MIB, sizes_for
 
     size = sizes_for(15 * GIB)  # every figure of a 15 GiB GPU reads in GiB (issue 16, item 8)
     assert [size(v) for v in (2348 * MIB, 15 * GIB, 0, 4 * MIB, None)] == [
@@ -329,7 +334,7 @@ def test_the_card_and_the_gpu_panel_colour_each_holder_alike():
     """One colour per meaning (issue 16, item 8): the card's segments take the panel's theme variables."""
     import re
 
-    css = (Path(status.__file__).resolve().parents[1] / "js" / "lab" / "style" / "index.css").read_text()
+    css = (Path(status.__file__).resolve().parents[2] / "js" / "lab" / "style" / "index.css").read_text()
     panel = {part: var for part, var in re.findall(r"\.tfgpu-lab-(\w+)[^{]*\{\s*background: var\((--[\w-]+)\)", css)}
     card = {key: re.match(r"var\((--[\w-]+)", colour).group(1) for key, _n, _c, colour in status.SEGMENTS if colour != "transparent"}
     assert card == {

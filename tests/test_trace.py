@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import run_scenario
 from fakes import FakeTensorFlow
-from tfgpu_magic import tf_runtime, trace
-from tfgpu_magic.simulated import SimulatedNvml
-from tfgpu_magic.tf_runtime import AllocatorStats, Stage
+
+from tfgpu_magic.frameworks import tensorflow as tf_runtime
+from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
+from tfgpu_magic.gpus.simulated import SimulatedNvml
+from tfgpu_magic.kernel import trace
 
 MIB = 1024 * 1024
 SOON = "tracing on: after each cell once TensorFlow has started, its allocator peak and retained change"

@@ -2,7 +2,7 @@
 
 Load with ``%load_ext tfgpu_magic``.  Importing the package imports neither TensorFlow nor
 pynvml (nor IPython, nor jupyter_server): those load when a command needs them.  The Jupyter
-server extension (``GET tfgpu/api/status``) lives in :mod:`tfgpu_magic.serverext`, named here
+server extension (``GET tfgpu/api/status``) lives in :mod:`tfgpu_magic.server.extension`, named here
 by its entry point only.
 """
 
@@ -16,14 +16,14 @@ __all__ = ["__version__", "load_ipython_extension", "set_device_source", "unload
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext tfgpu_magic``: register ``%gpu`` and apply an administrator's defaults."""
-    from .magics import GpuMagics, complete, register_completion
+    from .kernel.magics import GpuMagics, complete, register_completion
 
     magics = GpuMagics(ipython)
     ipython.register_magics(magics)
     register_completion(ipython)  # %gpu's words first and alone, ahead of Jedi's names
     ipython.set_hook("complete_command", complete, str_key="%gpu")  # `gpu ...` without the %
     magics.session.prepare()
-    from .oom import install as explain_out_of_memory  # hooks in when TensorFlow is imported
+    from .kernel.oom import install as explain_out_of_memory  # hooks in when TensorFlow is imported
 
     explain_out_of_memory(ipython, magics.session)
     magics.apply_defaults()
@@ -35,7 +35,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     """Jupyter server's entry point: the extension's module, imported only by the server."""
-    return [{"module": "tfgpu_magic.serverext"}]
+    return [{"module": "tfgpu_magic.server.extension"}]
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
@@ -48,6 +48,6 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def set_device_source(lib: Any) -> None:
     """Read GPUs through ``lib``, a pynvml-like object (``tfgpu_magic.simulated.shared_server()``)."""
-    from .session import set_device_source as _set
+    from .kernel.session import set_device_source as _set
 
     _set(lib)

@@ -59,14 +59,14 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # an ASCII or Latin-1 terminal: \\xb7, no traceback
     args = _parser().parse_args(argv)
-    from . import status  # after parsing: `tfgpu --help` stays instant
-    from .nvml import Nvml
-    from .session import Session
+    from .gpus.nvml import Nvml
+    from .kernel import status  # after parsing: `tfgpu --help` stays instant
+    from .kernel.session import Session
 
     lib = table = None
     if args.demo:
-        from .owners import OwnerLookupTable
-        from .simulated import DEMO_KERNEL_PID, shared_server
+        from .gpus.owners import OwnerLookupTable
+        from .gpus.simulated import DEMO_KERNEL_PID, shared_server
 
         # The simulated server as its user "me" sees it from a terminal: one of my notebook
         # kernels holds memory on GPU 1; this process, like any terminal tool, holds none.

@@ -29,8 +29,8 @@ def add_fake_cuda_gpus(seen: Optional[dict] = None) -> None:
     """
     from tensorflow.python.eager import context
 
-    from tfgpu_magic import numbering
-    from tfgpu_magic.session import get_session
+    from tfgpu_magic.gpus import numbering
+    from tfgpu_magic.kernel.session import get_session
 
     if seen is not None:
         seen.update({k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")})

@@ -10,11 +10,12 @@ import json
 
 import tensorflow as tf
 
-from tfgpu_magic import grammar, status
-from tfgpu_magic.choosing import ChoiceError, choose_gpus
-from tfgpu_magic.nvml import Nvml
-from tfgpu_magic.session import Session
-from tfgpu_magic.simulated import shared_server
+from tfgpu_magic.command import grammar
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel import status
+from tfgpu_magic.kernel.choosing import ChoiceError, choose_gpus
+from tfgpu_magic.kernel.session import Session
 
 session = Session(nvml=Nvml(lib=shared_server()), env={})
 session.prepare()  # the import hook fires at once: TensorFlow is already here

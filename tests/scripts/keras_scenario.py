@@ -13,10 +13,10 @@ import numpy as np
 
 log_dir = sys.argv[1]
 modules_before = "tensorflow" in sys.modules
-from tfgpu_magic.keras import MemoryCallback  # noqa: E402  (imports Keras)
-
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from tfgpu_magic.keras import MemoryCallback  # noqa: E402  (imports Keras; the documented name)
 
 results: dict = {"tensorflow_before": modules_before}
 keras.utils.set_random_seed(0)
@@ -42,9 +42,8 @@ results["wide"] = wide.fit(x, y, epochs=1, batch_size=64, verbose=0, callbacks=[
 )
 results["small_weights_bytes"] = int(sum(np.prod(w.shape) * 4 for w in small.weights))
 results["wide_weights_bytes"] = int(sum(np.prod(w.shape) * 4 for w in wide.weights))
-from tfgpu_magic.keras import log_key  # noqa: E402
-
 import tfgpu_magic.keras as memory_keras  # noqa: E402
+from tfgpu_magic.keras import log_key  # noqa: E402
 
 results["all_honest"] = all(hasattr(memory_keras, name) for name in memory_keras.__all__)
 results["log_keys"] = [log_key("GPU:0"), log_key("GPU:12"), log_key("CPU:0")]

@@ -14,7 +14,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from IPython.testing.globalipapp import start_ipython
 
 import tfgpu_magic
-from tfgpu_magic.simulated import SimulatedGpu, SimulatedNvml
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml
 
 # A machine without GPUs, whatever this one has; `--four-gpus`: a driver listing four GPUs (which
 # TensorFlow's CPU build then does not find, as on a GPU server with the wrong TensorFlow).

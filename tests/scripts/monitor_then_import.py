@@ -15,7 +15,7 @@ from IPython.testing.globalipapp import start_ipython
 
 ip = start_ipython()
 ip.run_line_magic("load_ext", "tfgpu_magic")
-from tfgpu_magic import monitor  # noqa: E402
+from tfgpu_magic.kernel import monitor  # noqa: E402
 
 monitor._has_front_end = lambda: True  # this test shell has no kernel; a notebook's would carry the panel
 ip.run_line_magic("gpu", "monitor --interval 0.1")
@@ -24,7 +24,7 @@ before = set(sys.modules)
 outcome = ip.run_cell("import tensorflow as tf\ntotal = float(tf.reduce_sum(tf.ones([4, 4])))")
 error = outcome.error_in_exec or outcome.error_before_exec
 time.sleep(0.3)  # a few ticks after the import: TensorFlow's allocator is read now
-from tfgpu_magic.monitor import active_sampler, stop_panels  # noqa: E402
+from tfgpu_magic.kernel.monitor import active_sampler, stop_panels  # noqa: E402
 
 sampler = active_sampler()
 last = sampler.latest() if sampler is not None else None

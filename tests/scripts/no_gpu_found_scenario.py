@@ -14,7 +14,8 @@ import sys
 
 os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # before anything reads it
 
-from tfgpu_magic import session as session_module, tf_runtime  # noqa: E402
+from tfgpu_magic.frameworks import tensorflow as tf_runtime
+from tfgpu_magic.kernel import session as session_module  # noqa: E402
 
 if "--as-cuda-build-install" in sys.argv:
     def as_cuda_build_install(distribution: str) -> bool:

@@ -10,8 +10,8 @@ import sys
 
 from memory_shell import cell, finish, ip, results
 
-from tfgpu_magic import oom
-from tfgpu_magic.session import get_session
+from tfgpu_magic.kernel import oom
+from tfgpu_magic.kernel.session import get_session
 
 oom.install(ip, get_session())  # before TensorFlow is imported: installed when it is
 oom.install(ip, get_session())  # idempotent

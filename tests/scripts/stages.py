@@ -34,7 +34,7 @@ def cell(code: str) -> str:
 
 
 def stage() -> str:
-    from tfgpu_magic.session import get_session
+    from tfgpu_magic.kernel.session import get_session
 
     return get_session().tf.stage().name
 
@@ -105,7 +105,7 @@ def enumerated() -> None:
 def no_driver() -> None:
     """A CPU-only machine: no NVIDIA driver behind NVML, whatever this machine has."""
     import tfgpu_magic
-    from tfgpu_magic.simulated import SimulatedNvml
+    from tfgpu_magic.gpus.simulated import SimulatedNvml
 
     tfgpu_magic.set_device_source(SimulatedNvml([], driver=False))
     ip.run_line_magic("load_ext", "tfgpu_magic")
@@ -113,8 +113,8 @@ def no_driver() -> None:
     result["cell"] = cell("import tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones([2]))))")
     result["status"] = gpu("")
     result["json"] = json.loads(gpu("status --json"))
-    from tfgpu_magic import status
-    from tfgpu_magic.session import get_session
+    from tfgpu_magic.kernel import status
+    from tfgpu_magic.kernel.session import get_session
 
     result["html"] = status.render_html(status.build_report(get_session()))
 
@@ -124,7 +124,7 @@ def contract() -> None:
     import wrapt
 
     import tfgpu_magic
-    from tfgpu_magic.simulated import shared_server
+    from tfgpu_magic.gpus.simulated import shared_server
 
     tfgpu_magic.set_device_source(shared_server())
     wrapt.register_post_import_hook(fake_cuda_gpus, "tensorflow")  # before the extension's hook

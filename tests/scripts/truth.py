@@ -30,7 +30,7 @@ def report() -> dict:
 
 
 def session():
-    from tfgpu_magic.session import get_session
+    from tfgpu_magic.kernel.session import get_session
 
     return get_session()
 
@@ -55,7 +55,7 @@ def simulated_server_with_fake_cuda() -> None:
     import wrapt
 
     import tfgpu_magic
-    from tfgpu_magic.simulated import shared_server
+    from tfgpu_magic.gpus.simulated import shared_server
 
     tfgpu_magic.set_device_source(shared_server())
     wrapt.register_post_import_hook(fake_cuda_gpus, "tensorflow")  # before the extension's hook
@@ -65,9 +65,9 @@ def simulated_server_with_fake_cuda() -> None:
 def tensorflow_view() -> list[int]:
     """nvidia-smi indices of the GPUs TensorFlow would start with, worked out from TensorFlow's own
     GPUOptions and the environment this script saw at enumeration (not through tfgpu_magic's record)."""
-    from tfgpu_magic import numbering
-
     from tensorflow.python.eager import context
+
+    from tfgpu_magic.gpus import numbering
 
     if context.context().config.device_count["GPU"] == 0:  # how TensorFlow says "no GPU visible"
         return []
@@ -133,7 +133,7 @@ def start_facts() -> None:
 def no_gpu_note() -> None:
     """Defect 9: any GPU setting that cannot take effect is said once, not only a limit."""
     import tfgpu_magic
-    from tfgpu_magic.simulated import shared_server
+    from tfgpu_magic.gpus.simulated import shared_server
 
     tfgpu_magic.set_device_source(shared_server())  # NVML sees GPUs; the CPU build finds none
     ip.run_line_magic("load_ext", "tfgpu_magic")

@@ -31,9 +31,9 @@ from .monitor import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MAX_WINDOW_S, MIN_INTER
 
 __all__ = ["MemoryPanel", "SideArea", "batch"]
 
-from . import __version__
+from .. import __version__
 
-_STATIC = pathlib.Path(__file__).parent / "static"
+_STATIC = pathlib.Path(__file__).parent.parent / "static"  # tfgpu_magic/static, where npm builds it
 
 # The JupyterLab extension's npm package, which registers the SideArea widget's model and view
 # (package.json "name"; js/lab/version.ts).  Its version is the Python package's.

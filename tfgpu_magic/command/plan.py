@@ -116,7 +116,7 @@ def _sizes_text(sizes: tuple[Size, ...]) -> str:
 
 @dataclass(frozen=True)
 class MachineFacts:
-    """What resolving needs to know about the machine (built by :class:`tfgpu_magic.machine.Machine`).
+    """What resolving needs to know about the machine (built by :class:`tfgpu_magic.kernel.machine.Machine`).
 
     ``count`` and ``totals_mib`` come from NVML (None without it).  ``allocated`` are the
     nvidia-smi indices the environment allows (None: unknown); ``cuda_found`` the GPUs CUDA

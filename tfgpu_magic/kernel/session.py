@@ -1,8 +1,8 @@
 """The kernel's GPU session: what was asked, and getting it into TensorFlow at the right moment.
 
-A :class:`Session` holds the request (a :class:`~tfgpu_magic.plan.Plan`) and the
-:class:`~tfgpu_magic.machine.Machine`.  Each command is resolved once against the machine
-(:func:`~tfgpu_magic.plan.resolve`); the environment variables CUDA and TensorFlow read at
+A :class:`Session` holds the request (a :class:`~tfgpu_magic.command.plan.Plan`) and the
+:class:`~tfgpu_magic.kernel.machine.Machine`.  Each command is resolved once against the machine
+(:func:`~tfgpu_magic.command.plan.resolve`); the environment variables CUDA and TensorFlow read at
 start-up, the ``tf.config`` calls and every report come from that one resolution.  Settings
 that TensorFlow reads at import time wait in a post-import hook, so ``import tensorflow`` and
 the first op may share a cell; what a started TensorFlow can no longer change is refused with
@@ -18,13 +18,23 @@ from collections.abc import MutableMapping
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from . import grammar, numbering, tf_diagnosis
+from ..command import grammar
+from ..command.plan import Plan, PlanError, Resolution, resolve
+from ..command.units import format_bytes, format_change
+from ..frameworks import tensorflow_diagnosis as tf_diagnosis
+from ..frameworks.tensorflow import (
+    ASYNC_ALLOCATOR,
+    AllocatorStats,
+    ApplyError,
+    InForce,
+    Stage,
+    TensorFlow,
+    distribution_installed,
+)
+from ..frameworks.tensorflow_diagnosis import NoGpuDiagnosis
+from ..gpus import numbering
+from ..gpus.nvml import Nvml
 from .machine import MANAGED_ENV, Machine
-from .nvml import Nvml
-from .plan import Plan, PlanError, Resolution, resolve
-from .tf_diagnosis import NoGpuDiagnosis
-from .tf_runtime import ASYNC_ALLOCATOR, AllocatorStats, ApplyError, InForce, Stage, TensorFlow, distribution_installed
-from .units import format_bytes, format_change
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
 

@@ -13,13 +13,13 @@ import html
 import os
 from typing import Any, Callable, Optional
 
-from . import claims, holdings, owners
-from .numbering import shown as _cut
-from .nvml import GpuInfo, GpuLost, NvmlUnavailable, ReadingFailed
-from .safe_text import safe_tree
+from ..command.units import format_bytes, sizes_for
+from ..frameworks.tensorflow import Stage
+from ..gpus import claims, holdings, owners
+from ..gpus.numbering import shown as _cut
+from ..gpus.nvml import GpuInfo, GpuLost, NvmlUnavailable, ReadingFailed
+from ..safe_text import safe_tree
 from .session import Session, SessionError
-from .tf_runtime import Stage
-from .units import format_bytes, sizes_for
 
 __all__ = ["build_report", "render_html", "render_text"]
 

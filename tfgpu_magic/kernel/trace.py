@@ -22,9 +22,9 @@ import time
 import weakref
 from typing import Any, Optional
 
-from . import tf_runtime
-from .tf_runtime import AllocatorStats, PeakWindow, Stage
-from .units import format_change, format_size
+from ..command.units import format_change, format_size
+from ..frameworks import tensorflow as tf_adapter
+from ..frameworks.tensorflow import AllocatorStats, PeakWindow, Stage
 
 __all__ = [
     "NO_STATS",
@@ -38,7 +38,7 @@ __all__ = [
 PREFIX = "[gpu trace]"
 NO_STATS = (
     "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
-    f"started without {tf_runtime.CPU_STATS_ENV}=true. Restart the kernel and run `%gpu trace` "
+    f"started without {tf_adapter.CPU_STATS_ENV}=true. Restart the kernel and run `%gpu trace` "
     "before `import tensorflow` (it sets the variable), or set it in the kernel's environment"
 )
 
@@ -76,7 +76,7 @@ def _what_is_traced(session: Any) -> str:
         # missing), its CPU allocator is traced instead, set up just before the runtime starts.
         session.tf.cpu_stats_if_no_gpu = True
         return f"{text}; if TensorFlow finds no GPU, its CPU allocator is traced instead"
-    name = tf_runtime.CPU_STATS_ENV
+    name = tf_adapter.CPU_STATS_ENV
     if changed:
         return (
             f"{text}; no GPU will be visible, so {name}=true is now set for TensorFlow's CPU "
@@ -93,7 +93,7 @@ def enable_cpu_stats(session: Any) -> Optional[bool]:
     """
     if session.tf.stage() is Stage.STARTED or _gpus_expected(session):
         return None
-    name = tf_runtime.CPU_STATS_ENV
+    name = tf_adapter.CPU_STATS_ENV
     if session.env.get(name, "").lower() == "true":
         return False
     session.env[name] = "true"  # the session's environment is the process's, except in tests

@@ -1,12 +1,12 @@
 """Who holds what on this machine's GPUs, per Jupyter kernel: the reply of ``GET tfgpu/api/status``.
 
-:func:`inventory` takes an :class:`~tfgpu_magic.nvml.Nvml`, the server's kernels
+:func:`inventory` takes an :class:`~tfgpu_magic.gpus.nvml.Nvml`, the server's kernels
 (:class:`KernelDescription`) and a process table, and returns the JSON-ready dict of the
 contract between the server extension and the JupyterLab extension (``version`` 1).  It is
 pure Python: no Jupyter, no tornado, so it runs and is tested where there is no server (a GPU
 machine, a script).  psutil is imported when the first reading is made, not at import.
 
-Attribution is :func:`tfgpu_magic.holdings.attribute`'s, the one ``%gpu`` uses: each process
+Attribution is :func:`tfgpu_magic.gpus.holdings.attribute`'s, the one ``%gpu`` uses: each process
 NVML lists gets its owner from the process table, and is then mine, another user's, or exited.
 This module only regroups those entries: a process is a kernel's when it is the kernel's
 process or one of its descendants, found by walking up from each process NVML lists
@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from . import holdings, owners
-from .nvml import GpuInfo, GpuLost, Nvml, NvmlUnavailable, ReadingFailed
-from .safe_text import safe_tree
+from ..gpus import holdings, owners
+from ..gpus.nvml import GpuInfo, GpuLost, Nvml, NvmlUnavailable, ReadingFailed
+from ..gpus.process_tree import children_of, descendants, read_ancestry, read_parent_map
+from ..safe_text import safe_tree
 
 __all__ = [
     "REFRESH_INTERVAL_S",
@@ -81,52 +82,6 @@ def iso_utc(moment: Optional[datetime]) -> Optional[str]:
     if moment.tzinfo is None:  # jupyter_server's timestamps are aware; a naive one is taken as UTC
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-MAX_ANCESTRY = 64  # parents followed above one pid: more than any real process tree is deep
-
-
-def read_ancestry(pids: Iterable[int]) -> dict[int, int]:
-    """``{pid: ppid}`` for each live pid given and every ancestor above it, up to init.
-
-    Enough to tell which kernel a GPU process descends from, at the cost of a few small reads
-    per pid (ancestors shared by several pids are read once).  A pid that has exited or is a
-    zombie is left out: it has exited, only its parent has not yet collected it (a kernel killed
-    a moment ago is one until its manager notices).
-    """
-    parents: dict[int, int] = {}
-    for pid in pids:
-        for _ in range(MAX_ANCESTRY):
-            if pid <= 1 or pid in parents:
-                break
-            ppid = owners.parent_of(pid)
-            if ppid is None:
-                break
-            parents[pid] = ppid
-            pid = ppid
-    return parents
-
-
-def read_parent_map() -> tuple[dict[int, int], Optional[str]]:
-    """Every running process's parent, ``{pid: ppid}``, from one psutil scan, and a note if it failed.
-
-    A whole-table scan (milliseconds per thousand processes): the simulated server uses it to
-    find the Jupyter server's kernels; the inventory reads only ancestries.  A zombie is left out: it has exited, only its parent has not yet collected it (a kernel
-    killed a moment ago is one until its manager notices).
-    """
-    try:
-        import psutil  # not at import: the package stays light
-    except ImportError:
-        return {}, "psutil is not installed: a kernel's child processes are not counted as the kernel's"
-    parents: dict[int, int] = {}
-    try:
-        for proc in psutil.process_iter(["ppid", "status"]):
-            ppid, status = proc.info.get("ppid"), proc.info.get("status")
-            if ppid is not None and status != psutil.STATUS_ZOMBIE:  # ppid None: vanished during the scan
-                parents[proc.pid] = ppid
-    except Exception as err:  # psutil.Error, OSError: a partial map still serves
-        return parents, f"the process tree could not be read entirely ({type(err).__name__}: {err})"
-    return parents, None
 
 
 # -- the reply --------------------------------------------------------------------------------
@@ -211,27 +166,6 @@ def _reply(
 
 
 # -- which processes are a kernel's -----------------------------------------------------------
-def children_of(parents: Mapping[int, int]) -> dict[int, list[int]]:
-    """The parent map turned around: ``{ppid: [pids]}``."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
-    return children
-
-
-def descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
-    """Every process below ``pid`` (children, theirs, ...), sorted."""
-    found: set[int] = set()
-    waiting = list(children.get(pid, []))
-    while waiting:
-        child = waiting.pop()
-        if child in found or child == pid:  # a map read while pids are reused may hold a cycle
-            continue
-        found.add(child)
-        waiting.extend(children.get(child, []))
-    return sorted(found)
-
-
 def _kernel_of_each_pid(kernels: Sequence[KernelDescription], parents: Mapping[int, int]) -> dict[int, str]:
     """``{pid: kernel id}`` for every kernel's own process and all its descendants."""
     children = children_of(parents)

@@ -14,8 +14,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import List, Unicode, observe
 
-from . import grammar
-from .plan import Plan, PlanError
+from ..command import grammar
+from ..command.plan import Plan, PlanError
 from .session import Session, SessionError, get_session
 
 __all__ = ["COMPLETION_ID", "GpuMagics", "MANUAL", "complete", "register_completion"]
@@ -156,7 +156,8 @@ def use(session: Session, command: Any, progress: Any = print) -> str:
     """
     if not (isinstance(command, grammar.Use) and isinstance(command.gpus, grammar.Auto)):
         return session.configure(command)
-    from . import choosing, claims  # the chooser and its claims
+    from ..gpus import claims
+    from . import choosing  # the chooser and its claims
 
     held_before = claims.held()
     try:

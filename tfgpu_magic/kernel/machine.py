@@ -7,7 +7,7 @@ Facts are captured when they become true and read from that one record afterward
 * the **allocation**, the ``CUDA_VISIBLE_DEVICES`` the kernel inherited (a scheduler's or an
   administrator's), read when the machine is created;
 * what **CUDA saw** at enumeration and what **TensorFlow started with** at its first op, both
-  recorded by :class:`tfgpu_magic.tf_runtime.TensorFlow` at those moments.
+  recorded by :class:`tfgpu_magic.frameworks.tensorflow.TensorFlow` at those moments.
 
 Neither NVML nor TensorFlow is touched when a Machine is created.
 """
@@ -18,11 +18,11 @@ import os
 from collections.abc import MutableMapping
 from typing import Optional
 
-from . import numbering
-from .nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
-from .plan import MachineFacts
-from .tf_runtime import CUDA_ENV, Stage, TensorFlow
-from .units import MIB
+from ..command.plan import MachineFacts
+from ..command.units import MIB
+from ..frameworks.tensorflow import CUDA_ENV, Stage, TensorFlow
+from ..gpus import numbering
+from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 
 __all__ = ["MANAGED_ENV", "Machine"]
 
@@ -147,7 +147,7 @@ class Machine:
         return tuple(sorted(cuda_map[k] for k in found if k < len(cuda_map)))
 
     def facts(self) -> MachineFacts:
-        """What :func:`tfgpu_magic.plan.resolve` needs, read now."""
+        """What :func:`tfgpu_magic.command.plan.resolve` needs, read now."""
         count = self.gpu_count()
         allocation = self.allocation()
         cuda_found = self.cuda_found()

@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
-from .safe_text import safe
+from ..safe_text import safe
 
 __all__ = [
     "GpuInfo",

@@ -20,8 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from ..safe_text import safe
 from .nvml import Nvml
-from .safe_text import safe
 
 __all__ = [
     "EXITED_NOTE",

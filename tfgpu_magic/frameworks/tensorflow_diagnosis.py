@@ -12,7 +12,7 @@ three usual answers, each told apart by facts that cannot change while the proce
   system install, and TensorFlow then quietly lists no GPU.
 
 :func:`diagnose` is pure: the session gathers the facts once, after TensorFlow listed its
-devices, and keeps the result (see :meth:`tfgpu_magic.session.Session.no_gpu_diagnosis`).
+devices, and keeps the result (see :meth:`tfgpu_magic.kernel.session.Session.no_gpu_diagnosis`).
 """
 
 from __future__ import annotations

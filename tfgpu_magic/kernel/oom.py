@@ -16,9 +16,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import tf_runtime
-from .safe_text import safe
-from .units import MIB, format_size
+from ..command.units import MIB, format_size
+from ..frameworks import tensorflow as tf_adapter
+from ..safe_text import safe
 
 __all__ = ["Facts", "OomSite", "explain", "gather", "install", "next_steps", "parse_message", "render"]
 
@@ -143,14 +143,14 @@ def gather(session: Any, error: BaseException) -> Facts:
 
 
 def _cpu_limit_text() -> str:
-    if os.environ.get(tf_runtime.CPU_STATS_ENV, "").lower() != "true":
+    if os.environ.get(tf_adapter.CPU_STATS_ENV, "").lower() != "true":
         return "none of TensorFlow's own (the default CPU allocator takes what the system gives)"
-    raw = os.environ.get(tf_runtime.CPU_LIMIT_ENV)
+    raw = os.environ.get(tf_adapter.CPU_LIMIT_ENV)
     # '²'.isdigit() is True and int('²') fails; int() refuses over 4,300 digits, and TensorFlow
     # reads the value as an int64 (at most 19 digits), so a longer one is not a limit it uses.
     if raw and raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) <= 18:
-        return f"{format_size(int(raw) * MIB)} ({tf_runtime.CPU_LIMIT_ENV}={raw})"
-    return f"{format_size(tf_runtime.CPU_DEFAULT_LIMIT_MIB * MIB)} (TensorFlow's default for the CPU BFC allocator)"
+        return f"{format_size(int(raw) * MIB)} ({tf_adapter.CPU_LIMIT_ENV}={raw})"
+    return f"{format_size(tf_adapter.CPU_DEFAULT_LIMIT_MIB * MIB)} (TensorFlow's default for the CPU BFC allocator)"
 
 
 def _gpu_facts(session: Any, facts: Facts, device: str) -> None:
@@ -180,7 +180,7 @@ def _gpu_facts(session: Any, facts: Facts, device: str) -> None:
 
 def _other_processes(session: Any, info: Any) -> tuple[list[str], Optional[str]]:
     """Other processes on the GPU with owners, largest first (the inventory's attribution)."""
-    from . import holdings, owners  # psutil, only when there is something to explain
+    from ..gpus import holdings, owners  # psutil, only when there is something to explain
 
     table = owners.process_table_for(session.nvml)
     usage = holdings.attribute(session.nvml, info, table, os.getpid(), table.current_user())
@@ -273,7 +273,7 @@ def next_steps(facts: Facts) -> list[str]:
         steps.append("a higher `%gpu limit`, at the top of the notebook, then restart the kernel")
     else:
         steps.append(
-            f"a higher {tf_runtime.CPU_LIMIT_ENV} (MiB) in the kernel's environment before TensorFlow "
+            f"a higher {tf_adapter.CPU_LIMIT_ENV} (MiB) in the kernel's environment before TensorFlow "
             "starts, or a GPU"
         )
     return steps

@@ -54,8 +54,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Optional
 
+from ..safe_text import safe
 from .process_table import ProcessTable, own_start
-from .safe_text import safe
 
 __all__ = [
     "Choice",

@@ -16,10 +16,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from . import grammar, tf_runtime, trace
+from ..command import grammar
+from ..command.units import format_size
+from ..frameworks import tensorflow as tf_adapter
+from ..frameworks.tensorflow import Stage
+from . import trace
 from .session import SessionError
-from .tf_runtime import Stage
-from .units import format_size
 
 __all__ = ["BudgetExceeded", "CELL_FORMS", "CellCommand", "check_budget", "execute", "parse_cell_line", "run_cell_magic"]
 
@@ -65,7 +67,7 @@ def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: st
     if tf.stage() is Stage.STARTED and not tf.memory_devices():
         raise SessionError(f"cannot check a budget: {trace.NO_STATS}")
     if trace.enable_cpu_stats(session):
-        print(f"tfgpu_magic: no GPU will be visible, so {tf_runtime.CPU_STATS_ENV}=true is now set "
+        print(f"tfgpu_magic: no GPU will be visible, so {tf_adapter.CPU_STATS_ENV}=true is now set "
               "for TensorFlow's CPU allocator to keep the statistics a budget needs")
     window = tf.open_peak_window()
     try:

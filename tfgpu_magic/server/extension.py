@@ -2,7 +2,7 @@
 
 Enabled on install (``etc/jupyter/jupyter_server_config.d/tfgpu_magic.json``); the entry point
 ``tfgpu_magic._jupyter_server_extension_points`` only names this module, so importing the
-package never imports jupyter_server.  The reply is :func:`tfgpu_magic.kernel_inventory.inventory`'s
+package never imports jupyter_server.  The reply is :func:`tfgpu_magic.server.kernel_inventory.inventory`'s
 (the contract with the JupyterLab extension, ``version`` 1), always with status 200: no
 driver, a lost GPU or a failed reading are data in it, never an error page.
 
@@ -36,9 +36,10 @@ from traitlets import Callable as CallableTrait
 from traitlets import Float, Unicode, Union
 from traitlets.config import Configurable
 
-from . import kernel_inventory, owners
+from ..gpus import owners
+from ..gpus.nvml import Nvml
+from . import kernel_inventory
 from .kernel_inventory import KernelDescription
-from .nvml import Nvml
 
 __all__ = ["ROUTE", "SharedRefresh", "StatusHandler", "StatusSource", "TfgpuMagic", "load_device_source"]
 

@@ -3,7 +3,7 @@
 Candidates are the GPUs the environment allocated to this kernel; lost GPUs, GPUs in MIG
 mode, GPUs whose UUID cannot be read (their claim would have no stable key) and GPUs claimed
 by another live kernel are skipped.  Choosing and claiming happen under the claim directory's
-lock (:mod:`tfgpu_magic.claims`), so two kernels started together get different GPUs.
+lock (:mod:`tfgpu_magic.gpus.claims`), so two kernels started together get different GPUs.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from . import claims, grammar
-from .nvml import GpuInfo, Nvml, NvmlUnavailable
-from .tf_runtime import Stage
-from .units import format_bytes
+from ..command import grammar
+from ..command.units import format_bytes
+from ..frameworks.tensorflow import Stage
+from ..gpus import claims
+from ..gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 
 __all__ = ["ChoiceError", "choose_gpus", "claim_key", "release"]
 

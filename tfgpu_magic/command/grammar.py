@@ -2,7 +2,7 @@
 
 Parsing is pure: it knows nothing of GPUs present, TensorFlow or IPython.  Checks that need
 the machine (``use 9`` on a 4-GPU server, a limit above a GPU's memory) happen in
-:mod:`tfgpu_magic.session`.  Every error message names the valid forms of its verb.
+:mod:`tfgpu_magic.kernel.session`.  Every error message names the valid forms of its verb.
 
 Each verb, ``%%gpu`` cell words included, is declared once, in :data:`TABLE`: its parser, its
 valid forms, its lines in the manual and its Tab completions.  Error messages (:func:`usage`),

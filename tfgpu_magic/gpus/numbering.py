@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from .safe_text import safe
-from .units import format_bytes
+from ..command.units import format_bytes
+from ..safe_text import safe
 
 __all__ = [
     "Allocation",

@@ -1,0 +1,664 @@
+"""A simulated shared multi-GPU server, behind the same functions as ``pynvml``.
+
+Hand it to :class:`tfgpu_magic.gpus.nvml.Nvml` in place of ``pynvml``::
+
+    server = shared_server()              # 4 GPUs, several users' processes
+    nvml = Nvml(lib=server)
+
+It implements the ``pynvml`` functions tfgpu_magic calls, with NVML's error codes, so the
+real translation code (unsupported readings, lost GPUs) runs in tests, benchmarks and
+tutorials on machines without a GPU.  Scenarios are changed by mutating the dataclasses.
+
+Faults are injected the same way:
+
+* ``SimulatedGpu.unsupported`` (a set of reading names): those readings raise
+  ``NVMLError(NVML_ERROR_NOT_SUPPORTED)``;
+* ``SimulatedGpu.lost = True``: every reading of that GPU raises ``NVML_ERROR_GPU_IS_LOST``;
+* ``SimulatedGpu.faults`` (reading name -> exception): that reading raises the exception,
+  any exception (``NVMLError(NVML_ERROR_NO_PERMISSION)``, ``RuntimeError("boom")``, ...), before
+  the checks above; ``SimulatedNvml.faults_raised`` counts how often one was raised;
+* ``SimulatedGpu.mig = True`` with ``mig_instances`` (:class:`SimulatedMigInstance`): a GPU in
+  MIG mode.  Its instances answer NVML's MIG queries as the driver does
+  (``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``,
+  ``nvmlDeviceGetHandleByUUID``, ``nvmlDeviceGetGpuInstanceId`` / ``GetComputeInstanceId``,
+  memory and processes on the instance's handle); the GPU's own readings cover the whole GPU,
+  its process listing every instance's processes, and its utilization is not supported;
+* ``SimulatedNvml.driver = False``: ``nvmlInit`` raises ``NVML_ERROR_DRIVER_NOT_LOADED``;
+  ``SimulatedNvml.init_error`` (an exception, or None): ``nvmlInit`` raises it instead.
+
+Reading names (see :data:`READINGS`): ``handle`` (``nvmlDeviceGetHandleByIndex``), ``name``,
+``uuid``, ``pci``, ``memory``, ``utilization``, ``compute_capability``, ``mig``, and
+``processes`` (both process listings) or ``compute_processes`` / ``graphics_processes`` (one),
+and, on a GPU in MIG mode, ``mig_devices`` (:data:`MIG_READINGS`: the MIG device count, handles and ids).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Optional
+
+__all__ = [
+    "DEMO_KERNEL_PID",
+    "READINGS",
+    "LiveKernelsNvml",
+    "MIG_READINGS",
+    "SimulatedGpu",
+    "SimulatedMigHandle",
+    "SimulatedMigInstance",
+    "SimulatedNvml",
+    "SimulatedProcess",
+    "busy_server",
+    "kernels_server",
+    "mig_server",
+    "shared_server",
+]
+
+MIB = 1024 * 1024
+
+# NVML's own return codes (nvml.h), so code written against pynvml sees the same values.
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_UNKNOWN = 999
+
+# The reading names that ``SimulatedGpu.faults`` and ``SimulatedGpu.unsupported`` understand.
+READINGS = (
+    "handle",
+    "name",
+    "uuid",
+    "pci",
+    "memory",
+    "utilization",
+    "compute_capability",
+    "mig",
+    "processes",
+    "compute_processes",
+    "graphics_processes",
+)
+# Readings of a GPU in MIG mode only (faults and ``unsupported`` take them too): the MIG device
+# count, handles and instance ids.
+MIG_READINGS = ("mig_devices",)
+
+
+class NVMLError(Exception):
+    """Same shape as ``pynvml.NVMLError``: the NVML return code is in ``value``."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return {
+            NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+            NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+            NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+            NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+            NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+            NVML_ERROR_NOT_FOUND: "Not Found",
+            NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+            NVML_ERROR_UNINITIALIZED: "Uninitialized",
+            NVML_ERROR_GPU_NOT_FOUND: "GPU not found",
+            NVML_ERROR_UNKNOWN: "Unknown Error",
+        }.get(self.value, f"NVML error {self.value}")
+
+
+@dataclass
+class SimulatedProcess:
+    """A process on a simulated GPU.  ``used_mib=None`` mimics NVML's 'not available'."""
+
+    pid: int
+    used_mib: Optional[int]
+    user: str = "someone"  # read by the simulated process table (see SimulatedNvml.owner_of)
+    command: str = "python train.py"
+    alive: bool = True  # False: NVML still lists it, but the process has exited
+    kind: str = "compute"
+
+
+@dataclass
+class SimulatedMigInstance:
+    """A MIG device (a compute instance in a GPU instance) on a simulated GPU in MIG mode."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    total_mib: int
+    profile: str = ""  # e.g. "2g.10gb", shown in the instance's name
+    base_used_mib: int = 0  # the instance's context overhead
+    uuid: str = ""  # "MIG-...": given one when the server is made
+    processes: list[SimulatedProcess] = field(default_factory=list)
+
+    @property
+    def used_mib(self) -> int:
+        return min(self.base_used_mib + sum(p.used_mib or 0 for p in self.processes), self.total_mib)
+
+
+@dataclass(frozen=True)
+class SimulatedMigHandle:
+    """A MIG device handle: its GPU and its place among the GPU's MIG devices (as NVML's index)."""
+
+    parent: int
+    slot: int
+
+
+@dataclass
+class SimulatedGpu:
+    name: str = "NVIDIA A100-SXM4-40GB"
+    total_mib: int = 40960
+    base_used_mib: int = 300  # driver/context overhead not owned by a listed process
+    reserved_mib: int = 0  # the driver's own reservation: "used" in NVML's version-1 reading only
+    utilization: int = 0
+    uuid: str = ""
+    pci_bus_id: str = ""
+    compute_capability: tuple[int, int] = (8, 0)
+    mig: bool = False
+    mig_instances: list[SimulatedMigInstance] = field(default_factory=list)  # read only when ``mig``
+    max_mig_devices: int = 7  # what nvmlDeviceGetMaxMigDeviceCount says (an A100's 7); 0: no MIG support
+    processes: list[SimulatedProcess] = field(default_factory=list)
+    unsupported: set[str] = field(default_factory=set)  # e.g. {"utilization", "processes"}
+    lost: bool = False
+    # reading name (see READINGS) -> the exception that reading raises, e.g.
+    # {"utilization": NVMLError(NVML_ERROR_NO_PERMISSION), "name": RuntimeError("boom")}
+    faults: dict[str, BaseException] = field(default_factory=dict)
+
+    @property
+    def used_mib(self) -> int:
+        used = self.base_used_mib + sum(p.used_mib or 0 for p in self.processes)
+        if self.mig:  # the GPU's reading covers its instances
+            used += sum(m.used_mib for m in self.mig_instances)
+        return min(used, self.total_mib)
+
+
+class SimulatedNvml:
+    """The subset of ``pynvml`` that tfgpu_magic uses, backed by :class:`SimulatedGpu` objects."""
+
+    NVMLError = NVMLError
+    NVML_ERROR_UNINITIALIZED = NVML_ERROR_UNINITIALIZED
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
+    NVML_ERROR_NOT_FOUND = NVML_ERROR_NOT_FOUND
+    NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
+    NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_ERROR_GPU_NOT_FOUND = NVML_ERROR_GPU_NOT_FOUND
+    NVML_ERROR_UNKNOWN = NVML_ERROR_UNKNOWN
+    NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
+    nvmlMemory_v2 = 0x02000028  # pynvml's constant: asks for the version-2 memory reading
+    memory_v2 = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2
+    cuda_driver_version = 12080  # nvmlSystemGetCudaDriverVersion: CUDA 12.8; None: not supported
+
+    def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
+        self.gpus = gpus
+        self.driver = driver
+        self.init_error: Optional[BaseException] = None  # raised by nvmlInit when set
+        self.initialized = False
+        self.init_calls = 0
+        self.calls = 0  # every NVML call, for benchmarks and 'how many reads' tests
+        self.faults_raised = 0  # injected faults (SimulatedGpu.faults) raised so far
+        for i, gpu in enumerate(gpus):
+            gpu.uuid = gpu.uuid or f"GPU-{i:08x}-fake-0000-0000-{i:012x}"
+            gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x17 + i * 0x10:02X}:00.0"
+            for slot, instance in enumerate(gpu.mig_instances):
+                instance.uuid = instance.uuid or f"MIG-{i:08x}-{slot:04x}-fake-0000-{instance.gpu_instance_id:012x}"
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if self.init_error is not None:
+            raise self.init_error
+        if not self.driver:
+            raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialized = False
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check()
+        if self.cuda_driver_version is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return self.cuda_driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self._check()
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self._fault(self.gpus[index], "handle")
+        return index  # the handle is the index; readings look the GPU up again each call
+
+    # -- readings ---------------------------------------------------------------------------
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        if isinstance(handle, SimulatedMigHandle):
+            gpu, instance = self._mig(handle, "name")
+            return f"{gpu.name} MIG {instance.profile}".rstrip()
+        return self._gpu(handle, "name").name
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, SimulatedMigHandle):
+            return self._mig(handle, "uuid")[1].uuid
+        return self._gpu(handle, "uuid").uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._gpu(handle, "pci").pci_bus_id)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: Optional[int] = None) -> SimpleNamespace:
+        if version is not None and not self.memory_v2:
+            self.calls += 1
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        gpu: Any = self._mig(handle, "memory")[1] if isinstance(handle, SimulatedMigHandle) else self._gpu(handle, "memory")
+        reserved_mib = getattr(gpu, "reserved_mib", 0)
+        used, reserved, total = gpu.used_mib * MIB, reserved_mib * MIB, gpu.total_mib * MIB
+        if version is None:  # version 1 counts the driver's reservation as used
+            return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
+        return SimpleNamespace(total=total, reserved=reserved, used=used, free=total - used - reserved)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
+        if isinstance(handle, SimulatedMigHandle):
+            self._mig(handle, "utilization")
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "utilization")
+        if gpu.mig:  # NVML has no utilization for a GPU in MIG mode
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=gpu.utilization, memory=0)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        return self._gpu(handle, "compute_capability").compute_capability
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        """[current, pending], as pynvml returns them."""
+        if isinstance(handle, SimulatedMigHandle):
+            self._check()
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # a MIG device has no MIG mode of its own
+        mig = int(self._gpu(handle, "mig").mig)
+        return [mig, mig]
+
+    # -- MIG devices (pynvml's names and semantics) ----------------------------------------
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        gpu = self._gpu(self._physical(handle), "mig_devices")
+        if gpu.max_mig_devices == 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_mig_devices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> SimulatedMigHandle:
+        """NVML: NOT_SUPPORTED without MIG support, INVALID_ARGUMENT for an index beyond the
+        maximum (or a GPU not in MIG mode), NOT_FOUND where no MIG device is at that index."""
+        gpu = self._gpu(self._physical(handle), "mig_devices")
+        if gpu.max_mig_devices == 0:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if not gpu.mig or not 0 <= index < gpu.max_mig_devices:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(gpu.mig_instances):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return SimulatedMigHandle(handle, index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any) -> Any:
+        """A GPU's handle for a ``GPU-`` UUID, a MIG device's for a ``MIG-`` one; NOT_FOUND otherwise."""
+        self._check()
+        wanted = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        for i, gpu in enumerate(self.gpus):
+            if gpu.uuid == wanted:
+                return i
+            for slot, instance in enumerate(gpu.mig_instances if gpu.mig else ()):
+                if instance.uuid == wanted:
+                    return SimulatedMigHandle(i, slot)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> bool:
+        self._check()
+        return isinstance(handle, SimulatedMigHandle)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> int:
+        if not isinstance(handle, SimulatedMigHandle):
+            self._check()
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self._mig(handle, "handle")
+        return handle.parent
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        return self._mig_only(handle).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        return self._mig_only(handle).compute_instance_id
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return self._processes(handle, "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return self._processes(handle, "graphics")
+
+    # -- the process table a real server has beside NVML (psutil's job there) ----------------
+    def owner_of(self, pid: int) -> Optional[SimulatedProcess]:
+        """The simulated process with this pid, or None if it exited or never existed."""
+        for proc in self.fixed_processes():
+            if proc.pid == pid and proc.alive:
+                return proc
+        return None
+
+    def fixed_processes(self) -> list[SimulatedProcess]:
+        """Every simulated process, those on MIG instances included."""
+        found = []
+        for gpu in self.gpus:
+            found += gpu.processes
+            for instance in gpu.mig_instances:
+                found += instance.processes
+        return found
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _check(self) -> None:
+        self.calls += 1
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+    def _fault(self, gpu: SimulatedGpu, *readings: str) -> None:
+        for reading in readings:
+            fault = gpu.faults.get(reading)
+            if fault is not None:
+                self.faults_raised += 1
+                raise fault
+
+    def _gpu(self, handle: int, reading: str, *also: str) -> SimulatedGpu:
+        """The GPU behind a handle, raising what is injected for ``reading`` (or ``also``)."""
+        self._check()
+        gpu = self.gpus[handle]
+        self._fault(gpu, reading, *also)
+        if gpu.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if reading in gpu.unsupported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _processes(self, handle: Any, kind: str) -> list[SimpleNamespace]:
+        """On a MIG device, its processes; on a GPU in MIG mode, every instance's (with their
+        ``gpuInstanceId``/``computeInstanceId``, as NVML's version-3 process records have)."""
+        if isinstance(handle, SimulatedMigHandle):
+            _gpu, instance = self._mig(handle, "processes", f"{kind}_processes")
+            return [_record(p, instance) for p in instance.processes if p.kind == kind]
+        gpu = self._gpu(handle, "processes", f"{kind}_processes")
+        listed = [_record(p, None) for p in gpu.processes if p.kind == kind]
+        for instance in gpu.mig_instances if gpu.mig else ():
+            listed += [_record(p, instance) for p in instance.processes if p.kind == kind]
+        return listed
+
+    def _physical(self, handle: Any) -> int:
+        if isinstance(handle, SimulatedMigHandle):
+            self._check()
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # MIG queries take the GPU's handle
+        return handle
+
+    def _mig(self, handle: SimulatedMigHandle, reading: str, *also: str) -> tuple[SimulatedGpu, SimulatedMigInstance]:
+        """The GPU and instance behind a MIG handle; a handle whose instance is gone is invalid."""
+        gpu = self._gpu(handle.parent, reading, *also)
+        if not gpu.mig or handle.slot >= len(gpu.mig_instances):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu, gpu.mig_instances[handle.slot]
+
+    def _mig_only(self, handle: Any) -> SimulatedMigInstance:
+        if not isinstance(handle, SimulatedMigHandle):
+            self._gpu(handle, "mig_devices")
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # not a MIG device
+        return self._mig(handle, "mig_devices")[1]
+
+
+def _record(p: SimulatedProcess, instance: Optional[SimulatedMigInstance]) -> SimpleNamespace:
+    """A process as pynvml gives it (``nvmlProcessInfo_v3``); NVML's 'no instance' is 0xFFFFFFFF."""
+    none = 0xFFFFFFFF
+    return SimpleNamespace(
+        pid=p.pid,
+        usedGpuMemory=None if p.used_mib is None else p.used_mib * MIB,
+        gpuInstanceId=none if instance is None else instance.gpu_instance_id,
+        computeInstanceId=none if instance is None else instance.compute_instance_id,
+    )
+
+
+def shared_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
+    """A four-GPU server shared by a team, as seen from the process ``my_pid``.
+
+    GPU 0 (40 GiB) is busy with alice's training; GPU 1 (80 GiB) holds this process and
+    another of mine; GPU 2 (24 GiB) is idle; GPU 3 (16 GiB, an older card) supports no
+    utilization reading and holds a process that has already exited.
+    """
+    my_pid = os.getpid() if my_pid is None else my_pid
+    return SimulatedNvml(
+        [
+            SimulatedGpu(
+                total_mib=40960,
+                utilization=97,
+                processes=[SimulatedProcess(41001, 30720, "alice", "python train_resnet.py")],
+            ),
+            SimulatedGpu(
+                name="NVIDIA A100-SXM4-80GB",
+                total_mib=81920,
+                utilization=35,
+                processes=[
+                    SimulatedProcess(my_pid, 10240, me, "python -m ipykernel_launcher"),
+                    SimulatedProcess(41002, 4096, me, "python -m ipykernel_launcher"),
+                    SimulatedProcess(41003, 8192, "bob", "python finetune.py"),
+                ],
+            ),
+            SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
+            SimulatedGpu(
+                name="Tesla T4",
+                total_mib=15360,
+                compute_capability=(7, 5),
+                unsupported={"utilization"},
+                processes=[SimulatedProcess(41004, 2048, "carol", "python old.py", alive=False)],
+            ),
+        ]
+    )
+
+
+def mig_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
+    """``shared_server`` with GPU 3 an A100 in MIG mode, shared by three tenants' instances.
+
+    GPU 3 (40 GiB) holds MIG instances 1/0 (2g.10gb, where bob runs), 2/0 (2g.10gb, alice's)
+    and 5/0 (1g.5gb, idle).  A kernel a scheduler started with ``CUDA_VISIBLE_DEVICES`` set to
+    instance 1/0's UUID (``server.gpus[3].mig_instances[0].uuid``) has that instance, not the GPU.
+    """
+    server = shared_server(my_pid, me)
+    gpu = SimulatedGpu(
+        name="NVIDIA A100-SXM4-40GB",
+        total_mib=40960,
+        base_used_mib=0,
+        mig=True,
+        uuid=server.gpus[3].uuid,
+        pci_bus_id=server.gpus[3].pci_bus_id,
+        mig_instances=[
+            SimulatedMigInstance(1, 0, 9984, "2g.10gb", 13, processes=[SimulatedProcess(41005, 3072, "bob", "python sweep.py")]),
+            SimulatedMigInstance(2, 0, 9984, "2g.10gb", 13, processes=[SimulatedProcess(41006, 6144, "alice", "python eval.py")]),
+            SimulatedMigInstance(5, 0, 4864, "1g.5gb", 13),
+        ],
+    )
+    for slot, instance in enumerate(gpu.mig_instances):
+        instance.uuid = f"MIG-{3:08x}-{slot:04x}-fake-0000-{instance.gpu_instance_id:012x}"
+    server.gpus[3] = gpu
+    return server
+
+
+def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40, me: str = "me") -> SimulatedNvml:
+    """A larger shared server (default 8 GPUs, 40 processes of five users, this process among them).
+
+    Sizes alternate 80/40/24 GiB; one GPU lacks a utilization reading and one process has
+    exited, so the slow paths (missing readings, notes) are part of every benchmark run.
+    """
+    my_pid = os.getpid() if my_pid is None else my_pid
+    users = [me, "alice", "bob", "carol", "dave"]
+    sizes = [81920, 40960, 24576]
+    server = SimulatedNvml(
+        [
+            SimulatedGpu(
+                name=f"NVIDIA Fake {sizes[i % 3] // 1024}GB",
+                total_mib=sizes[i % 3],
+                utilization=(i * 17) % 100,
+                unsupported={"utilization"} if i == gpus - 1 else set(),
+            )
+            for i in range(gpus)
+        ]
+    )
+    for n in range(processes):
+        gpu = server.gpus[n % gpus]
+        pid = my_pid if n == 0 else 50000 + n
+        gpu.processes.append(
+            SimulatedProcess(pid, 256 + 64 * n, users[n % len(users)], f"python job_{n}.py", alive=n != processes - 1)
+        )
+    return server
+
+
+# -- a simulated server holding the real kernels of this process (a Jupyter server) ------------------
+FAKE_PID_BASE = 1 << 22  # above Linux's largest pid_max (2**22): such a pid never names a real process
+DEMO_KERNEL_PID = FAKE_PID_BASE + 100  # `tfgpu --demo`: the notebook kernel of "me" on shared_server's GPU 1
+KERNEL_GIB_STEP = 1024  # MiB: kernel n holds (n + 1) GiB
+KERNEL_CHILD_MIB = 256  # each process below a kernel
+
+
+class LiveKernelsNvml(SimulatedNvml):
+    """Simulated GPUs that also hold this process's live kernels, found when NVML is read.
+
+    The rule, which tests, demos and the browser tests rely on: the direct children of the
+    Jupyter server ``server_pid`` (default: this process) whose command line mentions ``kernel``
+    (``ipykernel_launcher``, a ``kernel-<id>.json`` connection file), sorted by pid, are kernels
+    0, 1, 2, ...; kernel
+    ``n`` holds ``(n + 1)`` GiB on GPU ``n % kernel_gpus``, and every process below it (its
+    children, theirs, ...) holds 256 MiB on the same GPU.  They are compute processes; the
+    GPU's used memory includes them.
+
+    The fixed processes in ``gpus`` keep their simulated owners (``owner_of`` answers for their
+    pids, alive or not); every other pid, the kernels included, gets its real owner and command
+    from psutil.  The process tree is scanned at most once per ``scan_ttl_s`` seconds: one
+    reading of the server makes many NVML calls, and a scan of ``/proc`` costs milliseconds.
+    """
+
+    def __init__(
+        self,
+        gpus: list[SimulatedGpu],
+        driver: bool = True,
+        kernel_gpus: int = 2,
+        scan_ttl_s: float = 0.5,
+        server_pid: Optional[int] = None,
+    ) -> None:
+        super().__init__(gpus, driver)
+        self.server_pid = os.getpid() if server_pid is None else server_pid
+        self.kernel_gpus = max(1, min(kernel_gpus, len(gpus)))
+        self.scan_ttl_s = scan_ttl_s
+        self._scan_lock = threading.Lock()
+        self._scanned_at: Optional[float] = None
+        self._live: dict[int, list[SimulatedProcess]] = {}
+
+    def live_processes(self) -> dict[int, list[SimulatedProcess]]:
+        """``{gpu index: [the kernels' processes on it]}`` under the rule above (rescanned when stale)."""
+        with self._scan_lock:
+            now = time.monotonic()
+            if self._scanned_at is None or now - self._scanned_at >= self.scan_ttl_s:
+                self._live = self._scan()
+                self._scanned_at = now
+            return self._live
+
+    def _scan(self) -> dict[int, list[SimulatedProcess]]:
+        from .process_tree import children_of, descendants, read_parent_map
+
+        children = children_of(read_parent_map()[0])
+        kernels = sorted(pid for pid in children.get(self.server_pid, []) if _is_kernel(pid))
+        live: dict[int, list[SimulatedProcess]] = {}
+        for n, pid in enumerate(kernels):
+            held = live.setdefault(n % self.kernel_gpus, [])
+            # Owners and commands of these come from psutil (owner_of), not from these records.
+            held.append(SimulatedProcess(pid, (n + 1) * KERNEL_GIB_STEP, user="", command=""))
+            held.extend(SimulatedProcess(child, KERNEL_CHILD_MIB, user="", command="") for child in descendants(pid, children))
+        return live
+
+    # -- the readings that include the kernels ----------------------------------------------
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        info = super().nvmlDeviceGetMemoryInfo(handle)  # faults and lost GPUs first
+        extra = sum(p.used_mib or 0 for p in self.live_processes().get(handle, [])) * MIB
+        used = min(info.used + extra, info.total)
+        return SimpleNamespace(total=info.total, used=used, free=info.total - used)
+
+    def _processes(self, handle: int, kind: str) -> list[SimpleNamespace]:
+        listed = super()._processes(handle, kind)
+        if kind == "compute":
+            listed += [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_mib * MIB) for p in self.live_processes().get(handle, [])]
+        return listed
+
+    def owner_of(self, pid: int) -> Optional[Any]:
+        """A fixed process's simulated owner (None once it exited); any other pid's real one (psutil)."""
+        for proc in self.fixed_processes():
+            if proc.pid == pid:
+                return proc if proc.alive else None
+        from .owners import PsutilProcessTable
+
+        details = PsutilProcessTable().lookup(pid)
+        return SimpleNamespace(user=details.user, command=details.command) if details.alive else None
+
+
+def _is_kernel(pid: int) -> bool:
+    import psutil
+
+    try:
+        return "kernel" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:  # gone, or not ours to read: not a kernel we can show
+        return False
+
+
+def _running_a_kernel() -> bool:
+    """Whether this process is an IPython kernel (its own command line could say anything:
+    ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server`` mentions one)."""
+    kernelapp = sys.modules.get("ipykernel.kernelapp")  # never imported here: a kernel has it already
+    return kernelapp is not None and kernelapp.IPKernelApp.initialized()
+
+
+def kernels_server() -> LiveKernelsNvml:
+    """``shared_server``'s four GPUs, with a Jupyter server's live kernels on GPUs 0 and 1 (see :class:`LiveKernelsNvml`).
+
+    One simulated server for the Jupyter server and its kernels, so the GPU panel and a kernel's
+    ``%gpu`` give the same figures: in the Jupyter server,
+    ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``; in one of its
+    kernels, ``tfgpu_magic.set_device_source(kernels_server())`` reads the kernels of its parent,
+    the Jupyter server (a process whose command line mentions ``kernel`` is taken for a kernel).
+    Fixed processes, with pids no real process can have: alice's training (30 GiB) on GPU 0; my
+    other process (owned by this process's real user, 4 GiB) and bob's fine-tuning (8 GiB) on
+    GPU 1; carol's exited process (2 GiB, still listed) on GPU 3, which has no utilization reading.
+    """
+    from .owners import PsutilProcessTable
+
+    me = PsutilProcessTable().current_user() or "me"
+    server_pid = os.getppid() if _running_a_kernel() else os.getpid()
+    return LiveKernelsNvml(
+        [
+            SimulatedGpu(
+                total_mib=40960,
+                utilization=97,
+                processes=[SimulatedProcess(FAKE_PID_BASE + 1, 30720, "alice", "python train_resnet.py")],
+            ),
+            SimulatedGpu(
+                name="NVIDIA A100-SXM4-80GB",
+                total_mib=81920,
+                utilization=35,
+                processes=[
+                    SimulatedProcess(FAKE_PID_BASE + 2, 4096, me, "python train.py --resume"),
+                    SimulatedProcess(FAKE_PID_BASE + 3, 8192, "bob", "python finetune.py"),
+                ],
+            ),
+            SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
+            SimulatedGpu(
+                name="Tesla T4",
+                total_mib=15360,
+                compute_capability=(7, 5),
+                unsupported={"utilization"},
+                processes=[SimulatedProcess(FAKE_PID_BASE + 4, 2048, "carol", "python old.py", alive=False)],
+            ),
+        ],
+        server_pid=server_pid,
+    )

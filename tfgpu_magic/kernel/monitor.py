@@ -1,0 +1,773 @@
+"""The sampler behind ``%gpu monitor``: one background thread per kernel, shared by all panels.
+
+Sampling runs on its own thread, never on the kernel's event loop, so a panel keeps moving
+while a long cell (``model.fit``) holds the kernel.  The sources are injected (an ``Nvml``, and
+plain callables for TensorFlow's allocator statistics, the configured limits and the visible
+GPUs), so tests, benchmarks and the GPU machine drive the same code without IPython or
+TensorFlow.  This module imports neither; the widget lives in :mod:`tfgpu_magic.kernel.widget`.
+
+Readings are bytes.  A reading that failed is ``None`` (drawn as a gap), never 0.
+
+At most one sampler thread runs per kernel: a stop that finds the thread inside a slow
+reading (a hung NVML call) says so, and a new panel takes that thread back rather than start
+a second one beside it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import threading
+import time
+from array import array
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from ..frameworks.tensorflow import Stage
+from ..gpus.holdings import tf_by_gpu
+from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable
+
+__all__ = [
+    "DeviceSample",
+    "Hub",
+    "Sample",
+    "Sampler",
+    "DEFAULT_INTERVAL_S",
+    "MAX_HISTORY",
+    "MAX_INTERVAL_S",
+    "MAX_WINDOW_S",
+    "MIN_INTERVAL_S",
+    "active_sampler",
+    "open_panel",
+    "sampler_running",
+    "stop_panels",
+]
+
+DEFAULT_INTERVAL_S = 0.5  # a panel opened while none runs, without --interval
+MIN_INTERVAL_S = 0.1  # NVML itself refreshes memory readings about this often
+MAX_INTERVAL_S = 60.0  # `%gpu monitor --interval` allows 0.1 s to 60 s
+MAX_WINDOW_S = 24 * 3600.0  # `%gpu monitor --window` allows up to 24 h
+SLOW_SOURCES_S = 2.0  # limits, visible GPUs, TF numbering: configuration, re-read this often
+STOP_WAIT_S = 5.0  # how long a stop waits for a reading in progress before saying it still runs
+# Samples kept in the kernel whatever the window (10 min at 0.1 s, 50 min at the default 0.5 s),
+# packed (see _Stored).  Measured 2026-11-22 on a 2-core Intel Xeon VM, CPython 3.11.7, Linux
+# x86_64, with tracemalloc and with a sys.getsizeof walk (they agree): a full history of 8 GPUs
+# whose every reading changes on every tick held 3.25 MiB, about 70 bytes per GPU per sample;
+# with GPU utilization kept too (7 readings per GPU) 3.62 MiB, about 79 bytes (2026-11-22, the
+# sys.getsizeof walk of tests/test_panel_history.py only, which holds the code to it).  Kept as
+# DeviceSample objects it held 19 MiB.
+MAX_HISTORY = 6000
+THREAD_NAME = "tfgpu-monitor"
+
+TfStats = Callable[[], Mapping[str, Any]]  # "GPU:0" -> object with current_bytes, peak_bytes
+TfMap = Callable[[], Mapping[str, int]]  # "GPU:0" -> NVML index
+Limits = Callable[[], Mapping[int, int]]  # NVML index -> configured cap, bytes
+Visible = Callable[[], Optional[list[int]]]  # NVML indices this kernel sees; None = all
+
+
+@dataclass(frozen=True, slots=True)  # slots: thousands are kept in history
+class DeviceSample:
+    """One device at one instant.  Every reading in bytes; None = missing (a gap)."""
+
+    key: str  # "gpu0" for NVML GPU 0; "tf:CPU:0" for a TensorFlow device NVML does not know
+    label: str  # what the panel titles the chart with
+    total_bytes: Optional[int] = None
+    used_bytes: Optional[int] = None  # by every process on the GPU
+    mine_bytes: Optional[int] = None  # by this kernel's process
+    tf_in_use_bytes: Optional[int] = None  # TensorFlow's allocator, inside what this kernel holds
+    tf_peak_bytes: Optional[int] = None
+    limit_bytes: Optional[int] = None  # the configured per-GPU cap
+    error: Optional[str] = None  # why readings are missing, shown in the panel
+    # NVML's GPU utilization, percent; last so that positional construction above stays valid.
+    utilization_percent: Optional[int] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    time_s: float  # Unix time, seconds
+    devices: tuple[DeviceSample, ...]
+    status: Optional[str] = None  # a panel-wide message, e.g. "no NVIDIA GPU"
+
+
+# The readings of a DeviceSample (all ints, packed into one int64 array per sample).
+_READINGS = (
+    "total_bytes",
+    "used_bytes",
+    "mine_bytes",
+    "tf_in_use_bytes",
+    "tf_peak_bytes",
+    "limit_bytes",
+    "utilization_percent",
+)
+_GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
+
+
+def _int64(value: Any) -> int:
+    """A reading as an int64 for the packed array; anything that is not one becomes a gap."""
+    try:
+        value = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return _GAP
+    return value if _GAP < value < 2**63 else _GAP
+
+
+class _Stored:
+    """A sample as the history keeps it: ~70 bytes per device instead of ~400.
+
+    The readings of all devices sit in one ``array('q')``; the device keys and labels, the
+    error messages and the status are shared with the previous sample when unchanged (they
+    rarely change), so a sample costs one small object, one float and one array.
+    """
+
+    __slots__ = ("time_s", "layout", "readings", "errors", "status")
+
+    def __init__(self, time_s: float, layout: tuple, readings: array, errors: Optional[tuple], status: Optional[str]):
+        self.time_s = time_s
+        self.layout = layout  # ((key, label), ...)
+        self.readings = readings  # len(_READINGS) per device, _GAP where missing
+        self.errors = errors  # one per device, or None when there is none
+        self.status = status
+
+    @classmethod
+    def pack(cls, sample: Sample, previous: Optional[_Stored]) -> _Stored:
+        devices = sample.devices
+        layout = tuple((d.key, d.label) for d in devices)
+        errors: Optional[tuple] = tuple(d.error for d in devices)
+        if not any(errors):
+            errors = None
+        status = sample.status
+        if previous is not None:  # share what did not change (equal strings, one copy)
+            layout = previous.layout if layout == previous.layout else layout
+            errors = previous.errors if errors == previous.errors else errors
+            status = previous.status if status == previous.status else status
+        values = [getattr(d, name) for d in devices for name in _READINGS]
+        try:
+            readings = array("q", [_GAP if v is None else v for v in values])
+        except (TypeError, OverflowError):  # not an int, or out of range: shown as a gap
+            readings = array("q", [_int64(v) for v in values])
+        return cls(float(sample.time_s), layout, readings, errors, status)
+
+    def unpack(self) -> Sample:
+        n = len(_READINGS)
+        errors = self.errors or (None,) * len(self.layout)
+        devices = tuple(
+            DeviceSample(
+                key,
+                label,
+                error=errors[i],
+                **{name: None if v == _GAP else v for name, v in zip(_READINGS, self.readings[i * n : (i + 1) * n])},
+            )
+            for i, (key, label) in enumerate(self.layout)
+        )
+        return Sample(self.time_s, devices, self.status)
+
+    @property
+    def devices(self) -> tuple[DeviceSample, ...]:  # reads like a Sample (history[-1].devices)
+        return self.unpack().devices
+
+
+def _no_stats() -> dict:
+    return {}
+
+
+def _no_visible() -> None:
+    return None
+
+
+class Sampler:
+    """Reads every device once per ``interval`` seconds on a daemon thread.
+
+    ``tick()`` takes one sample synchronously (what the thread calls; tests call it too).
+    Listeners are called on the sampler thread with each new :class:`Sample`.
+    """
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        my_pid: Optional[int] = None,
+        *,
+        tf_stats: TfStats = _no_stats,
+        tf_map: TfMap = _no_stats,
+        limits: Limits = _no_stats,
+        visible: Visible = _no_visible,
+        tf_found_no_gpu: Callable[[], bool] = bool,  # bool() is False: no such note
+        interval: float = 0.5,
+        keep_s: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.nvml = nvml
+        self.my_pid = os.getpid() if my_pid is None else my_pid
+        self._tf_stats, self._tf_map = tf_stats, tf_map
+        self._limits, self._visible = limits, visible
+        self._tf_found_no_gpu = tf_found_no_gpu
+        self._clock = clock
+        self._interval = _checked_interval(interval)
+        self._keep_s = _checked_keep(keep_s)
+        self._lock = threading.Lock()  # guards history and listeners
+        self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
+        self._layout: tuple[tuple[str, str], ...] = ()  # the devices of the last good sample
+        self._listeners: list[Callable[[Sample], None]] = []
+        # Configuration sources may read every GPU in full; they change rarely, so they are
+        # re-read every SLOW_SOURCES_S rather than on every tick: (monotonic time, values).
+        self._slow: Optional[tuple[float, tuple[Any, ...]]] = None
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._state = threading.Lock()  # guards starting the thread and its decision to end
+        self._looping = False  # the thread has not yet decided to end
+        self._thread: Optional[threading.Thread] = None
+
+    # -- settings -------------------------------------------------------------------------
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    @interval.setter
+    def interval(self, seconds: float) -> None:
+        self._interval = _checked_interval(seconds)
+        self._resize_history()
+        self._wake.set()  # a long sleep should not delay a shorter new interval
+
+    def keep(self, seconds: float) -> None:
+        """Keep at least ``seconds`` of history (the widest window of the open panels)."""
+        self._keep_s = _checked_keep(seconds)
+        self._resize_history()
+
+    def _history_len(self) -> int:
+        return min(MAX_HISTORY, math.ceil(self._keep_s / self._interval) + 2)
+
+    def _resize_history(self) -> None:
+        with self._lock:
+            if self.history.maxlen != self._history_len():
+                self.history = deque(self.history, maxlen=self._history_len())
+
+    # -- listeners and history --------------------------------------------------------------
+    def subscribe(self, listener: Callable[[Sample], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[[Sample], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def snapshot(self) -> list[Sample]:
+        """Every sample kept, oldest first."""
+        with self._lock:
+            stored = list(self.history)
+        return [s.unpack() for s in stored]
+
+    def latest(self) -> Optional[Sample]:
+        """The newest sample kept, or None before the first."""
+        with self._lock:
+            stored = self.history[-1] if self.history else None
+        return None if stored is None else stored.unpack()
+
+    # -- the thread -----------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """The thread exists: sampling, or finishing its last reading after a stop."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def running(self) -> bool:
+        """The thread samples and goes on doing so (it was not told to stop)."""
+        return self.alive and not self._stopping.is_set()
+
+    def start(self) -> None:
+        """Start sampling.  A thread told to stop but still inside its last reading carries on
+        instead: this sampler never has two threads."""
+        with self._state:
+            self._stopping.clear()
+            if self._looping:
+                return  # running, or finishing a reading: it goes on
+            old = self._thread
+            if old is not None and old is not threading.current_thread():
+                old.join()  # it has left its loop; only returning is left to it
+            self._looping = True
+            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: Optional[float] = None) -> bool:
+        """Tell the thread to stop and wait up to ``timeout`` seconds (default ``STOP_WAIT_S``).
+
+        True when the thread has ended.  False when it is still inside a reading (a GPU driver
+        call that has not returned): it ends as soon as that returns, and :meth:`start` meanwhile
+        takes it back rather than start a second thread.
+        """
+        self._stopping.set()
+        self._wake.set()
+        return self.wait(timeout)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to ``timeout`` seconds (default ``STOP_WAIT_S``) for a stopped thread to end.
+
+        True when it has ended; False when it is still in a reading, or was started again.
+        """
+        thread = self._thread
+        if thread is None:
+            return True
+        if thread is threading.current_thread():
+            return False  # a listener stopping its own sampler: the loop ends after this tick
+        deadline = time.monotonic() + (STOP_WAIT_S if timeout is None else timeout)
+        while thread.is_alive() and self._stopping.is_set():  # start() again: stop waiting
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            thread.join(min(remaining, 0.05))  # returns as soon as the thread ends
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        deadline = time.monotonic()
+        while True:
+            with self._state:  # the decision to end, and start() taking the thread back, exclude each other
+                if self._stopping.is_set():
+                    self._looping = False
+                    return
+            self.tick()  # never raises
+            # Sleep to a deadline rather than for `interval`, so ticks do not drift by the
+            # time a reading takes; after a stall (suspended VM) restart from now.
+            deadline = max(deadline + self._interval, time.monotonic())
+            self._wake.wait(max(deadline - time.monotonic(), 0.0))
+            if self._wake.is_set():
+                self._wake.clear()
+                deadline = time.monotonic()
+
+    def tick(self) -> Sample:
+        """Take one sample, keep it and hand it to the listeners.
+
+        Never raises: a reading that fails in a way :meth:`read` does not expect becomes a
+        sample of gaps with a note, and the next tick tries again.
+        """
+        try:
+            sample, failed = self.read(), False
+        except Exception as err:
+            sample, failed = self._failed(err), True
+        with self._lock:
+            stored = _Stored.pack(sample, self.history[-1] if self.history else None)
+            self.history.append(stored)
+            if not failed:
+                self._layout = stored.layout
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(sample)
+            except Exception:  # a broken panel must not stop the others' sampling
+                pass
+        return sample
+
+    def _failed(self, err: Exception) -> Sample:
+        note = f"sampling failed ({type(err).__name__}: {err}); trying again next tick"
+        try:
+            now = float(self._clock())
+        except Exception:
+            now = time.time()
+        devices = tuple(DeviceSample(key=key, label=label, error=note) for key, label in self._layout)
+        return Sample(now, devices, note)
+
+    # -- one reading ------------------------------------------------------------------------
+    def read(self) -> Sample:
+        now = self._clock()
+        status = None
+        tf_stats, tf_note = _guarded(self._tf_stats, "TensorFlow's allocator statistics", {})
+        tf_map, map_note, limits, limit_note, visible, found_note = self._configuration()
+        by_index = tf_by_gpu(tf_stats, tf_map)  # summed over logical GPUs, as `%gpu` shows it
+        try:
+            count = self.nvml.device_count()
+            indices = [i for i in range(count) if visible is None or i in visible]
+        except NvmlUnavailable as err:
+            indices = []
+            status = f"No NVIDIA GPU to chart: {err}"
+        devices = [self._read_gpu(i, by_index.get(i), limits.get(i)) for i in indices]
+        mapped = {name for name, index in tf_map.items() if index in indices}
+        devices += [_tf_only(name, stats) for name, stats in tf_stats.items() if name not in mapped]
+        notes = [n for n in (status, tf_note, map_note, limit_note, found_note if indices else None) if n]
+        return Sample(now, tuple(devices), "; ".join(notes) or None)
+
+    def _configuration(self) -> tuple[Any, ...]:
+        now = time.monotonic()
+        if self._slow is None or now - self._slow[0] >= SLOW_SOURCES_S:
+            tf_map, map_note = _guarded(self._tf_map, "TensorFlow's GPU numbering", {})
+            limits, limit_note = _guarded(self._limits, "the configured limits", {})
+            visible, _ = _guarded(self._visible, "the visible GPUs", None)  # unknown: show all
+            found_none, _ = _guarded(self._tf_found_no_gpu, "TensorFlow's GPUs", False)
+            found_note = TF_FOUND_NO_GPU if found_none else None
+            self._slow = (now, (tf_map, map_note, limits, limit_note, visible, found_note))
+        return self._slow[1]
+
+    def _read_gpu(self, index: int, tf: Optional[tuple[int, int]], limit: Optional[int]) -> DeviceSample:
+        base = dict(
+            key=f"gpu{index}",
+            label=self._label(index),
+            limit_bytes=limit,
+            tf_in_use_bytes=tf[0] if tf else None,
+            tf_peak_bytes=tf[1] if tf else None,
+        )
+        try:
+            memory = self.nvml.memory(index)
+        except GpuLost as err:
+            return DeviceSample(**base, error=f"{err}; the chart resumes if it answers again")
+        except Exception as err:  # NVMLError: not supported, no permission, ...
+            return DeviceSample(**base, error=f"GPU {index}: memory reading failed ({err})")
+        mine, note = self._mine(index)
+        return DeviceSample(
+            **base,
+            total_bytes=memory.total_bytes,
+            used_bytes=memory.used_bytes,
+            mine_bytes=mine,
+            error=note,
+            utilization_percent=self._utilization(index),
+        )
+
+    def _utilization(self, index: int) -> Optional[int]:
+        """Percent busy, or None (a gap) where NVML has no such reading: many GPUs lack it, so no note."""
+        try:
+            return self.nvml.utilization(index)
+        except Exception:
+            return None
+
+    def _mine(self, index: int) -> tuple[Optional[int], Optional[str]]:
+        """Bytes this kernel's process holds on the GPU; None when NVML cannot say."""
+        try:
+            processes = self.nvml.processes(index)
+        except Exception as err:
+            return None, f"GPU {index}: process list failed ({err})"
+        held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
+        if any(b is None for b in held):
+            return None, f"GPU {index}: NVML cannot say how much this kernel holds"
+        return sum(held), None  # not listed: this kernel holds nothing there, a true 0
+
+    def _label(self, index: int) -> str:
+        try:
+            name = self.nvml.name(index)  # read once by Nvml; a lost GPU is asked again next tick
+        except Exception:
+            name = None
+        return f"GPU {index} · {name}" if name else f"GPU {index}"
+
+
+def _checked_interval(seconds: float) -> float:
+    seconds = float(seconds)
+    if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # also refuses NaN and infinities
+        raise ValueError(f"interval must be from {MIN_INTERVAL_S:g} s to {MAX_INTERVAL_S:g} s, got {seconds!r}")
+    return seconds
+
+
+def _checked_keep(seconds: float) -> float:
+    """A window of history, held to 1 s .. MAX_WINDOW_S (NaN counts as the least)."""
+    seconds = float(seconds)
+    return min(seconds, MAX_WINDOW_S) if seconds >= 1.0 else 1.0
+
+
+def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, Optional[str]]:
+    """A source's reading, or ``empty`` and a note: one failing source stops nothing."""
+    try:
+        return read(), None
+    except Exception as err:
+        return empty, f"{what} could not be read ({type(err).__name__}: {err})"
+
+
+def _attr(obj: Any, name: str) -> Optional[int]:
+    value = getattr(obj, name, None)
+    return None if value is None else int(value)
+
+
+def _tf_only(name: str, stats: Any) -> DeviceSample:
+    """A TensorFlow device NVML does not show (CPU:0, or any device without a driver)."""
+    return DeviceSample(
+        key=f"tf:{name}",
+        label=f"TensorFlow {name}",
+        tf_in_use_bytes=_attr(stats, "current_bytes"),
+        tf_peak_bytes=_attr(stats, "peak_bytes"),
+    )
+
+
+class Hub:
+    """The one sampler of this kernel, shared by every open panel.
+
+    The first panel starts it; it stops when the last panel leaves (or at exit).  A sampler
+    whose thread was still inside a reading when it was stopped is kept as *finishing*: the
+    next panel takes it back instead of starting a second thread beside it.
+
+    The lock guards only the bookkeeping, and nothing under it can run another object's code:
+    a new sampler is made before the lock is taken, and panels leave the hub's dictionaries
+    only into locals that outlive the lock.  A garbage collection can finalise an old panel at
+    any allocation, and its ``close`` calls :meth:`leave` and :meth:`forget`; those return at
+    once, without the lock, for a panel the hub no longer holds (a finalised one never is), so
+    a finaliser can never wait for a lock its own thread holds.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sampler: Optional[Sampler] = None
+        self._finishing: Optional[Sampler] = None  # stopped; its thread may still be in a reading
+        self._members: dict[int, float] = {}  # id(panel) -> that panel's window, seconds
+        self._panels: dict[int, Any] = {}  # id(panel) -> panel, for `%gpu monitor off`
+        self._shown: dict[int, Any] = {}  # stopped panels still on screen (their Stop button): `off` closes them
+
+    @property
+    def sampler(self) -> Optional[Sampler]:
+        return self._sampler
+
+    def join(self, member: object, make: Callable[[], Sampler], window_s: float) -> Sampler:
+        spare: Optional[Sampler] = None  # made outside the lock: making allocates, and may collect
+        while True:
+            if spare is None and self._needs_a_sampler():
+                spare = make()
+            with self._lock:
+                if self._sampler is None:
+                    finishing, self._finishing = self._finishing, None
+                    # One sampler thread at most: one still finishing a reading serves again (with
+                    # the sources it was made with) rather than run beside a new one.
+                    if finishing is not None and finishing.alive:
+                        self._sampler = finishing
+                    elif spare is not None:
+                        self._sampler, spare = spare, None
+                    else:
+                        continue  # the sampler left while we looked: make one, outside the lock
+                was_shown = self._shown.pop(id(member), None)  # dropped after the lock, if at all
+                self._members[id(member)] = window_s
+                self._panels[id(member)] = member
+                self._sampler.keep(max(self._members.values()))
+                self._sampler.start()
+                joined = self._sampler
+            del was_shown, spare  # an unused spare was never started: no thread to stop
+            return joined
+
+    def _needs_a_sampler(self) -> bool:
+        with self._lock:
+            finishing = self._finishing
+            return self._sampler is None and (finishing is None or not finishing.alive)
+
+    def set_window(self, member: object, window_s: float) -> None:
+        with self._lock:
+            if id(member) in self._members and self._sampler is not None:
+                self._members[id(member)] = window_s
+                self._sampler.keep(max(self._members.values()))
+
+    def leave(self, member: object, *, shown: bool = False, timeout: Optional[float] = None) -> bool:
+        """``member`` stops following the sampler; the last one to leave stops it.
+
+        ``shown``: the member stays on screen, stopped, until :meth:`forget` (``%gpu monitor off``
+        closes such panels).  Returns True when no sampler thread is left, False while one runs
+        or is still finishing a reading (see :meth:`Sampler.stop`).
+        """
+        if id(member) not in self._panels:  # not ours (a finalised panel never is): no lock
+            return self._sampler is None and self._finishing is None
+        with self._lock:
+            self._members.pop(id(member), None)
+            panel = self._panels.pop(id(member), None)  # dropped after the lock
+            if shown and panel is not None:
+                self._shown[id(member)] = panel
+            if self._members or self._sampler is None:
+                return self._sampler is None and self._finishing is None
+            self._finishing, self._sampler = self._sampler, None
+            self._finishing.stop(timeout=0)  # told under the lock, so a join cannot take it back first
+        del panel
+        return self._wait_finishing(timeout)  # outside the lock: the thread may be calling a panel that leaves
+
+    def forget(self, member: object) -> None:
+        """``member`` is gone for good (closed): nothing refers to it any more."""
+        if id(member) not in self._shown:  # not ours (a finalised panel never is): no lock
+            return
+        with self._lock:
+            panel = self._shown.pop(id(member), None)  # dropped after the lock
+        del panel
+
+    def members(self) -> list[Any]:
+        """The panels following the sampler."""
+        with self._lock:
+            return list(self._panels.values())
+
+    def shown(self) -> list[Any]:
+        """The panels stopped by their own button and still on screen."""
+        with self._lock:
+            return list(self._shown.values())
+
+    def stop_all(self, timeout: Optional[float] = None) -> bool:
+        """Every member leaves and the sampler stops; True when its thread has ended."""
+        with self._lock:
+            self._members.clear()  # ids and floats: nothing to finalise
+            panels, self._panels = self._panels, {}  # dropped after the lock
+            if self._sampler is not None:
+                self._finishing, self._sampler = self._sampler, None
+            if self._finishing is not None:
+                self._finishing.stop(timeout=0)
+        del panels
+        return self._wait_finishing(timeout)
+
+    def _wait_finishing(self, timeout: Optional[float]) -> bool:
+        with self._lock:
+            finishing = self._finishing
+        if finishing is None:
+            return True
+        ended = finishing.wait(timeout)  # returns early if a join took it back meanwhile
+        with self._lock:
+            if ended and self._finishing is finishing:
+                self._finishing = None
+            return self._finishing is None and self._sampler is None
+
+
+_hub = Hub()
+atexit.register(_hub.stop_all)
+
+
+def active_sampler() -> Optional[Sampler]:
+    """This kernel's sampler, or None when no panel is open."""
+    return _hub.sampler
+
+
+def stop_panels(timeout: Optional[float] = None) -> str:
+    """``%gpu monitor off``: stop and close every panel of this kernel, and the sampler's thread.
+
+    Waits up to ``timeout`` seconds (default ``STOP_WAIT_S``) for a reading in progress, and
+    says so if the thread outlives the wait.  The panels are closed (their models, layouts and
+    sidebars), so open/off cycles leave nothing behind in the kernel; their charts leave the page.
+    """
+    running = _hub.members()
+    shown = _hub.shown()
+    ended = _hub.stop_all(timeout)  # one wait, however many panels; members that are not panels (tests) go too
+    for panel in running + shown:
+        close = getattr(panel, "close", None) or getattr(panel, "stop", None)
+        if close is not None:
+            close()
+    finishing = "the sampling thread is still finishing a reading (a GPU driver call that has not returned)"
+    if not running:
+        answer = "No memory panel is running in this kernel"
+        if shown:
+            answer += f"; closed {_panels(len(shown), 'stopped panel')}"
+        if not ended:
+            answer += f"; {finishing} and ends when it returns"
+        return answer + "."
+    count = _panels(len(running), "memory panel")
+    if ended:
+        return f"Stopped {count}; the sampling thread has ended. `%gpu monitor` starts a new one."
+    return (
+        f"Stopped {count}; {finishing} and ends when it returns. "
+        "`%gpu monitor` meanwhile takes that thread back rather than start a second one."
+    )
+
+
+def _panels(n: int, what: str) -> str:
+    return f"1 {what}" if n == 1 else f"{n} {what}s"
+
+
+def sampler_running() -> bool:
+    """True while this kernel's sampler thread is alive (any thread of that name counts)."""
+    return any(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
+# What `%gpu monitor` prints where no notebook front end can show a widget (a terminal IPython).
+NO_FRONT_END = (
+    "%gpu monitor needs a notebook front end (JupyterLab, Notebook 7 or VS Code) to show its "
+    "charts; nothing was started. In a terminal, run `tfgpu` (the command) or `%gpu status`."
+)
+
+
+def open_panel(
+    interval: Optional[float] = None,
+    window: float = 300.0,
+    sidebar: bool = False,
+    *,
+    nvml: Optional[Nvml] = None,
+    display: bool = True,
+    session: Any = None,
+    **sources: Callable[[], Any],
+) -> Any:
+    """Show a live memory panel (what ``%gpu monitor`` runs) and return it.
+
+    ``session`` is the kernel's :class:`~tfgpu_magic.kernel.session.Session` (the magic passes its
+    own; by default the process's).  ``nvml`` replaces its NVML reader (a simulated one in
+    tests and tutorials), and
+    ``sources`` any of the other readers (``tf_stats``, ``tf_map``, ``limits``, ``visible``;
+    see :class:`Sampler`).  The first panel's sources serve every panel while the sampler
+    runs.  Without ``interval`` a panel joins the running sampler at its interval (0.5 s when
+    none runs); an explicit one applies to every open panel.  Both say so in the panel.
+
+    Where no notebook front end can show it (a terminal IPython), prints why and returns None,
+    having started nothing.
+    """
+    unknown = set(sources) - {"tf_stats", "tf_map", "limits", "visible"}
+    if unknown:
+        raise TypeError(f"open_panel() got unknown sources: {', '.join(sorted(unknown))}")
+    if interval is not None:
+        _checked_interval(interval)
+    if display and not _has_front_end():
+        print(NO_FRONT_END)
+        return None
+    from .widget import MemoryPanel  # IPython, ipywidgets and anywidget only when a panel opens
+
+    def make() -> Sampler:  # called only when no sampler runs yet, on this (the user's) thread
+        readers = {**_kernel_sources(session, nvml), **sources}
+        readers["nvml"].available()  # imports pynvml here: the sampler thread must never import anything
+        first = DEFAULT_INTERVAL_S if interval is None else interval
+        return Sampler(interval=first, keep_s=window, **readers)
+
+    panel = MemoryPanel(_hub, make, interval=interval, window=window)
+    if display:
+        _show(panel, sidebar)
+    return panel
+
+
+def _has_front_end() -> bool:
+    """A kernel (ipykernel) that can carry a widget's comm to a notebook front end.
+
+    A terminal IPython (``TerminalInteractiveShell``), a plain ``InteractiveShell`` or no IPython
+    at all has none: a widget would print as ``<MemoryPanel object at ...>`` and its sampler
+    would run for nobody.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+# The panel-wide note when TensorFlow found no GPU: the GPUs were not hidden, so they stay charted.
+TF_FOUND_NO_GPU = "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
+
+
+def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
+    """The real sources: the session's machine and TensorFlow's allocator (never starting it).
+
+    The sampler thread calls these: they read only what TensorFlow's adapter has published
+    from the importing thread, so sampling never imports anything (see frameworks/tensorflow.py).  A given
+    ``nvml`` (a simulated server) shows all its GPUs: the session's visible indices belong to
+    the real one.
+    """
+    if session is None:
+        from .session import get_session
+
+        session = get_session()
+    tf = session.tf
+
+    def tf_map() -> Mapping[str, int]:
+        if tf.stage() < Stage.ENUMERATED:
+            return {}  # before enumeration the numbering would read every GPU for nothing
+        return session.gpu_by_tf_name()
+
+    return dict(
+        nvml=session.nvml if nvml is None else nvml,
+        tf_stats=tf.allocator_stats,
+        tf_map=tf_map,
+        limits=session.limit_bytes_by_gpu,
+        # What `%gpu use` and CUDA_VISIBLE_DEVICES hid, not what TensorFlow found (see exposed_gpus).
+        visible=session.exposed_gpus if nvml is None else _no_visible,
+        tf_found_no_gpu=session.tensorflow_found_no_gpu if nvml is None else bool,
+    )
+
+
+def _show(panel: Any, sidebar: bool) -> None:
+    from IPython.display import display
+
+    if not sidebar:
+        display(panel)
+        return
+    from .widget import SideArea
+
+    side = SideArea(child=panel, title="GPU memory")
+    display(side)  # the cell shows one line; the panel goes to the side area
+    panel.side_area = side  # kept, so closing the panel closes the side tab too
+
