@@ -61,6 +61,10 @@ class FakeTensorFlow(TensorFlow):
     def stage(self) -> Stage:
         return self.fake_stage
 
+    def on_import(self, module: Any) -> None:
+        """``import tensorflow`` finished (the session's post-import hook calls this first)."""
+        self.fake_stage = max(self.fake_stage, Stage.IMPORTED)
+
     def cpu_only_build(self) -> bool:
         return self.cpu_only
 

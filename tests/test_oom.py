@@ -73,9 +73,10 @@ def gpu_oom(device: str = "GPU:0") -> Exception:
 @pytest.fixture
 def tensorflow_on(session):
     def on(mapping: dict[str, int], in_use: int = 11 * GIB) -> None:
-        session.tf.fake_stage = Stage.STARTED
         session.tf.gpus = mapping
         session.tf.found = sorted(set(mapping.values()))  # CUDA's numbers are nvidia-smi's here
+        session._on_tensorflow_import(None)  # `import tensorflow`: the request reaches TensorFlow
+        session.tf.fake_stage = Stage.STARTED
         session.tf.stats = {name: AllocatorStats(in_use, in_use) for name in mapping}
 
     return on

@@ -52,7 +52,13 @@ class Session:
     ) -> None:
         self.machine = machine if machine is not None else Machine(nvml, env, tf)
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
-        self.requested = Plan()
+        self._requested = Plan()
+        # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
+        # by every report afterwards, so a driver that stops answering later changes nothing.
+        self._accepted: Optional[Resolution] = None
+        # Each framework's resolution, recorded the moment it was given to that framework: the
+        # limits the panel draws and the out-of-memory text quotes are the ones it received.
+        self.applied: dict[str, Resolution] = {}
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         self.hook_errors: list[str] = []
         self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
@@ -95,6 +101,36 @@ class Session:
             self.notes.append(note)
             say(f"tfgpu_magic: {note}")
 
+    # -- the request and its record ------------------------------------------------------------
+    @property
+    def requested(self) -> Plan:
+        return self._requested
+
+    @requested.setter
+    def requested(self, plan: Plan) -> None:
+        """A request set directly (a script, a test) is resolved when first read (see resolved)."""
+        self._requested = plan
+        self._accepted = None
+
+    def _accept(self, resolution: Resolution) -> None:
+        self._requested = resolution.plan
+        self._accepted = resolution
+
+    def resolved(self) -> Resolution:
+        """The request as resolved when it was accepted; raises SessionError if it cannot hold.
+
+        A request never resolved (the empty one a kernel starts with) is resolved on first
+        read, once the machine can answer, and kept.
+        """
+        if self._accepted is None:
+            self._accepted = self.resolution()
+        return self._accepted
+
+    def _record_applied(self, resolution: Resolution) -> None:
+        """TensorFlow has been given ``resolution`` (by tf.config, or by the environment it is
+        about to read): from now on that is what it runs with, whatever the driver says later."""
+        self.applied["tensorflow"] = resolution
+
     # -- the resolution -------------------------------------------------------------------------
     def resolution(self, plan: Optional[Plan] = None, *, started: bool = False) -> Resolution:
         """The request (or ``plan``) on this machine; raises SessionError if it cannot hold.
@@ -115,7 +151,7 @@ class Session:
         if self.tf.stage() >= Stage.ENUMERATED:
             return sorted(set(self.tf.gpu_names(self.machine.cuda_map()).values()))
         try:
-            visible = self.resolution().visible
+            visible = self.resolved().visible
         except SessionError:
             return None
         return None if visible is None else list(visible)
@@ -156,11 +192,18 @@ class Session:
         return self.tf.in_force(self.machine.cuda_map(), self.env)
 
     def limit_bytes_by_gpu(self) -> dict[int, int]:
-        """The configured cap of each visible GPU, in bytes (the panel's limit line)."""
-        try:
-            return self.resolution().caps_bytes()
-        except SessionError:
-            return {}
+        """The cap of each visible GPU, in bytes (the panel's limit line, the out-of-memory text).
+
+        Once TensorFlow is imported, the caps it was given (none if it was given nothing: a
+        TensorFlow that found no GPU has no cap); before, the accepted request's, which it will
+        be given.  Read from the record only: safe on the sampler thread, and never re-derived
+        from the driver.
+        """
+        if self.tf.stage() >= Stage.IMPORTED:
+            applied = self.applied.get("tensorflow")
+            return applied.caps_bytes() if applied is not None else {}
+        accepted = self._accepted
+        return accepted.caps_bytes() if accepted is not None else {}
 
     def gpu_by_tf_name(self) -> dict[str, int]:
         """TensorFlow's ``GPU:j`` -> nvidia-smi index (empty before enumeration)."""
@@ -188,10 +231,10 @@ class Session:
                     if plan == self.requested
                     else "already in force (TensorFlow has started); nothing changed"
                 )
-                self._settle(plan, chosen_by_auto)
+                self._settle(resolution, chosen_by_auto)
                 return f"{shown}: {answer}"
             self._apply(resolution, stage)
-            self._settle(plan, chosen_by_auto)
+            self._settle(resolution, chosen_by_auto)
             when = (
                 "takes effect when TensorFlow is imported (before its first op)"
                 if stage is Stage.NOT_IMPORTED
@@ -199,9 +242,10 @@ class Session:
             )
             return f"{shown}: {when}"
 
-    def _settle(self, plan: Plan, chosen_by_auto: bool) -> None:
+    def _settle(self, resolution: Resolution, chosen_by_auto: bool) -> None:
         """The request is accepted: claims follow it (what is claimed is what is requested)."""
-        self.requested = plan
+        self._accept(resolution)
+        plan = resolution.plan
         visible = plan.visible if isinstance(plan.visible, tuple) else ()
         if chosen_by_auto:
             keep = visible
@@ -215,7 +259,10 @@ class Session:
         self.claimed = keep
 
     def _set_precision(self, plan: Plan) -> str:
+        accepted = self._accepted  # the GPU part is unchanged: its resolution stands
         self.requested = plan
+        if accepted is not None:
+            self._accepted = replace(accepted, plan=plan)
         if self.tf.keras_policy() is None:
             return "set when Keras is imported"
         self.tf.set_keras_policy(plan.precision or "float32")
@@ -228,6 +275,7 @@ class Session:
             self._set_environment(resolution, stage)
             if Stage.IMPORTED <= stage < Stage.STARTED:
                 self._apply_tf(resolution, stage)
+                self._record_applied(resolution)
         except (ApplyError, ValueError, RuntimeError) as err:
             for name, value in saved.items():
                 self.machine.set_env(name, value)
@@ -293,17 +341,29 @@ class Session:
             kept = _gpu_part(before) if stage is Stage.STARTED else Plan()
             if stage is Stage.STARTED:  # GPU settings are frozen: only the precision can go back
                 target = Plan(**{**_fields(kept), "precision": self.defaults.precision})
+                resolution = self._frozen_resolution(target)
             else:
-                self._apply(self.resolution(target), stage)
+                resolution = self.resolution(target)
+                self._apply(resolution, stage)
             if before.precision != target.precision and self.tf.keras_policy() is not None:
                 self.tf.set_keras_policy(target.precision or "float32")
-            self._settle(target, chosen_by_auto=False)
+            self._settle(resolution, chosen_by_auto=False)
             forgot = [line for line in before.describe() if line not in target.describe()]
             lines = ["forgot: " + "; ".join(forgot) if forgot else "nothing to forget"]
             now = target.describe()
             lines.append("requested now: " + ("; ".join(now) if now else "nothing (TensorFlow's defaults)"))
             lines.extend(f"cannot undo: {why}" for why in self._frozen(stage, kept))
             return "\n".join(lines)
+
+    def _frozen_resolution(self, target: Plan) -> Resolution:
+        """``target`` keeps the started TensorFlow's GPU settings: so does its resolution."""
+        accepted = self._accepted
+        if accepted is not None:
+            return replace(accepted, plan=target)
+        try:
+            return self.resolution(target, started=True)
+        except SessionError:
+            return Resolution(target, None, ())
 
     def _frozen(self, stage: Stage, kept: Plan) -> list[str]:
         """What reset leaves in place because CUDA or TensorFlow has already read it."""
@@ -384,7 +444,9 @@ class Session:
                         f"these GPU settings cannot take effect: {'; '.join(plan.describe())}"
                     )
                     return
-                self._apply_tf(self.resolution(plan), self.tf.stage())
+                resolution = self.resolved()  # what was promised when the request was accepted
+                self._apply_tf(resolution, self.tf.stage())
+                self._record_applied(resolution)
             except Exception as err:  # never break the user's import
                 self._hook_failed(f"could not apply {'; '.join(plan.describe())}: {err}")
 

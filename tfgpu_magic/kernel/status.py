@@ -117,7 +117,7 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
         if allocation.note:
             report["notes"].append(allocation.note)
     try:
-        resolution = session.resolution()
+        resolution = session.resolved()  # as resolved when accepted, not re-derived from the driver now
     except SessionError as err:
         report["notes"].append(f"the request cannot hold on this machine: {err}")
         return
