@@ -59,7 +59,7 @@ def test_each_layer_imports_only_the_layers_below_it(path):
 
 def test_every_module_lives_in_a_layer_or_is_a_documented_top_level_name():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "keras", "monitor", "safe_text", "simulated", "testing"]
+    assert top == ["__init__", "__main__", "claims", "keras", "monitor", "safe_text", "simulated", "testing"]
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(ALLOWED)
 
 
@@ -71,7 +71,7 @@ def test_the_rule_reads_a_lazy_import_too():
 
 @pytest.mark.parametrize(
     ("old", "new"),
-    [("simulated", "gpus.simulated"), ("monitor", "kernel.monitor")],
+    [("simulated", "gpus.simulated"), ("monitor", "kernel.monitor"), ("claims", "gpus.claims")],
 )
 def test_a_documented_old_path_is_the_same_module(old, new):
     """`from tfgpu_magic.monitor import open_panel` (README, tutorials) keeps working, and is the

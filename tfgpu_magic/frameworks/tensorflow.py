@@ -16,7 +16,6 @@ what the environment says now.
 
 from __future__ import annotations
 
-import enum
 import gc
 import os
 import sys
@@ -24,6 +23,8 @@ import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
+
+from .base import CUDA_ENV, Capture, Stage, capture
 
 __all__ = [
     "ASYNC_ALLOCATOR",
@@ -39,7 +40,6 @@ __all__ = [
     "TensorFlow",
 ]
 
-CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # read by CUDA at enumeration
 START_ENV = ("TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")  # read by TensorFlow at its first op
 ASYNC_ALLOCATOR = "cuda_malloc_async"
 CPU_STATS_ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # read when TensorFlow creates its CPU allocator
@@ -47,38 +47,8 @@ CPU_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU BFC allocator's cap; Ten
 CPU_DEFAULT_LIMIT_MIB = 1 << 16
 
 
-class Stage(enum.IntEnum):
-    NOT_IMPORTED = 0
-    IMPORTED = 1  # imported, no device query yet: CUDA_VISIBLE_DEVICES still works
-    ENUMERATED = 2  # CUDA listed the devices: only tf.config changes visibility now
-    STARTED = 3  # first op ran: visibility, growth and logical devices are frozen
-
-    def describe(self) -> str:
-        return {
-            Stage.NOT_IMPORTED: "not imported",
-            Stage.IMPORTED: "imported, devices not yet enumerated",
-            Stage.ENUMERATED: "devices enumerated, runtime not started",
-            Stage.STARTED: "started (first op ran); GPU settings are frozen",
-        }[self]
-
-
 class ApplyError(RuntimeError):
     """TensorFlow refused a configuration; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class Capture:
-    """Environment variables as they were when TensorFlow read them.
-
-    ``late`` is True when the moment had passed before tfgpu_magic was loaded, so the values
-    are the ones found at load time (the best evidence left).
-    """
-
-    env: Mapping[str, Optional[str]]
-    late: bool = False
-
-    def get(self, name: str) -> Optional[str]:
-        return self.env.get(name)
 
 
 @dataclass(frozen=True)
@@ -131,14 +101,16 @@ class TensorFlow:
         with self._lock:
             if self._tf is not None:
                 return
-            from tensorflow.python.eager import context  # loaded with tensorflow: no new import
+            from tensorflow.python.eager import (
+                context,  # loaded with tensorflow: no new import
+            )
 
             self._context_module = context
             ctx = context.context_safe()
             if ctx is not None and getattr(ctx, "_physical_devices", None) is not None:
-                self.cuda_seen = _capture(CUDA_ENV, late=True)  # listed before we were loaded
+                self.cuda_seen = capture(CUDA_ENV, late=True)  # listed before we were loaded
             if ctx is not None and getattr(ctx, "_context_handle", None) is not None:
-                self.started_with = _capture(START_ENV, late=True)
+                self.started_with = capture(START_ENV, late=True)
             self._watch(context.Context)
             self._tf = module
         _watch_device_lib(self)
@@ -167,13 +139,13 @@ class TensorFlow:
 
     def _note_enumeration(self) -> None:
         if self.cuda_seen is None:
-            self.cuda_seen = _capture(CUDA_ENV)
+            self.cuda_seen = capture(CUDA_ENV)
 
     def _note_start(self) -> None:
         self._note_enumeration()  # the runtime lists devices if nothing did before
         self._cpu_stats_when_no_gpu()
         if self.started_with is None:
-            self.started_with = _capture(START_ENV)
+            self.started_with = capture(START_ENV)
 
     def _cpu_stats_when_no_gpu(self) -> None:
         """Just before the runtime starts, the last moment the CPU allocator can still be chosen:
@@ -438,7 +410,9 @@ class TensorFlow:
 
 def distribution_installed(distribution: str) -> bool:
     """Whether a pip distribution is installed (its metadata only: nothing is imported)."""
-    from importlib import metadata  # here: asked only before `%gpu trace` or a budget, not at load
+    from importlib import (
+        metadata,  # here: asked only before `%gpu trace` or a budget, not at load
+    )
 
     try:
         metadata.distribution(distribution)
@@ -474,10 +448,6 @@ class PeakWindow:
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-def _capture(names: tuple[str, ...], late: bool = False) -> Capture:
-    return Capture({name: os.environ.get(name) for name in names}, late)
-
-
 def _one_shot(owner: Any, name: str, note: Callable[[], None], done: Callable[[Any], bool]) -> None:
     """Call ``note()`` just before ``owner.name`` first runs, and unwrap once ``done(self)``."""
     original = getattr(owner, name)

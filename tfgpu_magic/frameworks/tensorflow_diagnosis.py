@@ -87,7 +87,7 @@ class NoGpuDiagnosis:
             )
         if self.cause == "unknown" and self.cuda_build:
             return (
-                f"pip install --force-reinstall \"tensorflow[and-cuda]\", then restart the kernel; "
+                "pip install --force-reinstall \"tensorflow[and-cuda]\", then restart the kernel; "
                 "`python -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"` "
                 "in a terminal prints TensorFlow's reasons"
             )

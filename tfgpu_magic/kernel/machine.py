@@ -27,7 +27,13 @@ from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 __all__ = ["MANAGED_ENV", "Machine"]
 
 # Variables tfgpu_magic sets for CUDA and TensorFlow.
-MANAGED_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")
+MANAGED_ENV = (
+    "CUDA_DEVICE_ORDER",
+    "CUDA_VISIBLE_DEVICES",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "TF_GPU_ALLOCATOR",
+    "PYTORCH_CUDA_ALLOC_CONF",  # PyTorch's allocator back end, read when torch loads
+)
 
 
 class Machine:

@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, PlanError, Resolution, resolve
-from ..command.units import format_bytes, format_change
+from ..command.units import MIB, format_bytes, format_change
 from ..frameworks import tensorflow_diagnosis as tf_diagnosis
+from ..frameworks.pytorch import ALLOC_CONF_ENV, ASYNC_BACKEND, PyTorch, alloc_conf_with_backend
 from ..frameworks.tensorflow import (
     ASYNC_ALLOCATOR,
     AllocatorStats,
@@ -49,8 +50,10 @@ class Session:
         env: Optional[MutableMapping[str, str]] = None,
         tf: Optional[TensorFlow] = None,
         machine: Optional[Machine] = None,
+        torch: Optional[PyTorch] = None,
     ) -> None:
         self.machine = machine if machine is not None else Machine(nvml, env, tf)
+        self.torch = torch if torch is not None else PyTorch()
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
         self._requested = Plan()
         # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
@@ -223,6 +226,8 @@ class Session:
             stage = self.tf.stage()
             resolution = self.resolution(plan, started=stage is Stage.STARTED)
             shown = what + _resolved_suffix(command, resolution)
+            self._check_cuda_not_started_by_torch(command, plan, what)
+            torch_said = self._torch_part(command, plan)
             if stage is Stage.STARTED:
                 if plan != self.requested:
                     self._check_in_force(resolution, command, what)
@@ -232,15 +237,88 @@ class Session:
                     else "already in force (TensorFlow has started); nothing changed"
                 )
                 self._settle(resolution, chosen_by_auto)
-                return f"{shown}: {answer}"
+                self._give_torch(resolution)
+                return f"{shown}: {answer}{torch_said}"
             self._apply(resolution, stage)
             self._settle(resolution, chosen_by_auto)
+            self._give_torch(resolution)
             when = (
                 "takes effect when TensorFlow is imported (before its first op)"
                 if stage is Stage.NOT_IMPORTED
                 else "applied to TensorFlow now (imported, not started)"
             )
-            return f"{shown}: {when}"
+            return f"{shown}: {when}{torch_said}"
+
+    # -- PyTorch ------------------------------------------------------------------------------------
+    def _check_cuda_not_started_by_torch(self, command: Any, plan: Plan, what: str) -> None:
+        """CUDA reads CUDA_VISIBLE_DEVICES once per process: after PyTorch started it, `use` is too late
+        for every framework of this kernel."""
+        if not isinstance(command, grammar.Use) or self.torch.stage() is not Stage.STARTED:
+            return
+        if plan.visible == self.requested.visible:
+            return
+        seen = self.torch.cuda_seen
+        value = seen.get("CUDA_VISIBLE_DEVICES") if seen is not None else None
+        shown = f"CUDA_VISIBLE_DEVICES={value}" if value is not None else "every GPU visible"
+        raise SessionError(
+            f"PyTorch has already started CUDA with {shown}, and CUDA reads it once per process. "
+            f"Put `%gpu {what}` at the top of the notebook, before `import torch`, and restart the kernel"
+        )
+
+    def _torch_part(self, command: Any, plan: Plan) -> str:
+        """What the command means for an imported PyTorch (raises SessionError when it cannot hold)."""
+        torch = self.torch
+        if torch.stage() is Stage.NOT_IMPORTED:
+            return ""
+        if isinstance(command, grammar.Allocator):
+            loaded = torch.backend()
+            if loaded != command.name:
+                raise SessionError(
+                    f"PyTorch loaded with the {loaded} allocator and reads it only at `import torch`. "
+                    f"Put `%gpu allocator {command.name}` at the top of the notebook, before `import torch`, "
+                    "and restart the kernel"
+                )
+            return f"; PyTorch: already loaded with the {loaded} allocator"
+        if isinstance(command, grammar.Grow):
+            return "; PyTorch: allocates on demand already, so `grow` changes nothing for it"
+        if isinstance(command, grammar.Split):
+            return "; PyTorch: has no logical GPUs, so `split` applies to TensorFlow only"
+        if isinstance(command, (grammar.Limit, grammar.Use)) and plan.gpu_settings:
+            if not torch.cuda_build():
+                return "; PyTorch: a CPU build (torch.version.cuda is None), so no GPU setting reaches it"
+            if isinstance(command, grammar.Limit):
+                started = torch.stage() is Stage.STARTED
+                return "; PyTorch: capped now" if started else "; PyTorch: capped when it starts CUDA"
+            return "; PyTorch: takes effect when it starts CUDA"
+        return ""
+
+    def _give_torch(self, resolution: Resolution) -> None:
+        """The caps of an accepted request reach an imported PyTorch (at once, or when CUDA starts)."""
+        torch = self.torch
+        if torch.stage() is Stage.NOT_IMPORTED or not torch.cuda_build():
+            return
+        cuda_map = self.machine.cuda_map()
+        by_nvml = {g.index: g.cap_mib for g in resolution.gpus if g.cap_mib is not None}
+        torch.cap({k: by_nvml[index] * MIB for k, index in enumerate(cuda_map) if index in by_nvml})
+        self.applied["pytorch"] = resolution
+
+    def _on_torch_import(self, module: Any) -> None:
+        self.torch.on_import(module)
+        with self._lock:
+            plan = self.requested
+            if not plan.gpu_settings:
+                return
+            try:
+                if not self.torch.cuda_build():
+                    if plan.limits is not None or isinstance(plan.visible, tuple):
+                        self._hook_failed(
+                            "PyTorch is a CPU build (torch.version.cuda is None), so these GPU settings "
+                            f"cannot take effect for it: {'; '.join(plan.describe())}"
+                        )
+                    return
+                self._give_torch(self.resolved())
+            except Exception as err:  # never break the user's import
+                self._hook_failed(f"could not apply {'; '.join(plan.describe())} to PyTorch: {err}")
 
     def _settle(self, resolution: Resolution, chosen_by_auto: bool) -> None:
         """The request is accepted: claims follow it (what is claimed is what is requested)."""
@@ -298,6 +376,24 @@ class Session:
             "TF_GPU_ALLOCATOR",
             allocator[plan.allocator] if plan.allocator else machine.unmanaged_value("TF_GPU_ALLOCATOR"),
         )
+        if self.torch.stage() is Stage.NOT_IMPORTED:
+            self._set_torch_allocator(plan.allocator)
+
+    def _set_torch_allocator(self, allocator: Optional[str]) -> None:
+        """PyTorch's back end, in the variable it reads at load: the user's own options are kept,
+        and a user who chose PYTORCH_ALLOC_CONF keeps that name (see frameworks/pytorch.py)."""
+        machine = self.machine
+        name = next((n for n in ALLOC_CONF_ENV if self.env.get(n) and n != ALLOC_CONF_ENV[0]), ALLOC_CONF_ENV[0])
+        if name not in MANAGED_ENV:  # the user's PYTORCH_ALLOC_CONF: edited only when asked
+            if allocator is not None:
+                value = alloc_conf_with_backend(self.env.get(name), ASYNC_BACKEND if allocator == "async" else None)
+                self.env[name] = value or ""
+            return
+        base = machine.unmanaged_value(name)
+        if allocator is None:
+            machine.set_env(name, base)
+        else:
+            machine.set_env(name, alloc_conf_with_backend(base, ASYNC_BACKEND if allocator == "async" else None))
 
     def _visible_env(self, resolution: Resolution) -> Optional[str]:
         plan, allocation = resolution.plan, self.machine.allocation()
@@ -388,15 +484,23 @@ class Session:
             tf = self.tf
             started = tf.stage() is Stage.STARTED
             before_tf, before_driver = tf.allocator_stats(), self._my_device_memory()
+            before_torch = self.torch.memory()
             keras_cleared = tf.clear_session()
             policy = self.requested.precision
             if policy is not None and tf.keras_policy() not in (None, policy):
                 tf.set_keras_policy(policy)  # clear_session resets the global policy
+            torch_emptied = self.torch.free()
             after_tf, after_driver = tf.allocator_stats(), self._my_device_memory()
+            after_torch = self.torch.memory()
             force = self.in_force() if started else None
-            return _free_report(
+            report = _free_report(
                 keras_cleared, started, force, policy, before_tf, after_tf, before_driver, after_driver
             )
+            if self.torch.stage() is Stage.NOT_IMPORTED:
+                return report
+            lines = report.split("\n")
+            lines[1:1] = _torch_free_lines(torch_emptied, before_torch, after_torch)
+            return "\n".join(lines)
 
     def _my_device_memory(self) -> "DriverReading":
         """Bytes this process holds on each GPU according to the driver (NVML), and why not."""
@@ -429,6 +533,7 @@ class Session:
 
         wrapt.register_post_import_hook(self._on_tensorflow_import, "tensorflow")
         wrapt.register_post_import_hook(self._on_keras_import, "keras")
+        wrapt.register_post_import_hook(self._on_torch_import, "torch")
 
     def _on_tensorflow_import(self, module: Any) -> None:
         self.tf.on_import(module)
@@ -577,6 +682,22 @@ def _free_report(
         allocator = force.allocator if force is not None else "default"
         lines.append(_kept_memory_note(allocator, before.missing))
     return "\n".join(lines)
+
+
+def _torch_free_lines(emptied: bool, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """PyTorch's part of `%gpu free`: its allocator's figures per device, before and after."""
+    if not emptied:
+        return ["PyTorch has not started CUDA, so it holds no GPU memory to free."]
+    lines = ["Ran torch.cuda.empty_cache(): PyTorch's unused cached blocks go back to the driver."]
+    for device in sorted(set(before) | set(after)):
+        b, a = before.get(device), after.get(device)
+        b_alloc, a_alloc = (b.allocated_bytes if b else None), (a.allocated_bytes if a else None)
+        b_res, a_res = (b.reserved_bytes if b else None), (a.reserved_bytes if a else None)
+        lines.append(
+            f"{device}  PyTorch allocator: allocated {format_bytes(b_alloc)} -> {format_bytes(a_alloc)}, "
+            f"reserved {format_bytes(b_res)} -> {format_bytes(a_res)} ({format_change(b_res, a_res)})"
+        )
+    return lines
 
 
 def _kept_memory_note(allocator: str, missing: Optional[str]) -> str:

@@ -73,11 +73,43 @@ def build_report(
         # card must not say "GPUs seen: unknown" beside "GPUs visible to TensorFlow: none".
         report["visible_gpus"] = session.visible_gpus()
     _add_resolution(report, session)
+    report["frameworks"] = _frameworks(session, report)
     try:
         _add_gpus(report, session, process_table)
     except NvmlUnavailable as err:
         report["nvml_error"] = str(err)
     return report
+
+
+def _frameworks(session: Session, report: dict[str, Any]) -> dict[str, Any]:
+    """Each framework's stage and what it was given (read from the session's record), with
+    PyTorch's allocator per device once it started CUDA.  TensorFlow's other keys stay where
+    they were (``tensorflow``, ``in_force``): scripts read them there."""
+    frameworks: dict[str, Any] = {"tensorflow": {**report["tensorflow"], "applied": _applied(session, "tensorflow")}}
+    torch = session.torch
+    stage = torch.stage()
+    entry: dict[str, Any] = {"stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED}
+    if stage is not Stage.NOT_IMPORTED:
+        entry.update({
+            "cuda_build": torch.cuda_build(),
+            "allocator": torch.backend(),
+            "cuda_started": stage is Stage.STARTED,
+            "applied": _applied(session, "pytorch"),
+            "caps": {f"cuda:{k}": {"bytes": b, "fraction_set": torch.caps_set.get(k)} for k, b in torch.caps_bytes.items()},
+            "cap_errors": list(torch.cap_errors),
+            "memory": {
+                device: {"allocated_bytes": m.allocated_bytes, "peak_allocated_bytes": m.peak_allocated_bytes,
+                         "reserved_bytes": m.reserved_bytes}
+                for device, m in torch.memory().items()
+            },
+        })
+    frameworks["pytorch"] = entry
+    return frameworks
+
+
+def _applied(session: Session, framework: str) -> Optional[list[str]]:
+    resolution = session.applied.get(framework)
+    return None if resolution is None else resolution.describe()
 
 
 def _no_gpu(session: Session, notes: list[str]) -> Optional[dict[str, Any]]:
@@ -341,8 +373,30 @@ def _kernel_header(report: dict[str, Any]) -> list[str]:
             f"  {device} TensorFlow allocator: {format_bytes(stats['current_bytes'])} in use, "
             f"peak {format_bytes(stats['peak_bytes'])}"
         )
+    lines.extend(_pytorch_lines(report.get("frameworks", {}).get("pytorch")))
     if "me" in report:
         lines.append(_me_line(report))
+    return lines
+
+
+def _pytorch_lines(torch: Optional[dict[str, Any]]) -> list[str]:
+    """PyTorch's stage, allocator and caps: shown once it is imported."""
+    if not torch or not torch.get("imported"):
+        return []
+    if not torch["cuda_build"]:
+        return ["PyTorch:    imported; a CPU build (torch.version.cuda is None): it uses no GPU"]
+    started = "CUDA started: GPU settings other than `limit` are frozen" if torch["cuda_started"] else "CUDA not started"
+    lines = [f"PyTorch:    imported, {started}; the {torch['allocator']} allocator"]
+    for device, cap in torch["caps"].items():
+        fraction = cap["fraction_set"]
+        when = f"set as fraction {fraction:.4f}" if fraction is not None else "set when CUDA starts"
+        lines.append(f"  {device} cap: {format_bytes(cap['bytes'])} ({when})")
+    lines.extend(f"  cap not set: {error}" for error in torch["cap_errors"])
+    for device, memory in torch["memory"].items():
+        lines.append(
+            f"  {device} PyTorch allocator: {format_bytes(memory['allocated_bytes'])} allocated, "
+            f"{format_bytes(memory['reserved_bytes'])} reserved, peak {format_bytes(memory['peak_allocated_bytes'])}"
+        )
     return lines
 
 

@@ -1,0 +1,203 @@
+"""`%gpu` with PyTorch (issue 18, item 3).
+
+The fresh-process tests run real PyTorch (the CPU build: it imports, parses its allocator
+settings and reports them, and never starts CUDA).  What only a CUDA build does (start CUDA,
+take a memory fraction) is checked against a stand-in for ``torch.cuda`` that keeps PyTorch's
+own rules: calls queued with ``_lazy_call`` run when CUDA starts, and a fraction is set per device.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from conftest import run_scenario
+from fakes import FakeTensorFlow
+
+from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks.base import Stage
+from tfgpu_magic.frameworks.pytorch import PyTorch, alloc_conf_with_backend
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel.session import Session, SessionError
+
+GIB = 1 << 30
+
+
+# -- real PyTorch, fresh process -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def torch_kernel():
+    pytest.importorskip("torch")
+    return run_scenario("torch_scenario", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+
+
+@pytest.mark.slow
+def test_allocator_async_reaches_what_torch_parses_at_import_keeping_the_users_options(torch_kernel):
+    r = torch_kernel
+    assert r["torch_imported_by_magic"] is False  # the magic never imports torch
+    assert r["env_before_import"] == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,backend:cudaMallocAsync", "PYTORCH_ALLOC_CONF": None
+    }
+    assert r["torch_read"] == "expandable_segments:True,backend:cudaMallocAsync"  # torch's own reading
+    assert r["frameworks"]["pytorch"]["allocator"] == "async"
+
+
+@pytest.mark.slow
+def test_after_import_a_different_allocator_is_too_late_with_the_line_to_put_first(torch_kernel):
+    r = torch_kernel
+    assert r["allocator_after"] == (
+        "UsageError: PyTorch loaded with the async allocator and reads it only at `import torch`. Put "
+        "`%gpu allocator default` at the top of the notebook, before `import torch`, and restart the kernel"
+    )
+    assert r["allocator_same"].endswith("; PyTorch: already loaded with the async allocator")
+
+
+@pytest.mark.slow
+def test_grow_says_pytorch_already_allocates_on_demand_and_free_says_nothing_was_held(torch_kernel):
+    r = torch_kernel
+    assert r["grow"].endswith("; PyTorch: allocates on demand already, so `grow` changes nothing for it")
+    assert "PyTorch has not started CUDA, so it holds no GPU memory to free." in r["free"]
+    assert r["cuda_initialized"] is False
+
+
+@pytest.mark.slow
+def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
+    r = torch_kernel
+    assert r["status_keys"] == sorted(
+        ["allocation", "frameworks", "gpus", "in_force", "me", "notes", "nvml_error", "requested", "resolved",
+         "tensorflow", "visible_gpus"]
+    )
+    torch = r["frameworks"]["pytorch"]
+    assert torch["stage"] == "imported" and torch["cuda_build"] is False and torch["applied"] is None
+    assert r["frameworks"]["tensorflow"]["stage"] == "not_imported"
+    assert "PyTorch:    imported; a CPU build (torch.version.cuda is None): it uses no GPU" in r["text"]
+    assert any("PyTorch is a CPU build" in e and "limit 4096MiB" in e for e in r["hook_errors"])
+
+
+# -- a CUDA build's rules, with torch.cuda stood in for ----------------------------------------------
+class StandInCuda:
+    """``torch.cuda`` as a CUDA build behaves: lazy start, queued calls, a fraction per device."""
+
+    def __init__(self, totals: list[int]) -> None:
+        self.totals = totals
+        self.started = False
+        self.queued: list = []
+        self.fractions: dict[int, float] = {}
+
+    def is_initialized(self) -> bool:
+        return self.started
+
+    def _lazy_call(self, fn) -> None:
+        if self.started:
+            fn()
+        else:
+            self.queued.append(fn)
+
+    def start(self) -> None:  # what _lazy_init does: start CUDA, then run the queued calls
+        self.started = True
+        for fn in self.queued:
+            fn()
+
+    def device_count(self) -> int:
+        return len(self.totals)
+
+    def get_device_properties(self, k: int):
+        return types.SimpleNamespace(total_memory=self.totals[k])
+
+    def set_per_process_memory_fraction(self, fraction: float, device: int) -> None:
+        assert self.started, "set_per_process_memory_fraction starts CUDA: it must wait for the start"
+        self.fractions[device] = fraction
+
+    def memory_allocated(self, k):
+        return 0
+
+    def max_memory_allocated(self, k):
+        return 0
+
+    def memory_reserved(self, k):
+        return 0
+
+    def empty_cache(self):
+        pass
+
+
+def cuda_torch(totals: list[int]) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        cuda=StandInCuda(totals), version=types.SimpleNamespace(cuda="12.8"), _C=types.SimpleNamespace()
+    )
+
+
+def torch_session(env: dict | None = None) -> Session:
+    return Session(nvml=Nvml(lib=shared_server()), env=dict(env or {}), tf=FakeTensorFlow())
+
+
+def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
+    session = torch_session()
+    session.configure(grammar.parse("use 1"))
+    session.configure(grammar.parse("limit 8G"))
+    torch = cuda_torch([80 * GIB])
+    session._on_torch_import(torch)
+    assert torch.cuda.fractions == {}  # importing torch starts no CUDA context
+    assert session.torch.stage() is Stage.IMPORTED and session.torch.caps_bytes == {0: 8 * GIB}
+    torch.cuda.start()
+    assert torch.cuda.fractions == {0: 0.1}  # 8 GiB of the 80 GiB torch reports for cuda:0 (GPU 1)
+    assert session.torch.cuda_seen is not None  # the environment CUDA read, recorded as it started
+    assert session.applied["pytorch"] is session.resolved()
+
+
+def test_a_limit_after_cuda_started_is_set_at_once():
+    session = torch_session()
+    torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
+    session._on_torch_import(torch)
+    torch.cuda.start()
+    said = session.configure(grammar.parse("limit 50%"))
+    assert said.endswith("; PyTorch: capped now")
+    assert torch.cuda.fractions[1] == pytest.approx(0.5)
+
+
+def test_use_after_pytorch_started_cuda_is_too_late_for_every_framework():
+    session = torch_session()
+    torch = cuda_torch([80 * GIB] * 4)
+    session._on_torch_import(torch)
+    torch.cuda.start()
+    with pytest.raises(SessionError, match=r"PyTorch has already started CUDA with every GPU visible.*"
+                                           r"Put `%gpu use 1` at the top of the notebook, before `import torch`"):
+        session.configure(grammar.parse("use 1"))
+    assert session.requested.visible is None  # nothing changed
+
+
+def test_a_users_pytorch_alloc_conf_is_the_variable_edited():
+    """Torch 2.13 reads both names and, when both are set, only PYTORCH_CUDA_ALLOC_CONF: setting the
+    old name beside a user's new one would silently drop the user's options."""
+    session = torch_session({"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
+    session.configure(grammar.parse("allocator async"))
+    assert session.env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True,backend:cudaMallocAsync"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in session.env
+    session.configure(grammar.parse("allocator default"))
+    assert session.env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_reset_takes_back_the_backend_it_added():
+    session = torch_session({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})
+    session.configure(grammar.parse("allocator async"))
+    assert session.env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,backend:cudaMallocAsync"
+    session.reset()
+    assert session.env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+@pytest.mark.parametrize(
+    ("current", "backend", "expected"),
+    [
+        (None, "cudaMallocAsync", "backend:cudaMallocAsync"),
+        ("backend:native", "cudaMallocAsync", "backend:cudaMallocAsync"),
+        ("a:1, backend:cudaMallocAsync ,b:2", None, "a:1,b:2"),
+        ("backend:cudaMallocAsync", None, None),
+    ],
+)
+def test_the_backend_option_is_replaced_and_nothing_else(current, backend, expected):
+    assert alloc_conf_with_backend(current, backend) == expected
+
+
+def test_the_adapter_reads_nothing_before_the_import():
+    torch = PyTorch()
+    assert torch.stage() is Stage.NOT_IMPORTED and torch.memory() == {} and torch.free() is False

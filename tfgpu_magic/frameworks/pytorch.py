@@ -1,0 +1,182 @@
+"""PyTorch's side: the only code that touches ``torch``.
+
+Like the TensorFlow adapter it never imports its framework: :meth:`PyTorch.on_import` receives
+the module from the post-import hook once ``import torch`` has finished.
+
+PyTorch starts CUDA lazily, at the first CUDA call (``torch.cuda.is_initialized()`` says
+whether it has; ../shared/notes/frameworks.md).  Until then ``CUDA_VISIBLE_DEVICES`` still
+works; the allocator's back end (``backend:cudaMallocAsync``) is read once, when the library
+loads, so it must be in the environment before ``import torch`` (pytorch#104801).  A memory cap
+is ``torch.cuda.set_per_process_memory_fraction``, which itself starts CUDA: the adapter queues
+the caps with PyTorch's own ``torch.cuda._lazy_call``, so they are set the moment CUDA starts
+(whoever starts it) and importing torch creates no CUDA context.  The same queued call records
+the environment CUDA read.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from .base import CUDA_ENV, Capture, Stage, capture
+
+__all__ = ["ALLOC_CONF_ENV", "ASYNC_BACKEND", "PyTorch", "TorchMemory", "alloc_conf_with_backend"]
+
+# The allocator's settings.  From 2.8 the old name warns that it is deprecated in favour of
+# PYTORCH_ALLOC_CONF, but 2.9.1 ignores the new name for CUDA (pytorch#183387): the old name is
+# the one every release reads, so it is the one set unless the user chose the new one.
+ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+ASYNC_BACKEND = "cudaMallocAsync"
+
+
+@dataclass(frozen=True)
+class TorchMemory:
+    """PyTorch's caching allocator on one CUDA device, in bytes (not the driver's view)."""
+
+    allocated_bytes: int  # held by live tensors
+    peak_allocated_bytes: int  # since the last reset_peak_memory_stats
+    reserved_bytes: int  # held by the allocator's cache (what the driver sees as this process's)
+
+
+class PyTorch:
+    """The adapter: every question to PyTorch goes through one of these (one per process)."""
+
+    name = "PyTorch"
+
+    def __init__(self) -> None:
+        self._torch: Any = None
+        self._lock = threading.Lock()
+        self.loaded_with: Optional[Capture] = None  # the allocator variables at import
+        self.settings_at_import: Optional[str] = None  # the allocator settings torch itself parsed then
+        self.cuda_seen: Optional[Capture] = None  # CUDA's variables when PyTorch started CUDA
+        self.caps_bytes: dict[int, int] = {}  # CUDA index -> the cap queued or set
+        self.caps_set: dict[int, float] = {}  # CUDA index -> the fraction set when CUDA started
+        self.cap_errors: list[str] = []
+
+    # -- the moment torch arrives -----------------------------------------------------------------
+    def on_import(self, module: Any) -> None:
+        """Called on the importing thread once ``import torch`` has finished."""
+        with self._lock:
+            if self._torch is not None:
+                return
+            self._torch = module
+            started = self._cuda_started()
+            self.loaded_with = capture(ALLOC_CONF_ENV, late=started)
+            self.settings_at_import = _allocator_settings(module)
+            if started:
+                self.cuda_seen = capture(CUDA_ENV, late=True)
+            else:
+                module.cuda._lazy_call(self._note_cuda_start)
+
+    def _note_cuda_start(self) -> None:
+        """Run by PyTorch right after it started CUDA (its queued calls), on the starting thread."""
+        if self.cuda_seen is None:
+            self.cuda_seen = capture(CUDA_ENV)
+        self._set_caps()
+
+    # -- the stage ----------------------------------------------------------------------------------
+    def stage(self) -> Stage:
+        """NOT_IMPORTED, IMPORTED (CUDA not started: visibility and caps still apply) or STARTED."""
+        if self._torch is None:
+            return Stage.NOT_IMPORTED
+        return Stage.STARTED if self._cuda_started() else Stage.IMPORTED
+
+    def _cuda_started(self) -> bool:
+        try:
+            return bool(self._torch.cuda.is_initialized())
+        except Exception:  # a build without CUDA answers False; anything else is not a start
+            return False
+
+    def cuda_build(self) -> bool:
+        """Whether this torch was built with CUDA (``torch.version.cuda``); a CPU build never sees a GPU."""
+        return self._torch is not None and getattr(self._torch.version, "cuda", None) is not None
+
+    def found_gpus(self) -> int:
+        """How many GPUs PyTorch can use (``torch.cuda.device_count()``, which starts nothing)."""
+        if not self.cuda_build():
+            return 0
+        return int(self._torch.cuda.device_count())
+
+    def backend(self) -> str:
+        """The allocator back end PyTorch loaded with, "async" or "default": from the settings torch
+        parsed at load (``torch._C._accelerator_getAllocatorSettings``), else from the variables then.
+
+        Torch 2.13 reads both names and, when both are set, only PYTORCH_CUDA_ALLOC_CONF.
+        """
+        if self.settings_at_import is not None:
+            values = [self.settings_at_import]
+        else:
+            conf = self.loaded_with
+            values = [] if conf is None else [conf.get(name) or "" for name in ALLOC_CONF_ENV]
+        return "async" if any(f"backend:{ASYNC_BACKEND}" in v.replace(" ", "") for v in values) else "default"
+
+    # -- caps ------------------------------------------------------------------------------------------
+    def cap(self, caps_bytes: Mapping[int, int]) -> None:
+        """Cap the caching allocator per CUDA device: now if CUDA has started, else when it starts."""
+        with self._lock:
+            self.caps_bytes = dict(caps_bytes)
+        if self.stage() is Stage.STARTED:
+            self._set_caps()
+
+    def _set_caps(self) -> None:
+        """``set_per_process_memory_fraction``: the cap over the device's total, as PyTorch reads it."""
+        cuda = self._torch.cuda
+        for index, cap in sorted(self.caps_bytes.items()):
+            try:
+                total = int(cuda.get_device_properties(index).total_memory)
+                fraction = min(1.0, cap / total)
+                cuda.set_per_process_memory_fraction(fraction, index)
+                self.caps_set[index] = fraction
+            except Exception as err:  # reported by %gpu; never raised into the user's first CUDA call
+                self.cap_errors.append(f"cuda:{index}: {type(err).__name__}: {err}")
+
+    # -- memory -------------------------------------------------------------------------------------------
+    def memory(self) -> dict[str, TorchMemory]:
+        """The caching allocator per started CUDA device (``cuda:0`` ...); empty before CUDA starts."""
+        if self.stage() is not Stage.STARTED:
+            return {}
+        cuda = self._torch.cuda
+        return {
+            f"cuda:{k}": TorchMemory(
+                int(cuda.memory_allocated(k)), int(cuda.max_memory_allocated(k)), int(cuda.memory_reserved(k))
+            )
+            for k in range(cuda.device_count())
+        }
+
+    def free(self) -> bool:
+        """``gc.collect()`` then ``torch.cuda.empty_cache()`` (cached blocks go back to the driver);
+        True if the cache was emptied (CUDA had started)."""
+        gc.collect()
+        if self.stage() is not Stage.STARTED:
+            return False
+        self._torch.cuda.empty_cache()
+        return True
+
+    def oom_error_type(self) -> Optional[type]:
+        """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), or None before the import."""
+        return None if self._torch is None else getattr(self._torch, "OutOfMemoryError", None)
+
+
+def _allocator_settings(module: Any) -> Optional[str]:
+    """The allocator settings string torch parsed (None where this version cannot say)."""
+    getter = getattr(getattr(module, "_C", None), "_accelerator_getAllocatorSettings", None)
+    try:
+        return None if getter is None else str(getter())
+    except Exception:
+        return None
+
+
+def alloc_conf_with_backend(current: Optional[str], backend: Optional[str]) -> Optional[str]:
+    """The allocator settings with ``backend:`` replaced (None: removed), the user's other options kept.
+
+    >>> alloc_conf_with_backend("expandable_segments:True", "cudaMallocAsync")
+    'expandable_segments:True,backend:cudaMallocAsync'
+    >>> alloc_conf_with_backend("backend:cudaMallocAsync,max_split_size_mb:128", None)
+    'max_split_size_mb:128'
+    """
+    options = [o.strip() for o in (current or "").split(",") if o.strip() and not o.strip().startswith("backend:")]
+    if backend is not None:
+        options.append(f"backend:{backend}")
+    return ",".join(options) or None
