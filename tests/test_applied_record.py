@@ -83,3 +83,19 @@ def test_the_record_is_the_resolution_the_command_made_not_a_new_one():
     assert session.applied["tensorflow"] is session.resolved()
     given = session.tf.applied[-1][1]  # what tf.config was given
     assert given == session.resolved().logical_mib() and given[1] == (40960,)
+
+
+def test_a_resolution_made_while_a_command_holds_the_session_is_not_kept():
+    """The sampler thread may resolve the never-accepted request while `configure` is accepting a
+    new one: what it resolved is used for that reading only, never stored over the new request."""
+    import threading
+
+    session = Session(nvml=Nvml(lib=shared_server()), env={}, tf=FakeTensorFlow())
+    with session._lock:  # as `configure` holds it
+        seen = []
+        reader = threading.Thread(target=lambda: seen.append(session.resolved()))
+        reader.start()
+        reader.join(5)
+    assert seen and seen[0].visible == (0, 1, 2, 3)  # the reading got its answer without waiting
+    assert session._accepted is None  # and stored nothing
+    assert session.resolved() is session.resolved()  # on the user's thread it is kept

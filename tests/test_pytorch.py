@@ -201,3 +201,21 @@ def test_the_backend_option_is_replaced_and_nothing_else(current, backend, expec
 def test_the_adapter_reads_nothing_before_the_import():
     torch = PyTorch()
     assert torch.stage() is Stage.NOT_IMPORTED and torch.memory() == {} and torch.free() is False
+
+
+def test_with_both_names_set_the_one_torch_reads_is_edited():
+    """Torch 2.13 reads only PYTORCH_CUDA_ALLOC_CONF when both are set (measured in this suite's torch)."""
+    session = torch_session({"PYTORCH_CUDA_ALLOC_CONF": "a:1", "PYTORCH_ALLOC_CONF": "b:2"})
+    session.configure(grammar.parse("allocator async"))
+    assert session.env == {**session.env, "PYTORCH_CUDA_ALLOC_CONF": "a:1,backend:cudaMallocAsync",
+                           "PYTORCH_ALLOC_CONF": "b:2"}
+
+
+def test_use_after_tensorflow_listed_its_gpus_says_pytorch_sees_what_cuda_read_then():
+    session = Session(nvml=Nvml(lib=shared_server()), env={},
+                      tf=FakeTensorFlow(stage=Stage.ENUMERATED, gpus={f"GPU:{i}": i for i in range(4)},
+                                        found=[0, 1, 2, 3]))
+    session._on_torch_import(cuda_torch([80 * GIB] * 4))
+    said = session.configure(grammar.parse("use 1"))
+    assert said.endswith("; PyTorch: sees the GPUs CUDA showed when TensorFlow listed its devices "
+                         "(`use` cannot change them)")

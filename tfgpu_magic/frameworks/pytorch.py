@@ -15,7 +15,6 @@ the environment CUDA read.
 
 from __future__ import annotations
 
-import gc
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -67,8 +66,8 @@ class PyTorch:
             self.settings_at_import = _allocator_settings(module)
             if started:
                 self.cuda_seen = capture(CUDA_ENV, late=True)
-            else:
-                module.cuda._lazy_call(self._note_cuda_start)
+        if not started:  # outside our lock: _lazy_call takes torch's initialisation lock
+            module.cuda._lazy_call(self._note_cuda_start)
 
     def _note_cuda_start(self) -> None:
         """Run by PyTorch right after it started CUDA (its queued calls), on the starting thread."""
@@ -146,9 +145,9 @@ class PyTorch:
         }
 
     def free(self) -> bool:
-        """``gc.collect()`` then ``torch.cuda.empty_cache()`` (cached blocks go back to the driver);
-        True if the cache was emptied (CUDA had started)."""
-        gc.collect()
+        """``torch.cuda.empty_cache()``: unused cached blocks go back to the driver.  Call it after
+        ``gc.collect()`` (the session's ``free`` does), so dropped tensors' blocks are unused by
+        then.  True if the cache was emptied (CUDA had started)."""
         if self.stage() is not Stage.STARTED:
             return False
         self._torch.cuda.empty_cache()

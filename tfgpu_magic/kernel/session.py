@@ -125,9 +125,20 @@ class Session:
         A request never resolved (the empty one a kernel starts with) is resolved on first
         read, once the machine can answer, and kept.
         """
-        if self._accepted is None:
-            self._accepted = self.resolution()
-        return self._accepted
+        accepted = self._accepted
+        if accepted is not None:
+            return accepted
+        plan = self._requested
+        resolution = self.resolution(plan)
+        # Kept only if the request is still the one resolved: the sampler thread may get here
+        # while `configure` accepts a new one (it holds the lock while it does; never wait for it).
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._accepted is None and self._requested is plan:
+                    self._accepted = resolution
+            finally:
+                self._lock.release()
+        return resolution
 
     def _record_applied(self, resolution: Resolution) -> None:
         """TensorFlow has been given ``resolution`` (by tf.config, or by the environment it is
@@ -289,6 +300,8 @@ class Session:
             if isinstance(command, grammar.Limit):
                 started = torch.stage() is Stage.STARTED
                 return "; PyTorch: capped now" if started else "; PyTorch: capped when it starts CUDA"
+            if self.tf.stage() >= Stage.ENUMERATED:  # CUDA read CUDA_VISIBLE_DEVICES when TensorFlow listed its GPUs
+                return "; PyTorch: sees the GPUs CUDA showed when TensorFlow listed its devices (`use` cannot change them)"
             return "; PyTorch: takes effect when it starts CUDA"
         return ""
 
@@ -349,6 +362,7 @@ class Session:
     def _apply(self, resolution: Resolution, stage: Stage) -> None:
         """Environment first (read at CUDA start-up), then tf.config once TensorFlow is here."""
         saved = {name: self.env.get(name) for name in MANAGED_ENV}
+        users_torch_conf = self.env.get(ALLOC_CONF_ENV[1])  # edited in place, not a managed variable
         try:
             self._set_environment(resolution, stage)
             if Stage.IMPORTED <= stage < Stage.STARTED:
@@ -357,6 +371,8 @@ class Session:
         except (ApplyError, ValueError, RuntimeError) as err:
             for name, value in saved.items():
                 self.machine.set_env(name, value)
+            if users_torch_conf is not None:
+                self.env[ALLOC_CONF_ENV[1]] = users_torch_conf
             if isinstance(err, ApplyError):
                 raise SessionError(str(err)) from None
             raise SessionError(f"TensorFlow refused it: {err}") from None
@@ -383,17 +399,15 @@ class Session:
         """PyTorch's back end, in the variable it reads at load: the user's own options are kept,
         and a user who chose PYTORCH_ALLOC_CONF keeps that name (see frameworks/pytorch.py)."""
         machine = self.machine
-        name = next((n for n in ALLOC_CONF_ENV if self.env.get(n) and n != ALLOC_CONF_ENV[0]), ALLOC_CONF_ENV[0])
-        if name not in MANAGED_ENV:  # the user's PYTORCH_ALLOC_CONF: edited only when asked
+        old_name, new_name = ALLOC_CONF_ENV
+        backend = ASYNC_BACKEND if allocator == "async" else None
+        if self.env.get(new_name) and not self.env.get(old_name):
+            # The user chose the new name alone; with both set, torch reads only the old one.
             if allocator is not None:
-                value = alloc_conf_with_backend(self.env.get(name), ASYNC_BACKEND if allocator == "async" else None)
-                self.env[name] = value or ""
+                self.env[new_name] = alloc_conf_with_backend(self.env.get(new_name), backend) or ""
             return
-        base = machine.unmanaged_value(name)
-        if allocator is None:
-            machine.set_env(name, base)
-        else:
-            machine.set_env(name, alloc_conf_with_backend(base, ASYNC_BACKEND if allocator == "async" else None))
+        base = machine.unmanaged_value(old_name)
+        machine.set_env(old_name, base if allocator is None else alloc_conf_with_backend(base, backend))
 
     def _visible_env(self, resolution: Resolution) -> Optional[str]:
         plan, allocation = resolution.plan, self.machine.allocation()
