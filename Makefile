@@ -22,9 +22,10 @@ setup:
 	@# An existing .venv is reused (a second `make setup` only brings it up to date).
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	@# PyTorch for its tests, pinned first: this machine's pip finds the 2.13.0 CPU build (190 MB) on
-	@# its own disk, where a newer or unpinned torch would be a CUDA build of several GB.
-	$(BIN)/pip install -q "torch==2.13.0"
+	@# PyTorch and JAX for their tests, pinned first: this machine's pip finds the 2.13.0 CPU build of
+	@# torch (190 MB) on its own disk, where a newer or unpinned torch would be a CUDA build of several
+	@# GB; `jax` alone is JAX's CPU build (jaxlib 0.10.2, about 90 MB).
+	$(BIN)/pip install -q "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2"
 	$(BIN)/pip install -q -e ".[cpu,test]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 

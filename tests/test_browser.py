@@ -202,7 +202,6 @@ def test_the_chart_moves_while_a_cell_runs_and_stop_ends_the_sampler(open_notebo
     assert gpu1["legend"][1] == "80.0 GiB" and all(t.endswith(" GiB") for t in gpu1["yTicks"])
 
     # One clock: the header, the x axis and the legend's time read alike (the browser's locale).
-    import re
 
     header = gpu1["state"].removeprefix("last sample ").split(" · ")[0]
     assert re.match(CLOCK, header) and re.match(CLOCK, gpu1["legend"][0]), gpu1

@@ -33,7 +33,10 @@ def kernel():
 @pytest.mark.slow
 def test_installed_when_tensorflow_is_imported(kernel):
     assert kernel["types_before_import"] == []  # nothing imported TensorFlow for it
-    assert kernel["types_after_import"] == ["ResourceExhaustedError"]
+    # TensorFlow 2.21 imports jax itself where it is installed (tensorflow/lite/python/util.py), so
+    # JAX's runtime error is hooked too (its handler explains only RESOURCE_EXHAUSTED).
+    assert "ResourceExhaustedError" in kernel["types_after_import"]
+    assert set(kernel["types_after_import"]) <= {"ResourceExhaustedError", "JaxRuntimeError"}
 
 
 @pytest.mark.slow

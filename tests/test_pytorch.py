@@ -8,6 +8,7 @@ own rules: calls queued with ``_lazy_call`` run when CUDA starts, and a fraction
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -19,6 +20,7 @@ from tfgpu_magic.frameworks.base import Stage
 from tfgpu_magic.frameworks.pytorch import PyTorch, alloc_conf_with_backend
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel import cells, oom, trace
 from tfgpu_magic.kernel.session import Session, SessionError
 
 GIB = 1 << 30
@@ -83,6 +85,26 @@ class StandInCuda:
         self.started = False
         self.queued: list = []
         self.fractions: dict[int, float] = {}
+        self.allocated = [0] * len(totals)
+        self.peak = [0] * len(totals)
+        self.reserved = [0] * len(totals)
+        self.current_device: int | None = None
+
+    def allocate(self, k: int, size: int) -> None:  # what a tensor does to the caching allocator
+        self.allocated[k] += size
+        self.peak[k] = max(self.peak[k], self.allocated[k])
+        self.reserved[k] = max(self.reserved[k], self.allocated[k])
+
+    def reset_peak_memory_stats(self, k: int) -> None:
+        self.peak[k] = self.allocated[k]
+
+    @contextlib.contextmanager
+    def device(self, k: int):
+        self.current_device = k
+        try:
+            yield
+        finally:
+            self.current_device = None
 
     def is_initialized(self) -> bool:
         return self.started
@@ -109,21 +131,26 @@ class StandInCuda:
         self.fractions[device] = fraction
 
     def memory_allocated(self, k):
-        return 0
+        return self.allocated[k]
 
     def max_memory_allocated(self, k):
-        return 0
+        return self.peak[k]
 
     def memory_reserved(self, k):
-        return 0
+        return self.reserved[k]
 
     def empty_cache(self):
-        pass
+        self.reserved = list(self.allocated)
+
+
+class OutOfMemoryError(RuntimeError):
+    """``torch.OutOfMemoryError``'s stand-in."""
 
 
 def cuda_torch(totals: list[int]) -> types.SimpleNamespace:
     return types.SimpleNamespace(
-        cuda=StandInCuda(totals), version=types.SimpleNamespace(cuda="12.8"), _C=types.SimpleNamespace()
+        cuda=StandInCuda(totals), version=types.SimpleNamespace(cuda="12.8"), _C=types.SimpleNamespace(),
+        OutOfMemoryError=OutOfMemoryError,
     )
 
 
@@ -219,3 +246,73 @@ def test_use_after_tensorflow_listed_its_gpus_says_pytorch_sees_what_cuda_read_t
     said = session.configure(grammar.parse("use 1"))
     assert said.endswith("; PyTorch: sees the GPUs CUDA showed when TensorFlow listed its devices "
                          "(`use` cannot change them)")
+
+
+def started_torch(*commands: str, totals: list[int] | None = None) -> tuple[Session, StandInCuda]:
+    session = torch_session()
+    for command in commands:
+        session.configure(grammar.parse(command))
+    torch = cuda_torch(totals or [80 * GIB, 80 * GIB])
+    session._on_torch_import(torch)
+    torch.cuda.start()
+    return session, torch.cuda
+
+
+def test_trace_shows_pytorchs_peak_in_the_cell_with_nvidia_smi_numbers():
+    session, cuda = started_torch("use 1,2", totals=[80 * GIB, 24 * GIB])
+    cuda.allocate(0, GIB)  # held before the cell, with an old peak the cell must not report
+    cuda.peak[0] = 5 * GIB
+    tracer = trace.Tracer(shell=None, session=session)
+    tracer.pre_run_cell(None)
+    cuda.allocate(0, 3 * GIB)
+    cuda.allocated[0] -= 2 * GIB  # a temporary freed before the cell ended
+    assert tracer.lines(0.25) == [
+        "[gpu trace] GPU 1 (PyTorch cuda:0): peak 4,096 MiB (+3,072 MiB in this cell), retained +1,024 MiB, 0.25 s",
+        "[gpu trace] GPU 2 (PyTorch cuda:1): peak 0 B (+0 B in this cell), retained unchanged, 0.25 s",
+    ]
+
+
+def test_nested_windows_keep_each_others_peaks():
+    session, cuda = started_torch()
+    outer = session.torch.open_peak_window()
+    cuda.allocate(0, 4 * GIB)
+    cuda.allocated[0] = 0
+    inner = session.torch.open_peak_window()  # resets torch's peak: the outer window keeps its 4 GiB
+    cuda.allocate(0, GIB)
+    assert inner.peaks()["cuda:0"].peak_bytes == GIB
+    assert outer.peaks()["cuda:0"].peak_bytes == 4 * GIB
+
+
+def test_a_budget_is_checked_against_pytorchs_peak(shell):
+    session, cuda = started_torch()
+    shell.user_ns["allocate"] = cuda.allocate
+    with pytest.raises(cells.BudgetExceeded) as exceeded:
+        cells.run_cell_magic(shell, session, "budget 2G", "allocate(0, 3 << 30)")
+    assert str(exceeded.value) == (
+        "GPU 0 (PyTorch cuda:0): the cell's peak was 3,072 MiB, over its budget of 2,048 MiB "
+        "(PyTorch's allocator held 0 B when the cell started and 3,072 MiB at the peak)"
+    )
+    assert cells.run_cell_magic(shell, session, "budget 2G", "allocate(1, 1 << 30); 7") == 7
+
+
+def test_on_runs_the_cell_under_torch_cuda_device(shell):
+    session, cuda = started_torch("use 1,2", totals=[80 * GIB, 24 * GIB])
+    shell.user_ns["cuda"] = cuda
+    assert cells.run_cell_magic(shell, session, "on 2", "cuda.current_device") == 1  # GPU 2 is cuda:1
+    with pytest.raises(SessionError, match=r"^GPU 3 is not visible to PyTorch \(visible: GPU 1, 2, "):
+        cells.run_cell_magic(shell, session, "on 3", "1")
+
+
+def test_pytorchs_out_of_memory_is_explained_with_its_cap_and_neighbours():
+    session, cuda = started_torch("use 1", "limit 8G")
+    cuda.allocate(0, 7 * GIB)
+    error = OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+        "60.00 GiB is free. Of the allocated memory 7.00 GiB is allocated by PyTorch"
+    )
+    text = oom.explain(session, error)
+    assert text.startswith("tfgpu_magic: PyTorch ran out of memory on GPU 1 (PyTorch cuda:0, NVIDIA A100-SXM4-80GB).\n")
+    assert "  Failed request: 2.00 GiB\n" in text
+    assert "limit: 8,192 MiB (`%gpu limit`, set as fraction 0.1000)" in text
+    assert "pid 41003: 8,192 MiB (bob, python finetune.py)" in text
+    assert "torch.autocast" in text and "Keras" not in text

@@ -110,7 +110,7 @@ class Split:
 
 @dataclass(frozen=True)
 class Allocator:
-    name: str  # "async" or "default"
+    name: str  # "async", "default" or "platform" (JAX's allocator that hands memory back)
 
 
 @dataclass(frozen=True)
@@ -391,9 +391,12 @@ def _split(tokens: list[str]) -> Split:
     return Split(sizes=tuple(int(s) for s in sizes))
 
 
+ALLOCATORS = ("async", "default", "platform")
+
+
 def _allocator(tokens: list[str]) -> Allocator:
     name = _one("allocator", tokens).lower()
-    if name not in ("async", "default"):
+    if name not in ALLOCATORS:
         raise _fail("allocator", f"unknown allocator {_shown(name)}")
     return Allocator(name)
 
@@ -551,9 +554,12 @@ TABLE: tuple[Verb, ...] = (
     Verb(
         "allocator",
         _allocator,
-        forms=("%gpu allocator async", "%gpu allocator default"),
-        manual=(("%gpu allocator async", "TF_GPU_ALLOCATOR=cuda_malloc_async, which returns freed memory"),),
-        words=("async", "default"),
+        forms=("%gpu allocator async", "%gpu allocator default", "%gpu allocator platform"),
+        manual=(
+            ("%gpu allocator async", "TF_GPU_ALLOCATOR=cuda_malloc_async, which returns freed memory"),
+            ("%gpu allocator platform", "JAX only: allocates on demand and hands memory back (slow)"),
+        ),
+        words=ALLOCATORS,
     ),
     Verb(
         "precision",

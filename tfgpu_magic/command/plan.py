@@ -46,7 +46,7 @@ class Plan:
     growth: Optional[bool] = None
     limits: Optional[tuple[Size, ...]] = None
     split: Optional[grammar.Split] = None
-    allocator: Optional[str] = None  # "async" or "default"
+    allocator: Optional[str] = None  # "async", "default" or "platform" (JAX only)
     precision: Optional[str] = None
 
     def with_command(self, command: object) -> "Plan":
@@ -106,7 +106,7 @@ class Plan:
         """
         named_gpus = isinstance(self.visible, tuple) and bool(self.visible)
         return named_gpus or self.growth is True or self.limits is not None or self.split is not None or (
-            self.allocator == "async"
+            self.allocator in ("async", "platform")
         )
 
 

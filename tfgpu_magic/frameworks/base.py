@@ -10,9 +10,12 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
-__all__ = ["CUDA_ENV", "Capture", "Stage", "capture"]
+__all__ = [
+    "CUDA_ENV", "Capture", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
+    "Stage", "UnresettablePeakWindow", "capture", "too_late",
+]
 
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # read by CUDA when it starts in the process
 
@@ -49,3 +52,116 @@ class Capture:
 
 def capture(names: tuple[str, ...], late: bool = False) -> Capture:
     return Capture({name: os.environ.get(name) for name in names}, late)
+
+
+# -- what every adapter answers -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device as its framework's allocator reports it, in bytes (never the driver's view)."""
+
+    in_use_bytes: int  # held by live tensors or arrays
+    peak_bytes: int  # the most in use since the last peak reset (since start-up where none exists)
+    reserved_bytes: Optional[int] = None  # taken from the driver by the allocator's pool
+    limit_bytes: Optional[int] = None  # the most the allocator will take, by its own account
+
+
+@dataclass(frozen=True)
+class PeakReading:
+    """A device's allocator over one window (a traced cell, a budgeted cell).
+
+    ``exact`` is False where the framework cannot reset its peak (JAX) and the peak did not rise
+    during the window: ``peak_bytes`` is then the highest since start-up, an upper bound only.
+    """
+
+    start_bytes: int  # in use when the window opened
+    now_bytes: int
+    peak_bytes: int
+    exact: bool = True
+
+
+class PeakWindow(Protocol):
+    def peaks(self) -> dict[str, PeakReading]:
+        """Per device: in use at the start and now, and the peak between."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Framework(Protocol):
+    """What the kernel asks of each framework's adapter.  An adapter never imports its
+    framework: ``on_import`` hands it the module once the user's import has finished."""
+
+    key: str  # "tensorflow", "pytorch", "jax": its key in `%gpu status --json` and `Session.applied`
+    name: str  # as shown: "TensorFlow", "PyTorch", "JAX"
+    module: str  # what the user imports: "tensorflow", "torch", "jax"
+
+    def on_import(self, module: Any) -> None: ...
+
+    def stage(self) -> Stage: ...
+
+    def device_memory(self) -> dict[str, DeviceMemory]:
+        """Per device (the framework's own name for it), once started; empty before."""
+        ...
+
+    def open_peak_window(self) -> PeakWindow: ...
+
+    def oom_error_type(self) -> Optional[type]: ...
+
+
+def too_late(framework: str, module: str, what: str, now: str) -> str:
+    """The one wording of "too late": what the framework started with, and the line to put first."""
+    return (
+        f"{framework} has already started with {now}, and cannot change it in a running kernel. "
+        f"Put `%gpu {what}` at the top of the notebook, before `import {module}`, and restart the kernel"
+    )
+
+
+class ResettingPeakWindow:
+    """A window over a framework that keeps one resettable peak per device (PyTorch).
+
+    Resets are global, so nested windows (a traced cell holding a budgeted cell) would destroy
+    each other's peaks: before each reset the peak about to be lost is folded into every window
+    still open, as TensorFlow's adapter does.
+    """
+
+    def __init__(self, read: Callable[[], dict[str, DeviceMemory]], reset: Callable[[str], None],
+                 open_windows: "set[ResettingPeakWindow]") -> None:
+        self._read, self._open = read, open_windows
+        self.folded: dict[str, int] = {}
+        self.start: dict[str, int] = {}
+        for device, memory in read().items():
+            for window in list(open_windows):
+                window.folded[device] = max(window.folded.get(device, 0), memory.peak_bytes)
+            reset(device)
+            self.start[device] = memory.in_use_bytes
+        open_windows.add(self)
+
+    def peaks(self) -> dict[str, PeakReading]:
+        return {
+            device: PeakReading(self.start.get(device, 0), memory.in_use_bytes,
+                                max(memory.peak_bytes, self.folded.get(device, 0)))
+            for device, memory in self._read().items()
+        }
+
+    def close(self) -> None:
+        self._open.discard(self)
+
+
+class UnresettablePeakWindow:
+    """A window over a framework whose peak cannot be reset (JAX): exact only when the peak rose."""
+
+    def __init__(self, read: Callable[[], dict[str, DeviceMemory]]) -> None:
+        self._read = read
+        self.start = {device: (m.in_use_bytes, m.peak_bytes) for device, m in read().items()}
+
+    def peaks(self) -> dict[str, PeakReading]:
+        readings = {}
+        for device, memory in self._read().items():
+            in_use, peak = self.start.get(device, (0, 0))
+            rose = memory.peak_bytes > peak  # the process's peak was set inside this window
+            readings[device] = PeakReading(in_use, memory.in_use_bytes, memory.peak_bytes, exact=rose)
+        return readings
+
+    def close(self) -> None:
+        pass

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, Stage, capture
+from .base import CUDA_ENV, Capture, DeviceMemory, ResettingPeakWindow, Stage, capture
 
 __all__ = ["ALLOC_CONF_ENV", "ASYNC_BACKEND", "PyTorch", "TorchMemory", "alloc_conf_with_backend"]
 
@@ -42,7 +42,9 @@ class TorchMemory:
 class PyTorch:
     """The adapter: every question to PyTorch goes through one of these (one per process)."""
 
+    key = "pytorch"
     name = "PyTorch"
+    module = "torch"
 
     def __init__(self) -> None:
         self._torch: Any = None
@@ -53,6 +55,7 @@ class PyTorch:
         self.caps_bytes: dict[int, int] = {}  # CUDA index -> the cap queued or set
         self.caps_set: dict[int, float] = {}  # CUDA index -> the fraction set when CUDA started
         self.cap_errors: list[str] = []
+        self._open_windows: set[ResettingPeakWindow] = set()
 
     # -- the moment torch arrives -----------------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -143,6 +146,24 @@ class PyTorch:
             )
             for k in range(cuda.device_count())
         }
+
+    def device_memory(self) -> dict[str, DeviceMemory]:
+        """The protocol's figures: allocated, peak allocated and reserved per ``cuda:k``."""
+        return {
+            device: DeviceMemory(m.allocated_bytes, m.peak_allocated_bytes, reserved_bytes=m.reserved_bytes)
+            for device, m in self.memory().items()
+        }
+
+    def open_peak_window(self) -> ResettingPeakWindow:
+        """``reset_peak_memory_stats`` per device, the peaks of open windows kept whole."""
+        return ResettingPeakWindow(self.device_memory, self._reset_peak, self._open_windows)
+
+    def _reset_peak(self, device: str) -> None:
+        self._torch.cuda.reset_peak_memory_stats(int(device.split(":")[1]))
+
+    def device_scope(self, cuda_index: int) -> Any:
+        """``torch.cuda.device(k)``: the cell's default CUDA device (``%%gpu on``)."""
+        return self._torch.cuda.device(cuda_index)
 
     def free(self) -> bool:
         """``torch.cuda.empty_cache()``: unused cached blocks go back to the driver.  Call it after

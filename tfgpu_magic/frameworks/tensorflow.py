@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, Stage, capture
+from .base import CUDA_ENV, Capture, DeviceMemory, PeakReading, Stage, capture
 
 __all__ = [
     "ASYNC_ALLOCATOR",
@@ -70,7 +70,16 @@ class InForce:
 
 
 class TensorFlow:
-    """The adapter: every question to TensorFlow goes through one of these (one per process)."""
+    """The adapter: every question to TensorFlow goes through one of these (one per process).
+
+    It answers :class:`~tfgpu_magic.frameworks.base.Framework`'s questions, and the ones only
+    TensorFlow raises: a stage between import and start (devices enumerated), ``tf.config``,
+    logical GPUs, Keras.
+    """
+
+    key = "tensorflow"
+    name = "TensorFlow"
+    module = "tensorflow"
 
     def __init__(self) -> None:
         self._tf: Any = None  # the tensorflow module, once its import has finished
@@ -308,6 +317,10 @@ class TensorFlow:
                     stats[name] = info
         return stats
 
+    def device_memory(self) -> dict[str, DeviceMemory]:
+        """The protocol's figures: in use and peak per device (TensorFlow reports no pool size)."""
+        return {d: DeviceMemory(s.current_bytes, s.peak_bytes) for d, s in self.allocator_stats().items()}
+
     def memory_info(self, device: str) -> Optional[AllocatorStats]:
         """One device's allocator reading; None without statistics or before start-up."""
         if self.stage() < Stage.STARTED:
@@ -442,6 +455,11 @@ class PeakWindow:
             peak = max(info.peak_bytes, self.folded.get(device, 0))
             result[device] = (self.start.get(device, 0), AllocatorStats(info.current_bytes, peak))
         return result
+
+    def peaks(self) -> dict[str, PeakReading]:
+        """The same figures as :meth:`read`, as every framework's window gives them."""
+        return {device: PeakReading(start, stats.current_bytes, stats.peak_bytes)
+                for device, (start, stats) in self.read().items()}
 
     def close(self) -> None:
         self._tf._open_windows.discard(self)

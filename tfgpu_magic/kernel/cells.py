@@ -69,17 +69,35 @@ def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: st
     if trace.enable_cpu_stats(session):
         print(f"tfgpu_magic: no GPU will be visible, so {tf_adapter.CPU_STATS_ENV}=true is now set "
               "for TensorFlow's CPU allocator to keep the statistics a budget needs")
+    others = [f for f in session.frameworks() if f is not tf]
+    imported_before = {f.key for f in others if f.stage() is not Stage.NOT_IMPORTED}
+    windows = {f.key: f.open_peak_window() for f in others if f.key in imported_before}
     window = tf.open_peak_window()
     try:
         with scope:
             value = execute(shell, cell)
         readings = window.read()
+        other_readings = {
+            trace.framework_device_label(f.name, device, session): reading
+            for f in others if f.stage() is Stage.STARTED
+            for device, reading in (
+                windows[f.key].peaks() if f.key in windows else trace.readings_since_start(f)
+            ).items()
+        }
     finally:
         window.close()
-    if tf.stage() is Stage.STARTED and not readings:
+        for opened in windows.values():
+            opened.close()
+    if tf.stage() is Stage.STARTED and not readings and not other_readings:
         raise SessionError(f"the budget could not be checked: {trace.NO_STATS}")
     labels = {device: trace.device_label(device, session) for device in readings}
-    check_budget(budget, {labels[d]: (start, stats.peak_bytes) for d, (start, stats) in readings.items()})
+    peaks = {labels[d]: (start, stats.peak_bytes) for d, (start, stats) in readings.items()}
+    peaks.update({label: (r.start_bytes, r.peak_bytes) for label, r in other_readings.items() if r.exact})
+    check_budget(budget, peaks)
+    for label, reading in other_readings.items():
+        if not reading.exact and reading.peak_bytes - reading.start_bytes > budget:
+            print(f"tfgpu_magic: {label}: the budget could not be checked: JAX cannot reset its peak, and "
+                  f"the highest it held since it started ({format_size(reading.peak_bytes)}) was before this cell")
     return value
 
 
@@ -91,9 +109,16 @@ def check_budget(budget: int, peaks: dict[str, tuple[int, int]]) -> None:
             shown_rise, shown_budget = _distinct_sizes(rise, budget)
             raise BudgetExceeded(
                 f"{label}: the cell's peak was {shown_rise}, over its budget of {shown_budget} "
-                f"(TensorFlow's allocator held {format_size(start)} when the cell started "
+                f"({_whose(label)} allocator held {format_size(start)} when the cell started "
                 f"and {format_size(peak)} at the peak)"
             )
+
+
+def _whose(label: str) -> str:
+    for name in ("PyTorch", "JAX"):
+        if f"({name} " in label or label.startswith(f"{name} "):
+            return f"{name}'s"
+    return "TensorFlow's"
 
 
 def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
@@ -106,28 +131,59 @@ def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _gpu_scope(session: Any, gpu: int) -> Iterator[None]:
-    """``tf.device`` for the GPU nvidia-smi numbers ``gpu``; SessionError when TensorFlow lacks it."""
+    """Each imported framework's device scope for the GPU nvidia-smi numbers ``gpu``
+    (``tf.device``, ``torch.cuda.device``, ``jax.default_device``); SessionError when a framework
+    that sees GPUs lacks it, or when none sees a GPU."""
     __tracebackhide__ = True
-    tf = session.tf
-    if tf.stage() is Stage.NOT_IMPORTED:
+    if not session.imported_frameworks():
         raise SessionError(
             "`%%gpu on` runs the cell under TensorFlow's tf.device, and TensorFlow is not imported: "
-            "run `import tensorflow as tf` in an earlier cell"
+            "run `import tensorflow as tf` in an earlier cell (or `import torch`, `import jax` for "
+            "torch.cuda.device, jax.default_device)"
         )
-    tf.enumerate_devices()
-    names = session.gpu_by_tf_name()
-    name = next((n for n, index in names.items() if index == gpu), None)
-    if name is None:
-        raise SessionError(_not_visible(gpu, sorted(set(names.values()))))
-    with tf.device_scope(name):
+    scopes, blind = [], []  # blind: (framework, the error) for each framework that sees no GPU
+    for framework, seen in _visible_by_framework(session):
+        if not seen:
+            blind.append(_not_visible(gpu, [], framework.name))
+        elif gpu not in seen:
+            raise SessionError(_not_visible(gpu, sorted(seen), framework.name))
+        else:
+            scopes.append(_scope(session, framework, gpu))
+    if not scopes:
+        raise SessionError(blind[0])
+    with contextlib.ExitStack() as stack:
+        for scope in scopes:
+            stack.enter_context(scope)
         yield
 
 
-def _not_visible(gpu: int, visible: list[int]) -> str:
+def _visible_by_framework(session: Any) -> list[tuple[Any, list[int]]]:
+    """Each imported framework and the GPUs it sees (nvidia-smi numbers; JAX once started)."""
+    found = []
+    tf, torch, jax = session.tf, session.torch, session.jax
+    if tf.stage() is not Stage.NOT_IMPORTED:
+        tf.enumerate_devices()
+        found.append((tf, sorted(set(session.gpu_by_tf_name().values()))))
+    cuda_map = session.machine.cuda_map()
+    if torch.stage() is not Stage.NOT_IMPORTED:
+        found.append((torch, cuda_map[: torch.found_gpus()]))
+    if jax.stage() is Stage.STARTED:
+        found.append((jax, [cuda_map[k] for k in jax.gpu_ids() if k < len(cuda_map)]))
+    return found
+
+
+def _scope(session: Any, framework: Any, gpu: int) -> Any:
+    if framework is session.tf:
+        name = next(n for n, index in session.gpu_by_tf_name().items() if index == gpu)
+        return framework.device_scope(name)
+    return framework.device_scope(session.machine.cuda_map().index(gpu))
+
+
+def _not_visible(gpu: int, visible: list[int], framework: str = "TensorFlow") -> str:
     if not visible:
-        return f"GPU {gpu} is not visible to TensorFlow: it sees no GPU; {USAGE}"
+        return f"GPU {gpu} is not visible to {framework}: it sees no GPU; {USAGE}"
     shown = ", ".join(map(str, visible))
-    return f"GPU {gpu} is not visible to TensorFlow (visible: GPU {shown}, as nvidia-smi numbers them); {USAGE}"
+    return f"GPU {gpu} is not visible to {framework} (visible: GPU {shown}, as nvidia-smi numbers them); {USAGE}"
 
 
 def execute(shell: Any, cell: str) -> Any:

@@ -26,13 +26,16 @@ from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 
 __all__ = ["MANAGED_ENV", "Machine"]
 
-# Variables tfgpu_magic sets for CUDA and TensorFlow.
+# Variables tfgpu_magic sets for CUDA and the frameworks.
 MANAGED_ENV = (
     "CUDA_DEVICE_ORDER",
     "CUDA_VISIBLE_DEVICES",
     "TF_FORCE_GPU_ALLOW_GROWTH",
     "TF_GPU_ALLOCATOR",
     "PYTORCH_CUDA_ALLOC_CONF",  # PyTorch's allocator back end, read when torch loads
+    "XLA_PYTHON_CLIENT_PREALLOCATE",  # JAX's, read when its backends start
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
 )
 
 

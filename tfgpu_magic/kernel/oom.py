@@ -1,8 +1,9 @@
-"""An explanation under TensorFlow's out-of-memory error: which device, how full, who else, what next.
+"""An explanation under a framework's out-of-memory error: which device, how full, who else, what next.
 
 :func:`install` (called when the extension loads) hooks IPython's ``set_custom_exc`` for
-``tf.errors.ResourceExhaustedError``.  TensorFlow is not imported for it: when TensorFlow is not
-imported yet, the hook is installed the moment it is.  The handler shows IPython's normal
+TensorFlow's ``tf.errors.ResourceExhaustedError``, PyTorch's ``torch.OutOfMemoryError`` and JAX's
+``JaxRuntimeError`` (its ``RESOURCE_EXHAUSTED`` kind).  No framework is imported for it: the hook
+for each is installed the moment the user imports it.  The handler shows IPython's normal
 traceback first, so the original error stays as it was (also in ``sys.last_value``), then the
 explanation.  If the explanation itself fails, only the traceback is shown.
 """
@@ -43,24 +44,27 @@ def install(shell: Any, session: Any) -> None:
     if shell in _installed:
         return
     _installed.add(shell)
-    if session.tf.oom_error_type() is not None:
-        _hook(shell, session)
-        return
     import wrapt
 
-    wrapt.register_post_import_hook(lambda module: _hook_quietly(shell, session), "tensorflow")
+    for framework in session.frameworks():
+        if framework.oom_error_type() is not None:
+            _hook(shell, session, framework)
+        else:
+            wrapt.register_post_import_hook(
+                lambda module, framework=framework: _hook_quietly(shell, session, framework), framework.module
+            )
 
 
-def _hook_quietly(shell: Any, session: Any) -> None:
+def _hook_quietly(shell: Any, session: Any, framework: Any) -> None:
     try:
-        _hook(shell, session)
-    except Exception as err:  # never break the user's `import tensorflow`
+        _hook(shell, session, framework)
+    except Exception as err:  # never break the user's import
         print(f"tfgpu_magic: out-of-memory explanations are off ({err!r})", file=sys.stderr)
 
 
-def _hook(shell: Any, session: Any) -> None:
-    """Add ResourceExhaustedError to IPython's custom exceptions, keeping any handler already set."""
-    oom_type = session.tf.oom_error_type()
+def _hook(shell: Any, session: Any, framework: Any) -> None:
+    """Add the framework's error to IPython's custom exceptions, keeping any handler already set."""
+    oom_type = framework.oom_error_type()
     previous_types = tuple(shell.custom_exceptions)
     previous = shell.CustomTB if previous_types else None
     if oom_type is None or oom_type in previous_types:
@@ -71,10 +75,15 @@ def _hook(shell: Any, session: Any) -> None:
             previous(etype, value, tb, tb_offset=tb_offset)  # theirs shows the traceback
         else:
             self.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        if isinstance(value, oom_type):
+        if isinstance(value, oom_type) and is_out_of_memory(framework, value):
             _print_explanation(session, value)
 
     shell.set_custom_exc(previous_types + (oom_type,), handler)
+
+
+def is_out_of_memory(framework: Any, error: BaseException) -> bool:
+    """JAX's runtime error covers every failure: only its RESOURCE_EXHAUSTED kind is memory."""
+    return framework.key != "jax" or "RESOURCE_EXHAUSTED" in str(error)
 
 
 def _print_explanation(session: Any, error: BaseException) -> None:
@@ -109,6 +118,8 @@ class Facts:
     others_note: Optional[str] = None
     better_gpu: Optional[tuple[int, int]] = None  # (NVML index, free bytes) of a freer GPU
     precision: Optional[str] = None
+    framework: str = "TensorFlow"
+    allocator_text: Optional[str] = None  # the framework's figures where they are not TensorFlow's
 
 
 def parse_message(message: str) -> OomSite:
@@ -128,6 +139,10 @@ def parse_message(message: str) -> OomSite:
 
 def gather(session: Any, error: BaseException) -> Facts:
     """Everything the explanation says, read now (the allocator right after the failure)."""
+    for framework in (session.torch, session.jax):
+        oom_type = framework.oom_error_type()
+        if oom_type is not None and isinstance(error, oom_type):
+            return _gather_cuda_framework(session, framework, error)
     site = parse_message(str(error))
     device = site.device or (session.tf.memory_devices() or ("CPU:0",))[0]
     site = OomSite(device, site.request_bytes, site.request_text, site.allocator)
@@ -140,6 +155,67 @@ def gather(session: Any, error: BaseException) -> Facts:
     else:
         facts.limit_text = _cpu_limit_text()
     return facts
+
+
+# PyTorch: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
+_TORCH_OOM = re.compile(r"Tried to allocate (?P<size>[\d.]+ [KMGT]?i?B)\.(?: GPU (?P<gpu>\d+))?")
+# JAX: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes."
+_JAX_OOM = re.compile(r"allocate (?P<bytes>\d+) bytes")
+
+
+def _gather_cuda_framework(session: Any, framework: Any, error: BaseException) -> Facts:
+    """PyTorch's or JAX's error: the device it names (its CUDA number), its allocator, its cap."""
+    message = str(error)
+    cuda_index, request = 0, None
+    if framework.key == "pytorch":
+        found = _TORCH_OOM.search(message)
+        if found is not None:
+            request = found.group("size")
+            cuda_index = int(found.group("gpu") or 0)
+    else:
+        found = _JAX_OOM.search(message)
+        if found is not None:
+            request = format_size(int(found.group("bytes")))
+    prefix = "cuda" if framework.key == "pytorch" else "gpu"
+    device = f"{prefix}:{cuda_index}"
+    site = OomSite(f"GPU:{cuda_index}", None, f"{request}" if request else None, None)
+    facts = Facts(site, f"{framework.name} {device}", framework=framework.name,
+                  precision=getattr(session.requested, "precision", None))
+    memory = framework.device_memory().get(device)
+    if memory is not None:
+        reserved = f", {format_size(memory.reserved_bytes)} reserved" if memory.reserved_bytes is not None else ""
+        facts.allocator_text = f"{format_size(memory.in_use_bytes)} in use{reserved}"
+    cuda_map = session.machine.cuda_map()
+    index = cuda_map[cuda_index] if cuda_index < len(cuda_map) else None
+    facts.gpu = index
+    if index is None:
+        facts.limit_text = "unknown (the GPU could not be mapped to nvidia-smi's numbering)"
+        return facts
+    nvml = session.nvml
+    info = nvml.gpu(index) if nvml.available() else None
+    gpu_memory = info.memory if info is not None else None
+    name = f", {info.name}" if info is not None and info.name else ""
+    facts.label = f"GPU {index} ({framework.name} {device}{name})"
+    if gpu_memory is not None:
+        facts.gpu_used_bytes, facts.gpu_total_bytes = gpu_memory.used_bytes, gpu_memory.total_bytes
+    facts.limit_text = _framework_limit_text(session, framework, cuda_index, memory)
+    if nvml.available():
+        facts.others, facts.others_note = _other_processes(session, info)
+        facts.better_gpu = _freer_gpu(nvml, index, gpu_memory)
+    return facts
+
+
+def _framework_limit_text(session: Any, framework: Any, cuda_index: int, memory: Any) -> str:
+    """The cap as it was set (the adapter's record), never re-derived from the request."""
+    if framework.key == "pytorch":
+        fraction = framework.caps_set.get(cuda_index)
+        if fraction is None:
+            return "none set (PyTorch may take the whole GPU)"
+        return f"{format_size(framework.caps_bytes[cuda_index])} (`%gpu limit`, set as fraction {fraction:.4f})"
+    start = framework.start()
+    fraction = "0.75, JAX's default" if start is None or start.memory_fraction is None else f"{start.memory_fraction:g}"
+    pool = f"{format_size(memory.limit_bytes)}, " if memory is not None and memory.limit_bytes else ""
+    return f"{pool}memory fraction {fraction} (read when JAX started)"
 
 
 def _cpu_limit_text() -> str:
@@ -222,12 +298,19 @@ def explain(session: Any, error: BaseException) -> str:
 
 def render(facts: Facts) -> str:
     site = facts.site
-    lines = [f"tfgpu_magic: TensorFlow ran out of memory on {facts.label}."]
-    if site.request_text:
+    lines = [f"tfgpu_magic: {facts.framework} ran out of memory on {facts.label}."]
+    if facts.framework != "TensorFlow":
+        if site.request_text:
+            lines.append(f"  Failed request: {site.request_text}")
+        figures = facts.allocator_text or "no figures (CUDA has not started)"
+        lines.append(f"  {facts.framework}'s allocator: {figures}; limit: {facts.limit_text}")
+    elif site.request_text:
         size = f" = {format_size(site.request_bytes)}" if site.request_bytes is not None else ""
         by = f", allocator {site.allocator}" if site.allocator else ""
         lines.append(f"  Failed request: {site.request_text}{size}{by}")
-    if facts.in_use_bytes is not None:
+    if facts.framework != "TensorFlow":
+        pass
+    elif facts.in_use_bytes is not None:
         lines.append(f"  TensorFlow's allocator: {format_size(facts.in_use_bytes)} in use; limit: {facts.limit_text}")
     else:
         lines.append(f"  TensorFlow's allocator keeps no statistics here; limit: {facts.limit_text}")
@@ -253,6 +336,18 @@ def _others_lines(facts: Facts) -> list[str]:
 
 
 def next_steps(facts: Facts) -> list[str]:
+    if facts.framework == "PyTorch":
+        return _cuda_framework_steps(facts, [
+            "`del` the tensors you no longer need, then `%gpu free` (it empties PyTorch's cache), "
+            "then run the cell again",
+            "a smaller batch size (halve it until the cell fits)",
+            "`with torch.autocast(\"cuda\", dtype=torch.float16):` around the forward pass: half the activations",
+        ])
+    if facts.framework == "JAX":
+        return _cuda_framework_steps(facts, [
+            "`del` the arrays you no longer need (JAX keeps every live array), then run the cell again",
+            "a smaller batch size (halve it until the cell fits)",
+        ])
     steps = [
         "`%gpu free`: drop Keras models and tensors left by earlier cells (their memory returns to "
         "TensorFlow's pool), then run the cell again",
@@ -276,4 +371,16 @@ def next_steps(facts: Facts) -> list[str]:
             f"a higher {tf_adapter.CPU_LIMIT_ENV} (MiB) in the kernel's environment before TensorFlow "
             "starts, or a GPU"
         )
+    return steps
+
+
+def _cuda_framework_steps(facts: Facts, steps: list[str]) -> list[str]:
+    if facts.better_gpu is not None:
+        index, free = facts.better_gpu
+        steps.append(
+            f"another GPU: `%gpu use {index}` ({format_size(free)} free) or a higher `%gpu limit`, "
+            "at the top of the notebook, then restart the kernel"
+        )
+    else:
+        steps.append("a higher `%gpu limit`, at the top of the notebook, then restart the kernel")
     return steps

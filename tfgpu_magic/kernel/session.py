@@ -11,6 +11,7 @@ the exact remedy.  Works without IPython; messages are plain strings.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -22,6 +23,8 @@ from ..command import grammar
 from ..command.plan import Plan, PlanError, Resolution, resolve
 from ..command.units import MIB, format_bytes, format_change
 from ..frameworks import tensorflow_diagnosis as tf_diagnosis
+from ..frameworks.base import Framework, too_late
+from ..frameworks.jax import ALLOCATOR_ENV, ALLOCATOR_NAMES, MEM_FRACTION_ENV, PREALLOCATE_ENV, Jax, mem_fraction_name
 from ..frameworks.pytorch import ALLOC_CONF_ENV, ASYNC_BACKEND, PyTorch, alloc_conf_with_backend
 from ..frameworks.tensorflow import (
     ASYNC_ALLOCATOR,
@@ -51,9 +54,11 @@ class Session:
         tf: Optional[TensorFlow] = None,
         machine: Optional[Machine] = None,
         torch: Optional[PyTorch] = None,
+        jax: Optional[Jax] = None,
     ) -> None:
         self.machine = machine if machine is not None else Machine(nvml, env, tf)
         self.torch = torch if torch is not None else PyTorch()
+        self.jax = jax if jax is not None else Jax()
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
         self._requested = Plan()
         # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
@@ -84,6 +89,13 @@ class Session:
     @property
     def tf(self) -> TensorFlow:
         return self.machine.tf
+
+    def frameworks(self) -> tuple[Framework, ...]:
+        """Every framework's adapter, TensorFlow first (the order of every report)."""
+        return (self.tf, self.torch, self.jax)
+
+    def imported_frameworks(self) -> tuple[Framework, ...]:
+        return tuple(f for f in self.frameworks() if f.stage() is not Stage.NOT_IMPORTED)
 
     def prepare(self, say: Callable[[str], None] = print) -> None:
         """At extension load: watch for TensorFlow, and number CUDA's GPUs as nvidia-smi does."""
@@ -239,6 +251,8 @@ class Session:
             shown = what + _resolved_suffix(command, resolution)
             self._check_cuda_not_started_by_torch(command, plan, what)
             torch_said = self._torch_part(command, plan)
+            jax_said = self._jax_part(command, plan, resolution, what)
+            torch_said += jax_said
             if stage is Stage.STARTED:
                 if plan != self.requested:
                     self._check_in_force(resolution, command, what)
@@ -249,15 +263,22 @@ class Session:
                 )
                 self._settle(resolution, chosen_by_auto)
                 self._give_torch(resolution)
+                self._give_jax(resolution)
                 return f"{shown}: {answer}{torch_said}"
             self._apply(resolution, stage)
             self._settle(resolution, chosen_by_auto)
             self._give_torch(resolution)
+            self._give_jax(resolution)
             when = (
                 "takes effect when TensorFlow is imported (before its first op)"
                 if stage is Stage.NOT_IMPORTED
                 else "applied to TensorFlow now (imported, not started)"
             )
+            if isinstance(command, grammar.Allocator) and command.name == "platform":
+                when = (
+                    "JAX only, read when its backends start: it allocates on demand and hands freed "
+                    "memory back, slowly; TensorFlow and PyTorch keep their default allocators"
+                )
             return f"{shown}: {when}{torch_said}"
 
     # -- PyTorch ------------------------------------------------------------------------------------
@@ -281,6 +302,8 @@ class Session:
         torch = self.torch
         if torch.stage() is Stage.NOT_IMPORTED:
             return ""
+        if isinstance(command, grammar.Allocator) and command.name == "platform":
+            return "; PyTorch: `platform` is JAX's allocator; PyTorch keeps the one it loaded with"
         if isinstance(command, grammar.Allocator):
             loaded = torch.backend()
             if loaded != command.name:
@@ -333,6 +356,73 @@ class Session:
             except Exception as err:  # never break the user's import
                 self._hook_failed(f"could not apply {'; '.join(plan.describe())} to PyTorch: {err}")
 
+    # -- JAX ------------------------------------------------------------------------------------------
+    def _jax_part(self, command: Any, plan: Plan, resolution: Resolution, what: str) -> str:
+        """What the command means for JAX once its backends started (raises SessionError when it
+        cannot hold).  Before that JAX is given everything through the environment and nothing
+        is said: TensorFlow 2.21 imports jax itself where it is installed (tensorflow/lite/python/
+        util.py), so an imported JAX is no sign that the notebook uses it."""
+        jax = self.jax
+        stage = jax.stage()
+        if stage is Stage.NOT_IMPORTED or not isinstance(
+            command, (grammar.Use, grammar.Grow, grammar.Limit, grammar.Allocator)
+        ):
+            return ""
+        problem = _jax_limit_problem(resolution) if isinstance(command, grammar.Limit) else None
+        if stage is Stage.STARTED:
+            if problem is not None:
+                raise SessionError(problem)
+            start = jax.start()
+            if start is None or not start.gpu:
+                return "; JAX: started without a GPU backend, so GPU settings do not reach it"
+            differs, now = self._jax_difference(command, resolution, start)
+            if differs:
+                raise SessionError(too_late("JAX", "jax", what, now))
+            return "; JAX: already started with it"
+        if problem is not None:  # accepted for the other frameworks; JAX starts uncapped
+            return f"; JAX gets no memory fraction from it: {problem}"
+        return ""
+
+    def _jax_difference(self, command: Any, resolution: Resolution, start: Any) -> tuple[bool, str]:
+        """Whether a started JAX runs with something else than ``command`` asks, and with what."""
+        if isinstance(command, grammar.Grow):
+            return start.preallocate == command.on, f"preallocation {'on' if start.preallocate else 'off'}"
+        if isinstance(command, grammar.Allocator):
+            wanted = ALLOCATOR_NAMES[command.name] or "default"
+            return start.allocator != wanted, f"the {start.allocator} allocator"
+        if isinstance(command, grammar.Limit):
+            wanted = _jax_fraction(resolution)
+            now = start.memory_fraction
+            same = (wanted is None and now is None) or (
+                wanted is not None and now is not None and abs(float(wanted) - now) < 1e-3
+            )
+            shown = "its default memory fraction (0.75)" if now is None else f"a memory fraction of {now:g}"
+            return not same, shown
+        value = start.cuda_visible_devices
+        shown = f"CUDA_VISIBLE_DEVICES={value}" if value is not None else "every GPU visible"
+        return self._visible_env(resolution) != value, shown
+
+    def jax_limit_problem(self) -> Optional[str]:
+        """Why the accepted request's limits give JAX no memory fraction (None: they do, or none asked)."""
+        accepted = self._accepted
+        return None if accepted is None else _jax_limit_problem(accepted)
+
+    def _give_jax(self, resolution: Resolution) -> None:
+        """JAX reads the environment at its start: until then, this is what it will be given."""
+        if Stage.IMPORTED <= self.jax.stage() < Stage.STARTED:
+            self.applied["jax"] = resolution
+
+    def _on_jax_import(self, module: Any) -> None:
+        self.jax.on_import(module)
+        with self._lock:
+            plan = self.requested
+            if not plan.gpu_settings or self.jax.stage() is Stage.STARTED:
+                return
+            try:
+                self._give_jax(self.resolved())
+            except Exception as err:  # never break the user's import
+                self._hook_failed(f"could not apply {'; '.join(plan.describe())} to JAX: {err}")
+
     def _settle(self, resolution: Resolution, chosen_by_auto: bool) -> None:
         """The request is accepted: claims follow it (what is claimed is what is requested)."""
         self._accept(resolution)
@@ -363,6 +453,7 @@ class Session:
         """Environment first (read at CUDA start-up), then tf.config once TensorFlow is here."""
         saved = {name: self.env.get(name) for name in MANAGED_ENV}
         users_torch_conf = self.env.get(ALLOC_CONF_ENV[1])  # edited in place, not a managed variable
+        users_jax_fraction = self.env.get(MEM_FRACTION_ENV[1])
         try:
             self._set_environment(resolution, stage)
             if Stage.IMPORTED <= stage < Stage.STARTED:
@@ -373,6 +464,8 @@ class Session:
                 self.machine.set_env(name, value)
             if users_torch_conf is not None:
                 self.env[ALLOC_CONF_ENV[1]] = users_torch_conf
+            if users_jax_fraction is not None:
+                self.env[MEM_FRACTION_ENV[1]] = users_jax_fraction
             if isinstance(err, ApplyError):
                 raise SessionError(str(err)) from None
             raise SessionError(f"TensorFlow refused it: {err}") from None
@@ -387,13 +480,31 @@ class Session:
             machine.set_env("CUDA_VISIBLE_DEVICES", machine.unmanaged_value("CUDA_VISIBLE_DEVICES"))
         growth = None if plan.growth is None else ("true" if plan.growth else "false")
         machine.set_env("TF_FORCE_GPU_ALLOW_GROWTH", growth or machine.unmanaged_value("TF_FORCE_GPU_ALLOW_GROWTH"))
-        allocator = {"async": ASYNC_ALLOCATOR, "default": None}
+        allocator = {"async": ASYNC_ALLOCATOR, "default": None, "platform": None}  # platform: JAX's only
         machine.set_env(
             "TF_GPU_ALLOCATOR",
             allocator[plan.allocator] if plan.allocator else machine.unmanaged_value("TF_GPU_ALLOCATOR"),
         )
         if self.torch.stage() is Stage.NOT_IMPORTED:
             self._set_torch_allocator(plan.allocator)
+        if self.jax.stage() is not Stage.STARTED:
+            self._set_jax_environment(resolution)
+
+    def _set_jax_environment(self, resolution: Resolution) -> None:
+        """JAX's variables, read when its backends start (see frameworks/jax.py)."""
+        plan, machine = resolution.plan, self.machine
+        machine.set_env(
+            PREALLOCATE_ENV, "false" if plan.growth else machine.unmanaged_value(PREALLOCATE_ENV)
+        )
+        jax_allocator = ALLOCATOR_NAMES.get(plan.allocator or "default")
+        machine.set_env(ALLOCATOR_ENV, jax_allocator or machine.unmanaged_value(ALLOCATOR_ENV))
+        fraction = _jax_fraction(resolution)
+        name = mem_fraction_name(self.env)
+        if name == MEM_FRACTION_ENV[1]:  # the user's chosen name: edited in place, only when asked
+            if fraction is not None:
+                self.env[name] = fraction
+            return
+        machine.set_env(name, fraction or machine.unmanaged_value(name))
 
     def _set_torch_allocator(self, allocator: Optional[str]) -> None:
         """PyTorch's back end, in the variable it reads at load: the user's own options are kept,
@@ -503,17 +614,23 @@ class Session:
             policy = self.requested.precision
             if policy is not None and tf.keras_policy() not in (None, policy):
                 tf.set_keras_policy(policy)  # clear_session resets the global policy
+            before_jax = self.jax.device_memory()
             torch_emptied = self.torch.free()
+            jax_cleared = self.jax.free()
             after_tf, after_driver = tf.allocator_stats(), self._my_device_memory()
             after_torch = self.torch.memory()
+            after_jax = self.jax.device_memory()
             force = self.in_force() if started else None
             report = _free_report(
                 keras_cleared, started, force, policy, before_tf, after_tf, before_driver, after_driver
             )
-            if self.torch.stage() is Stage.NOT_IMPORTED:
-                return report
             lines = report.split("\n")
-            lines[1:1] = _torch_free_lines(torch_emptied, before_torch, after_torch)
+            extra = []
+            if self.torch.stage() is not Stage.NOT_IMPORTED:
+                extra += _torch_free_lines(torch_emptied, before_torch, after_torch)
+            if jax_cleared:
+                extra += _jax_free_lines(self.jax.start(), before_jax, after_jax)
+            lines[1:1] = extra
             return "\n".join(lines)
 
     def _my_device_memory(self) -> "DriverReading":
@@ -548,6 +665,7 @@ class Session:
         wrapt.register_post_import_hook(self._on_tensorflow_import, "tensorflow")
         wrapt.register_post_import_hook(self._on_keras_import, "keras")
         wrapt.register_post_import_hook(self._on_torch_import, "torch")
+        wrapt.register_post_import_hook(self._on_jax_import, "jax")
 
     def _on_tensorflow_import(self, module: Any) -> None:
         self.tf.on_import(module)
@@ -617,6 +735,31 @@ def _resolved_suffix(command: Any, resolution: Resolution) -> str:
     return " (" + resolution.describe()[-1] + ")"
 
 
+def _jax_fraction(resolution: Resolution) -> Optional[str]:
+    """JAX's one memory fraction for the request's caps (rounded down: JAX never exceeds a cap);
+    None without a cap, or where the caps are different fractions (see _jax_limit_problem)."""
+    limits = resolution.plan.limits or ()
+    if len(limits) == 1 and isinstance(limits[0], grammar.Percent):
+        return f"{limits[0].value / 100:g}"  # a percentage is JAX's fraction exactly
+    fractions = [g.cap_mib / g.total_mib for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    # Sizes in MiB: the same share of two GPUs can differ in the fourth decimal, no more.
+    if not fractions or max(fractions) - min(fractions) > 0.001:
+        return None
+    return f"{math.floor(min(fractions) * 10_000) / 10_000:g}"
+
+
+def _jax_limit_problem(resolution: Resolution) -> Optional[str]:
+    """Why JAX cannot be given these caps: it takes one fraction of total memory for all its GPUs."""
+    caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    if not caps or _jax_fraction(resolution) is not None:
+        return None
+    shown = ", ".join(f"{g.cap_mib / g.total_mib:.0%} of GPU {g.index}" for g in caps)
+    return (
+        f"JAX takes one memory fraction for all its GPUs, and these limits are {shown}; for JAX, "
+        "give one percentage for all (`%gpu limit 50%`) or sizes that are the same share of each GPU"
+    )
+
+
 def _gpu_part(plan: Plan) -> Plan:
     return Plan(**{**_fields(plan), "precision": None})
 
@@ -636,7 +779,8 @@ def _difference(resolution: Resolution, command: Any, force: InForce) -> tuple[b
     if isinstance(command, grammar.Grow):
         return bool(force.growth) != command.on, f"memory growth {'on' if force.growth else 'off'}"
     if isinstance(command, grammar.Allocator):
-        return force.allocator != command.name, f"the {force.allocator} allocator"
+        wanted = "default" if command.name == "platform" else command.name  # platform: JAX's only
+        return force.allocator != wanted, f"the {force.allocator} allocator"
     for index in visible:
         planned = resolution.gpu(index)
         current = force.logical_mib.get(index)
@@ -710,6 +854,27 @@ def _torch_free_lines(emptied: bool, before: dict[str, Any], after: dict[str, An
         lines.append(
             f"{device}  PyTorch allocator: allocated {format_bytes(b_alloc)} -> {format_bytes(a_alloc)}, "
             f"reserved {format_bytes(b_res)} -> {format_bytes(a_res)} ({format_change(b_res, a_res)})"
+        )
+    return lines
+
+
+def _jax_free_lines(start: Any, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """JAX's part of `%gpu free`: its caches cleared, its arrays left alone, its pool as it is."""
+    lines = [
+        "Ran jax.clear_caches(): compiled functions are dropped. JAX's arrays are yours and are not "
+        "deleted: `del` the ones you no longer need, then run `%gpu free` again."
+    ]
+    for device in sorted(set(before) | set(after)):
+        b, a = before.get(device), after.get(device)
+        b_use, a_use = (b.in_use_bytes if b else None), (a.in_use_bytes if a else None)
+        lines.append(
+            f"{device}  JAX allocator in use: {format_bytes(b_use)} -> {format_bytes(a_use)} "
+            f"({format_change(b_use, a_use)})"
+        )
+    if start is not None and start.gpu and start.allocator != "platform":
+        lines.append(
+            f"JAX's pool keeps what it took (the {start.allocator} allocator) until the kernel restarts; "
+            "only `%gpu allocator platform` before JAX starts hands freed memory back."
         )
     return lines
 

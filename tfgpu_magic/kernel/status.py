@@ -104,7 +104,41 @@ def _frameworks(session: Session, report: dict[str, Any]) -> dict[str, Any]:
             },
         })
     frameworks["pytorch"] = entry
+    frameworks["jax"] = _jax(session)
     return frameworks
+
+
+def _jax(session: Session) -> dict[str, Any]:
+    """JAX's stage and, once its backends started, what it started with: the variables as they
+    were then and the options its CUDA plugin made of them (JAX's own reading)."""
+    jax = session.jax
+    stage = jax.stage()
+    entry: dict[str, Any] = {"stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED}
+    if stage is Stage.NOT_IMPORTED:
+        return entry
+    start = jax.start()
+    seen = jax.started_with
+    entry.update({
+        "started": stage is Stage.STARTED,
+        "applied": _applied(session, "jax"),
+        "platforms": jax.platforms(),
+        "started_with": None if start is None else {
+            "preallocate": start.preallocate,
+            "memory_fraction": start.memory_fraction,
+            "allocator": start.allocator,
+            "cuda_visible_devices": start.cuda_visible_devices,
+            "gpu": start.gpu,
+        },
+        "environment_at_start": None if seen is None else dict(seen.env),
+        "plugin_error": jax.plugin_error,
+        "no_fraction": session.jax_limit_problem(),
+        "memory": {
+            device: {"in_use_bytes": m.in_use_bytes, "peak_bytes": m.peak_bytes,
+                     "reserved_bytes": m.reserved_bytes, "limit_bytes": m.limit_bytes}
+            for device, m in jax.device_memory().items()
+        },
+    })
+    return entry
 
 
 def _applied(session: Session, framework: str) -> Optional[list[str]]:
@@ -374,6 +408,7 @@ def _kernel_header(report: dict[str, Any]) -> list[str]:
             f"peak {format_bytes(stats['peak_bytes'])}"
         )
     lines.extend(_pytorch_lines(report.get("frameworks", {}).get("pytorch")))
+    lines.extend(_jax_lines(report.get("frameworks", {}).get("jax")))
     if "me" in report:
         lines.append(_me_line(report))
     return lines
@@ -396,6 +431,34 @@ def _pytorch_lines(torch: Optional[dict[str, Any]]) -> list[str]:
         lines.append(
             f"  {device} PyTorch allocator: {format_bytes(memory['allocated_bytes'])} allocated, "
             f"{format_bytes(memory['reserved_bytes'])} reserved, peak {format_bytes(memory['peak_allocated_bytes'])}"
+        )
+    return lines
+
+
+def _jax_lines(jax: Optional[dict[str, Any]]) -> list[str]:
+    """JAX's stage and what it started with: shown once it is imported."""
+    if not jax or not jax.get("imported"):
+        return []
+    if not jax["started"]:
+        lines = ["JAX:        imported, backends not started: every GPU setting still applies"]
+        if jax.get("no_fraction"):
+            lines.append(f"  no memory fraction for JAX: {jax['no_fraction']}")
+        return lines
+    start = jax["started_with"]
+    platforms = ", ".join(jax["platforms"]) or "unknown"
+    if start is None or not start["gpu"]:
+        return [f"JAX:        started on {platforms}: no GPU backend, so GPU settings do not reach it"]
+    fraction = "0.75 (default)" if start["memory_fraction"] is None else f"{start['memory_fraction']:g}"
+    lines = [
+        f"JAX:        started on {platforms} with preallocation {'on' if start['preallocate'] else 'off'}, "
+        f"memory fraction {fraction}, the {start['allocator']} allocator"
+    ]
+    if jax["plugin_error"]:
+        lines.append(f"  its CUDA plugin refused the variables: {jax['plugin_error']}")
+    for device, memory in jax["memory"].items():
+        lines.append(
+            f"  {device} JAX allocator: {format_bytes(memory['in_use_bytes'])} in use, "
+            f"peak {format_bytes(memory['peak_bytes'])}, pool {format_bytes(memory['reserved_bytes'])}"
         )
     return lines
 

@@ -24,7 +24,8 @@ from typing import Any, Optional
 
 from ..command.units import format_change, format_size
 from ..frameworks import tensorflow as tf_adapter
-from ..frameworks.tensorflow import AllocatorStats, PeakWindow, Stage
+from ..frameworks.base import PeakReading, PeakWindow
+from ..frameworks.tensorflow import AllocatorStats, Stage
 
 __all__ = [
     "NO_STATS",
@@ -32,6 +33,8 @@ __all__ = [
     "device_label",
     "enable_cpu_stats",
     "format_line",
+    "format_reading",
+    "framework_device_label",
     "set_tracing",
 ]
 
@@ -118,7 +121,9 @@ class Tracer:
         self.session = session
         self.out = out  # None: sys.stdout at the time of printing (IPython swaps it)
         self.active = False
-        self._window: Optional[PeakWindow] = None
+        # One window per framework (its key); None for one not imported when the cell began:
+        # if it starts during the cell, everything it holds was taken in the cell.
+        self._windows: dict[str, Optional[PeakWindow]] = {}
         self._started_at: Optional[float] = None
         self._warned: set[str] = set()
         self._cells: list[Any] = []  # the ExecutionInfo of each cell running, outermost first
@@ -142,7 +147,9 @@ class Tracer:
             return
         try:
             self._close()
-            self._window = self.session.tf.open_peak_window()
+            for framework in self.session.frameworks():
+                imported = framework.stage() is not Stage.NOT_IMPORTED or framework is self.session.tf
+                self._windows[framework.key] = framework.open_peak_window() if imported else None
             self._started_at = time.perf_counter()
         except Exception as err:  # never break the user's cell
             self._failed(err)
@@ -181,16 +188,32 @@ class Tracer:
         return False
 
     def lines(self, seconds: float) -> list[str]:
-        """The report for the cell that just ran (empty until TensorFlow has started)."""
-        if self.session.tf.stage() is not Stage.STARTED or self._window is None:
+        """The report for the cell that just ran (empty until a framework has started)."""
+        if not self._windows:
             return []
-        readings = self._window.read()
+        lines = self._tensorflow_lines(seconds)
+        for framework in self.session.frameworks():
+            if framework is self.session.tf or framework.stage() is not Stage.STARTED:
+                continue
+            window = self._windows.get(framework.key)
+            readings = window.peaks() if window is not None else readings_since_start(framework)
+            lines += [
+                format_reading(framework_device_label(framework.name, device, self.session), reading, seconds)
+                for device, reading in readings.items()
+            ]
+        return lines
+
+    def _tensorflow_lines(self, seconds: float) -> list[str]:
+        window = self._windows.get("tensorflow")
+        if self.session.tf.stage() is not Stage.STARTED or window is None:
+            return []
+        readings = window.peaks()
         why = self._no_gpu_line(tracing_cpu=bool(readings))
         if not readings:
             return why + self._once("no-stats", f"{PREFIX} {NO_STATS}")
         return why + [
-            format_line(device_label(device, self.session), start, stats, seconds)
-            for device, (start, stats) in readings.items()
+            format_reading(device_label(device, self.session), reading, seconds)
+            for device, reading in readings.items()
         ]
 
     def _no_gpu_line(self, tracing_cpu: bool) -> list[str]:
@@ -210,9 +233,10 @@ class Tracer:
         return [line]
 
     def _close(self) -> None:
-        if self._window is not None:
-            self._window.close()
-        self._window, self._started_at = None, None
+        for window in self._windows.values():
+            if window is not None:
+                window.close()
+        self._windows, self._started_at = {}, None
 
     def _failed(self, err: Exception) -> None:
         if "failed" not in self._warned:
@@ -232,12 +256,32 @@ def device_label(device: str, session: Any) -> str:
     return device if index is None else f"GPU {index} (TF {device})"
 
 
+def framework_device_label(framework: str, device: str, session: Any) -> str:
+    """``GPU 1 (PyTorch cuda:0)``: nvidia-smi's number first, the framework's own name after."""
+    try:
+        index = session.machine.cuda_map()[int(device.rsplit(":", 1)[1])]
+    except Exception:  # no mapping: the framework's name alone
+        return f"{framework} {device}"
+    return f"GPU {index} ({framework} {device})"
+
+
 def format_line(label: str, start: int, stats: AllocatorStats, seconds: float) -> str:
     """``[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, 0.31 s``."""
-    rise = stats.peak_bytes - start
-    retained = format_change(start, stats.current_bytes, format_size)
-    return (
-        f"{PREFIX} {label}: peak {format_size(stats.peak_bytes)} (+{format_size(rise)} in this cell), "
-        f"retained {retained}, {seconds:.2f} s"
-    )
+    return format_reading(label, PeakReading(start, stats.current_bytes, stats.peak_bytes), seconds)
+
+
+def format_reading(label: str, reading: PeakReading, seconds: float) -> str:
+    """One device's line; a peak that cannot be reset (JAX) is shown as the bound it is."""
+    retained = format_change(reading.start_bytes, reading.now_bytes, format_size)
+    if reading.exact:
+        rise = reading.peak_bytes - reading.start_bytes
+        peak = f"peak {format_size(reading.peak_bytes)} (+{format_size(rise)} in this cell)"
+    else:
+        peak = f"peak at most {format_size(reading.peak_bytes)} (JAX cannot reset its peak: the highest since it started)"
+    return f"{PREFIX} {label}: {peak}, retained {retained}, {seconds:.2f} s"
+
+
+def readings_since_start(framework: Any) -> dict[str, PeakReading]:
+    """A framework that started during the cell: all it holds, and its peak, came in the cell."""
+    return {d: PeakReading(0, m.in_use_bytes, m.peak_bytes) for d, m in framework.device_memory().items()}
 

@@ -1,0 +1,228 @@
+"""JAX's side: the only code that touches ``jax``.
+
+Like the other adapters it never imports its framework: :meth:`Jax.on_import` receives the
+module from the post-import hook once ``import jax`` has finished.
+
+JAX reads every GPU setting from the environment once, when its backends start: at the first
+operation or the first ``jax.devices()``, not at ``import jax`` (jax-ml/jax#5555; measured with
+jax 0.10.2: ``backends_are_initialized()`` is False after the import).  The CUDA plugin's options
+are made by ``jaxlib.xla_client.generate_pjrt_gpu_plugin_options()`` from those variables; the
+adapter calls that same function at the moment the backends start, so what it records is what
+JAX itself read, not a copy of its rules.  After the start, nothing changes JAX's GPU settings.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from .base import CUDA_ENV, Capture, DeviceMemory, Stage, UnresettablePeakWindow, capture
+
+__all__ = [
+    "ALLOCATOR_ENV",
+    "ALLOCATOR_NAMES",
+    "JAX_START_ENV",
+    "Jax",
+    "JaxStart",
+    "MEM_FRACTION_ENV",
+    "PREALLOCATE_ENV",
+    "mem_fraction_name",
+]
+
+PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"  # "false": take memory as needed, not 75% at the first op
+ALLOCATOR_ENV = "XLA_PYTHON_CLIENT_ALLOCATOR"
+# The fraction of each GPU's total memory JAX's pool may take.  jaxlib 0.10.2 reads both names
+# and refuses to start its CUDA client when both are set ("Remove the latter one, it is
+# deprecated"): exactly one is ever set.  The old name is the one every release reads.
+MEM_FRACTION_ENV = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
+# `%gpu allocator NAME` -> the value JAX's CUDA plugin accepts (None: JAX's default, unset).
+# "platform" allocates and frees on demand through CUDA: the only one that hands memory back, and slow.
+ALLOCATOR_NAMES = {"async": "cuda_async", "platform": "platform", "default": None}
+JAX_START_ENV = CUDA_ENV + (PREALLOCATE_ENV, ALLOCATOR_ENV, *MEM_FRACTION_ENV, "JAX_PLATFORMS")
+
+
+def mem_fraction_name(env: Mapping[str, str]) -> str:
+    """The name to set: the new one only where the user chose it alone (never both)."""
+    old, new = MEM_FRACTION_ENV
+    return new if env.get(new) and not env.get(old) else old
+
+
+@dataclass(frozen=True)
+class JaxStart:
+    """What JAX started its backends with, as its CUDA plugin read the variables."""
+
+    preallocate: bool  # True: 75% of each GPU (or the fraction) taken at the first op
+    memory_fraction: Optional[float]  # None: JAX's default (0.75)
+    allocator: str  # "default", "platform", "cuda_async", "bfc" or "vmm"
+    cuda_visible_devices: Optional[str]  # as CUDA read it then (None: unset, every GPU)
+    gpu: bool  # a GPU backend started (False on the CPU build, or with no GPU to see)
+
+    def describe(self) -> str:
+        fraction = "the default 0.75" if self.memory_fraction is None else f"{self.memory_fraction:g}"
+        return (
+            f"preallocation {'on' if self.preallocate else 'off'}, memory fraction {fraction}, "
+            f"the {self.allocator} allocator"
+        )
+
+
+class Jax:
+    """The adapter: every question to JAX goes through one of these (one per process)."""
+
+    key = "jax"
+    name = "JAX"
+    module = "jax"
+
+    def __init__(self) -> None:
+        self._jax: Any = None
+        self._bridge: Any = None  # jax._src.xla_bridge: where the backends start
+        self._lock = threading.Lock()
+        self.started_with: Optional[Capture] = None  # the variables when the backends started
+        self.plugin_options: Optional[dict[str, Any]] = None  # what JAX's CUDA plugin made of them
+        self.plugin_error: Optional[str] = None  # why it would refuse them (both fraction names set...)
+
+    # -- the moment jax arrives ---------------------------------------------------------------------
+    def on_import(self, module: Any) -> None:
+        """Called on the importing thread once ``import jax`` has finished."""
+        with self._lock:
+            if self._jax is not None:
+                return
+            self._jax = module
+            self._bridge = _attribute(module, "_src.xla_bridge")
+            if self._started():
+                self._note_start(late=True)
+            elif self._bridge is not None:
+                _before_first_call(self._bridge, "backends", self._note_start, self._started)
+
+    def _note_start(self, late: bool = False) -> None:
+        """Just before JAX starts its backends: record the variables and JAX's reading of them."""
+        if self.started_with is not None:
+            return
+        self.started_with = capture(JAX_START_ENV, late=late)
+        make_options = _attribute(self._jax, "_src.lib.xla_client.generate_pjrt_gpu_plugin_options")
+        if make_options is None:
+            return
+        try:
+            self.plugin_options = dict(make_options())
+        except Exception as err:  # JAX will fail the same way on a GPU; say so in %gpu
+            self.plugin_error = f"{type(err).__name__}: {err}"
+
+    # -- the stage --------------------------------------------------------------------------------------
+    def stage(self) -> Stage:
+        """NOT_IMPORTED, IMPORTED (backends not started: every setting still applies) or STARTED."""
+        if self._jax is None:
+            return Stage.NOT_IMPORTED
+        return Stage.STARTED if self._started() else Stage.IMPORTED
+
+    def _started(self) -> bool:
+        try:
+            return bool(self._bridge.backends_are_initialized())
+        except Exception:
+            return False
+
+    def start(self) -> Optional[JaxStart]:
+        """What JAX started with (the record made at its start); None before."""
+        seen = self.started_with
+        if seen is None or self.stage() is not Stage.STARTED:
+            return None
+        options = self.plugin_options if self.plugin_options is not None else {}
+        fraction = options.get("memory_fraction")
+        return JaxStart(
+            preallocate=bool(options.get("preallocate", True)),
+            memory_fraction=None if fraction is None else float(fraction),
+            allocator=str(options.get("allocator", "default")),
+            cuda_visible_devices=seen.get("CUDA_VISIBLE_DEVICES"),
+            gpu=bool(self._gpu_devices()),
+        )
+
+    def platforms(self) -> list[str]:
+        """The started backends' devices' platforms (``["cpu"]`` on the CPU build); [] before."""
+        if self.stage() is not Stage.STARTED:
+            return []
+        try:
+            return sorted({d.platform for d in self._jax.devices()})
+        except Exception:
+            return []
+
+    def _gpu_devices(self) -> list[Any]:
+        if self.stage() is not Stage.STARTED:
+            return []
+        try:
+            return [d for d in self._jax.devices() if d.platform in ("gpu", "cuda", "rocm")]
+        except Exception:  # no GPU backend: the default backend is the CPU
+            return []
+
+    # -- memory -------------------------------------------------------------------------------------------
+    def device_memory(self) -> dict[str, DeviceMemory]:
+        """``device.memory_stats()`` per GPU (the CPU backend keeps none); empty before the start."""
+        figures = {}
+        for device in self._gpu_devices():
+            stats = device.memory_stats()
+            if not stats:
+                continue
+            figures[f"gpu:{device.id}"] = DeviceMemory(
+                int(stats.get("bytes_in_use", 0)),
+                int(stats.get("peak_bytes_in_use", 0)),
+                reserved_bytes=_int_or_none(stats.get("pool_bytes", stats.get("bytes_reserved"))),
+                limit_bytes=_int_or_none(stats.get("bytes_limit")),
+            )
+        return figures
+
+    def open_peak_window(self) -> UnresettablePeakWindow:
+        """JAX cannot reset its peak: a window knows the peak only when it rose inside it."""
+        return UnresettablePeakWindow(self.device_memory)
+
+    def free(self) -> bool:
+        """``jax.clear_caches()``: compiled functions and their constants.  Arrays are the user's:
+        never deleted here.  True if JAX had started (before, it holds nothing)."""
+        if self.stage() is not Stage.STARTED:
+            return False
+        self._jax.clear_caches()
+        return True
+
+    def device_scope(self, cuda_index: int) -> Any:
+        """``jax.default_device``: new arrays of the cell go to JAX's GPU ``cuda_index``."""
+        devices = {d.id: d for d in self._gpu_devices()}
+        if cuda_index not in devices:
+            raise LookupError(cuda_index)
+        return self._jax.default_device(devices[cuda_index])
+
+    def gpu_ids(self) -> list[int]:
+        return sorted(d.id for d in self._gpu_devices())
+
+    def oom_error_type(self) -> Optional[type]:
+        """``jax.errors.JaxRuntimeError`` (out of memory is its RESOURCE_EXHAUSTED kind)."""
+        if self._jax is None:
+            return None
+        return getattr(getattr(self._jax, "errors", None), "JaxRuntimeError", None)
+
+
+def _attribute(obj: Any, path: str) -> Any:
+    """``obj.a.b.c`` or None: jax's private layout may move between releases."""
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+    return obj
+
+
+def _int_or_none(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def _before_first_call(owner: Any, name: str, note: Any, done: Any) -> None:
+    """Call ``note()`` before ``owner.name()`` runs until ``done()``; then put the original back."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not done():
+            try:
+                note()
+            except Exception:  # recording must never break JAX
+                pass
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if done() and getattr(owner, name) is wrapper:
+                setattr(owner, name, original)
+
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
