@@ -316,3 +316,22 @@ def test_pytorchs_out_of_memory_is_explained_with_its_cap_and_neighbours():
     assert "limit: 8,192 MiB (`%gpu limit`, set as fraction 0.1000)" in text
     assert "pid 41003: 8,192 MiB (bob, python finetune.py)" in text
     assert "torch.autocast" in text and "Keras" not in text
+
+
+def test_precision_tells_plain_pytorch_code_to_use_autocast():
+    session, _ = started_torch()
+    said = session.configure(grammar.parse("precision mixed_float16"))
+    assert said.endswith(
+        '; PyTorch: the Keras policy does not reach plain PyTorch code: wrap the forward pass in '
+        '`torch.autocast("cuda", dtype=torch.float16)`'
+    )
+    assert "PyTorch" not in session.configure(grammar.parse("precision float32"))
+
+
+def test_tracing_names_pytorch_once_it_is_imported(shell):
+    session, _ = started_torch()
+    try:
+        said = trace.set_tracing(shell, session, True)
+    finally:
+        trace.set_tracing(shell, session, False)
+    assert said.endswith("; also the allocator of PyTorch on each GPU, once started")

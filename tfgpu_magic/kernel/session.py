@@ -245,7 +245,7 @@ class Session:
                 raise SessionError(str(err)) from None
             what = _describe_command(command)
             if isinstance(command, grammar.Precision):  # the Keras policy is never frozen
-                return f"{what}: {self._set_precision(plan)}"
+                return f"{what}: {self._set_precision(plan)}{self._precision_for_torch(command)}"
             stage = self.tf.stage()
             resolution = self.resolution(plan, started=stage is Stage.STARTED)
             shown = what + _resolved_suffix(command, resolution)
@@ -438,6 +438,16 @@ class Session:
 
                 choosing.release(self, index)
         self.claimed = keep
+
+    def _precision_for_torch(self, command: Any) -> str:
+        """The policy is Keras's (all three back ends); plain PyTorch code has its own tool."""
+        if self.torch.stage() is Stage.NOT_IMPORTED or command.policy == "float32":
+            return ""
+        dtype = "torch.bfloat16" if "bfloat16" in command.policy else "torch.float16"
+        return (
+            "; PyTorch: the Keras policy does not reach plain PyTorch code: wrap the forward pass in "
+            f"`torch.autocast(\"cuda\", dtype={dtype})`"
+        )
 
     def _set_precision(self, plan: Plan) -> str:
         accepted = self._accepted  # the GPU part is unchanged: its resolution stands

@@ -61,7 +61,18 @@ def set_tracing(shell: Any, session: Any, on: bool) -> str:
     tracer.session = session  # the shell's magic may have been given a new session
     was_active = tracer.active
     tracer.start()
-    return ("tracing is already on" if was_active else "tracing on") + ": " + _what_is_traced(session)
+    return ("tracing is already on" if was_active else "tracing on") + ": " + _what_is_traced(session) + (
+        _others_traced(session)
+    )
+
+
+def _others_traced(session: Any) -> str:
+    """PyTorch once imported, JAX once started (TensorFlow imports jax itself where it is installed)."""
+    names = [f.name for f in (session.torch,) if f.stage() is not Stage.NOT_IMPORTED]
+    names += [f.name for f in (session.jax,) if f.stage() is Stage.STARTED]
+    if not names:
+        return ""
+    return f"; also the allocator of {' and '.join(names)} on each GPU, once started"
 
 
 def _what_is_traced(session: Any) -> str:
