@@ -191,18 +191,25 @@ def _gather_cuda_framework(session: Any, framework: Any, error: BaseException) -
     if index is None:
         facts.limit_text = "unknown (the GPU could not be mapped to nvidia-smi's numbering)"
         return facts
+    _driver_facts(session, facts, index, f"{framework.name} {device}")
+    facts.limit_text = _framework_limit_text(session, framework, cuda_index, memory)
+    return facts
+
+
+def _driver_facts(session: Any, facts: Facts, index: int, named: str) -> Any:
+    """The driver's view of GPU ``index``: its name, how full, who else, a freer GPU.  Returns
+    its memory reading (None without one)."""
     nvml = session.nvml
     info = nvml.gpu(index) if nvml.available() else None
-    gpu_memory = info.memory if info is not None else None
+    memory = info.memory if info is not None else None
     name = f", {info.name}" if info is not None and info.name else ""
-    facts.label = f"GPU {index} ({framework.name} {device}{name})"
-    if gpu_memory is not None:
-        facts.gpu_used_bytes, facts.gpu_total_bytes = gpu_memory.used_bytes, gpu_memory.total_bytes
-    facts.limit_text = _framework_limit_text(session, framework, cuda_index, memory)
+    facts.label = f"GPU {index} ({named}{name})"
+    if memory is not None:
+        facts.gpu_used_bytes, facts.gpu_total_bytes = memory.used_bytes, memory.total_bytes
     if nvml.available():
         facts.others, facts.others_note = _other_processes(session, info)
-        facts.better_gpu = _freer_gpu(nvml, index, gpu_memory)
-    return facts
+        facts.better_gpu = _freer_gpu(nvml, index, memory)
+    return memory
 
 
 def _framework_limit_text(session: Any, framework: Any, cuda_index: int, memory: Any) -> str:
@@ -236,22 +243,13 @@ def _gpu_facts(session: Any, facts: Facts, device: str) -> None:
         facts.limit_text = "unknown (TensorFlow's GPU numbering could not be mapped to nvidia-smi's)"
         return
     cap = session.limit_bytes_by_gpu().get(index)
-    nvml = session.nvml
-    info = nvml.gpu(index) if nvml.available() else None
-    memory = info.memory if info is not None else None
-    name = f", {info.name}" if info is not None and info.name else ""
-    facts.label = f"GPU {index} (TF {device}{name})"
-    if memory is not None:
-        facts.gpu_used_bytes, facts.gpu_total_bytes = memory.used_bytes, memory.total_bytes
+    memory = _driver_facts(session, facts, index, f"TF {device}")
     if cap is not None:
         facts.limit_text = f"{format_size(cap)} (`%gpu limit`)"
     elif memory is not None:
         facts.limit_text = f"none set (TensorFlow may take most of the GPU's {format_size(memory.total_bytes)})"
     else:
         facts.limit_text = "none set"
-    if nvml.available():
-        facts.others, facts.others_note = _other_processes(session, info)
-        facts.better_gpu = _freer_gpu(nvml, index, memory)
 
 
 def _other_processes(session: Any, info: Any) -> tuple[list[str], Optional[str]]:

@@ -826,13 +826,9 @@ def _free_report(
         lines[0] += f" Re-applied precision {policy} (clear_session resets it)."
     if not started:
         lines.append("TensorFlow has not started, so it holds no memory to free.")
-    for device in sorted(set(before_tf) | set(after_tf)):
-        b, a = before_tf.get(device), after_tf.get(device)
-        b_cur, a_cur = (b.current_bytes if b else None), (a.current_bytes if a else None)
-        lines.append(
-            f"{device}  TensorFlow allocator in use: {format_bytes(b_cur)} -> {format_bytes(a_cur)} "
-            f"({format_change(b_cur, a_cur)})"
-        )
+    lines += _in_use_lines(
+        "TensorFlow", {d: s.current_bytes for d, s in before_tf.items()}, {d: s.current_bytes for d, s in after_tf.items()}
+    )
     if started and not before_tf:
         lines.append("TensorFlow's allocator keeps no statistics on these devices (nothing to compare).")
     returned = 0
@@ -868,19 +864,24 @@ def _torch_free_lines(emptied: bool, before: dict[str, Any], after: dict[str, An
     return lines
 
 
+def _in_use_lines(whose: str, before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """One line per device: the allocator's bytes in use before and after `%gpu free`."""
+    return [
+        f"{device}  {whose} allocator in use: {format_bytes(before.get(device))} -> "
+        f"{format_bytes(after.get(device))} ({format_change(before.get(device), after.get(device))})"
+        for device in sorted(set(before) | set(after))
+    ]
+
+
 def _jax_free_lines(start: Any, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """JAX's part of `%gpu free`: its caches cleared, its arrays left alone, its pool as it is."""
     lines = [
         "Ran jax.clear_caches(): compiled functions are dropped. JAX's arrays are yours and are not "
         "deleted: `del` the ones you no longer need, then run `%gpu free` again."
     ]
-    for device in sorted(set(before) | set(after)):
-        b, a = before.get(device), after.get(device)
-        b_use, a_use = (b.in_use_bytes if b else None), (a.in_use_bytes if a else None)
-        lines.append(
-            f"{device}  JAX allocator in use: {format_bytes(b_use)} -> {format_bytes(a_use)} "
-            f"({format_change(b_use, a_use)})"
-        )
+    lines += _in_use_lines(
+        "JAX", {d: m.in_use_bytes for d, m in before.items()}, {d: m.in_use_bytes for d, m in after.items()}
+    )
     if start is not None and start.gpu and start.allocator != "platform":
         lines.append(
             f"JAX's pool keeps what it took (the {start.allocator} allocator) until the kernel restarts; "
