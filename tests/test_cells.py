@@ -121,8 +121,8 @@ def test_the_cell_behaves_like_a_plain_cell(kernel):
 def test_on_explains_what_it_needs(kernel):
     assert kernel["on_not_imported"]["err"] == (
         "UsageError: `%%gpu on` runs the cell under TensorFlow's tf.device, and TensorFlow is not "
-        "imported: run `import tensorflow as tf` in an earlier cell (or `import torch`, `import jax` for "
-        "torch.cuda.device, jax.default_device)\n"
+        "imported: run `import tensorflow as tf` in an earlier cell (or `import torch`, or a first JAX "
+        "operation, for torch.cuda.device, jax.default_device)\n"
     )
     assert kernel["on_no_gpu"]["err"] == f"UsageError: GPU 1 is not visible to TensorFlow: it sees no GPU; {VALID}\n"
     assert kernel["on_and_budget"]["err"] == f"UsageError: GPU 0 is not visible to TensorFlow: it sees no GPU; {VALID}\n"

@@ -258,3 +258,94 @@ def test_the_stage_follows_jax():
     assert adapter.stage() is Stage.IMPORTED and adapter.started_with is None
     jax.devices()
     assert adapter.stage() is Stage.STARTED and adapter.started_with is not None and not adapter.started_with.late
+
+
+def test_out_of_memory_names_the_device_ordinal_xla_gives():
+    session = jax_session()
+    jax = started_jax(session, "use 1,2", "limit 10%")
+    error = jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Failed to allocate request for 1.00GiB (1073741824B) on device ordinal 1"
+    )
+    text = oom.explain(session, error)
+    assert text.startswith("tfgpu_magic: JAX ran out of memory on GPU 2 (JAX gpu:1, NVIDIA RTX A5000).\n")
+    assert "  Failed request: 1 GiB\n" in text or "  Failed request: 1,024 MiB\n" in text
+
+
+def test_on_with_jax_imported_but_not_started_is_one_line():
+    session = jax_session()
+    session._on_jax_import(StandInJax())
+    with pytest.raises(SessionError, match=r"^`%%gpu on` runs the cell under TensorFlow's tf.device"):
+        with cells._gpu_scope(session, 0):
+            pass
+
+
+def test_a_jax_whose_backends_were_cleared_stays_started():
+    """JAX's CUDA plugin read its options once, at discovery: clear_backends() does not make it
+    read them again, so settings stay too late."""
+    session = jax_session()
+    jax = started_jax(session, "use 0,1", "grow")
+    jax.started = False  # what jax.clear_backends() does to backends_are_initialized()
+    assert session.jax.stage() is Stage.STARTED
+    with pytest.raises(SessionError, match=r"^JAX has already started with preallocation off"):
+        session.configure(grammar.parse("grow off"))
+
+
+def test_the_users_own_variables_are_kept_until_asked_and_restored_by_reset():
+    os.environ.update(XLA_CLIENT_MEM_FRACTION="0.3", XLA_PYTHON_CLIENT_ALLOCATOR="platform")
+    session = jax_session()
+    session.configure(grammar.parse("limit 50%"))
+    assert os.environ["XLA_CLIENT_MEM_FRACTION"] == "0.5" and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+    session.configure(grammar.parse("allocator default"))  # asked: JAX's default, the variable unset
+    assert "XLA_PYTHON_CLIENT_ALLOCATOR" not in os.environ
+    session.configure(grammar.parse("grow off"))  # asked: preallocate, said explicitly
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+    session.reset()
+    assert os.environ["XLA_CLIENT_MEM_FRACTION"] == "0.3"  # the user's value back
+    assert os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] == "platform"
+    assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ
+
+
+def test_both_fraction_names_set_is_refused_with_what_to_do():
+    os.environ.update(XLA_CLIENT_MEM_FRACTION="0.3", XLA_PYTHON_CLIENT_MEM_FRACTION="0.4")
+    session = jax_session()
+    with pytest.raises(SessionError, match=r"are both set, and JAX refuses to start its CUDA client with both: "
+                                           r"remove one first \(`del os.environ\['XLA_PYTHON_CLIENT_MEM_FRACTION'\]`\)"):
+        session.configure(grammar.parse("limit 50%"))
+    assert (os.environ["XLA_CLIENT_MEM_FRACTION"], os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == ("0.3", "0.4")
+
+
+def test_platform_is_jaxs_word_and_leaves_tensorflow_and_pytorch_as_they_were():
+    os.environ.update(TF_GPU_ALLOCATOR="cuda_malloc_async", PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
+    session = jax_session()
+    said = session.configure(grammar.parse("allocator platform"))
+    assert "JAX only" in said
+    assert os.environ["TF_GPU_ALLOCATOR"] == "cuda_malloc_async"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
+    assert os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] == "platform"
+
+
+def test_a_memory_reading_that_fails_is_a_note():
+    session = jax_session()
+    jax = started_jax(session)
+
+    def broken():
+        raise RuntimeError("INTERNAL: CUDA error")
+
+    jax.gpus[0].memory_stats = broken
+    from tfgpu_magic.kernel import status
+
+    report = status.build_report(session)
+    assert report["frameworks"]["jax"]["memory_error"] == "gpu:0: RuntimeError: INTERNAL: CUDA error"
+    assert "  note: no memory reading for gpu:0: RuntimeError: INTERNAL: CUDA error" in status.render_text(report)
+    assert "Ran jax.clear_caches()" in session.free()
+
+
+def test_a_limit_jax_cannot_take_is_said_when_jax_starts(capsys):
+    session = jax_session()
+    session.configure(grammar.parse("use 0,1"))
+    session.configure(grammar.parse("limit 8G,8G"))  # 20% and 10%
+    jax = StandInJax()
+    session._on_jax_import(jax)
+    assert capsys.readouterr().err == ""  # imported (TensorFlow imports jax itself): nothing said
+    jax.devices()
+    assert "tfgpu_magic: JAX starts without a memory fraction: JAX takes one memory fraction" in capsys.readouterr().err

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from .base import CUDA_ENV, Capture, DeviceMemory, Stage, UnresettablePeakWindow, capture
 
 __all__ = [
     "ALLOCATOR_ENV",
     "ALLOCATOR_NAMES",
+    "JAX_DEFAULT_FRACTION",
     "JAX_START_ENV",
     "Jax",
     "JaxStart",
@@ -39,6 +40,7 @@ MEM_FRACTION_ENV = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
 # `%gpu allocator NAME` -> the value JAX's CUDA plugin accepts (None: JAX's default, unset).
 # "platform" allocates and frees on demand through CUDA: the only one that hands memory back, and slow.
 ALLOCATOR_NAMES = {"async": "cuda_async", "platform": "platform", "default": None}
+JAX_DEFAULT_FRACTION = 0.75  # of each GPU's total, taken at the first operation (JAX's documentation)
 JAX_START_ENV = CUDA_ENV + (PREALLOCATE_ENV, ALLOCATOR_ENV, *MEM_FRACTION_ENV, "JAX_PLATFORMS")
 
 
@@ -80,6 +82,9 @@ class Jax:
         self.started_with: Optional[Capture] = None  # the variables when the backends started
         self.plugin_options: Optional[dict[str, Any]] = None  # what JAX's CUDA plugin made of them
         self.plugin_error: Optional[str] = None  # why it would refuse them (both fraction names set...)
+        self._gpu_seen: Optional[bool] = None
+        self.memory_error: Optional[str] = None  # the last device whose statistics could not be read
+        self.on_start: Optional[Callable[[], None]] = None  # the session's, called once JAX has read its settings
 
     # -- the moment jax arrives ---------------------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -92,13 +97,18 @@ class Jax:
             if self._started():
                 self._note_start(late=True)
             elif self._bridge is not None:
-                _before_first_call(self._bridge, "backends", self._note_start, self._started)
+                _before_first_call(self._bridge, "backends", self._note_start, self._started, self._note_started)
 
     def _note_start(self, late: bool = False) -> None:
         """Just before JAX starts its backends: record the variables and JAX's reading of them."""
         if self.started_with is not None:
             return
         self.started_with = capture(JAX_START_ENV, late=late)
+        if self.on_start is not None and not late:
+            try:
+                self.on_start()
+            except Exception:  # a note that cannot be made must not stop JAX
+                pass
         make_options = _attribute(self._jax, "_src.lib.xla_client.generate_pjrt_gpu_plugin_options")
         if make_options is None:
             return
@@ -107,12 +117,21 @@ class Jax:
         except Exception as err:  # JAX will fail the same way on a GPU; say so in %gpu
             self.plugin_error = f"{type(err).__name__}: {err}"
 
+    def _note_started(self) -> None:
+        """Right after the backends started: whether one is a GPU's, kept (clear_backends forgets it)."""
+        if self._gpu_seen is None:
+            self._gpu_seen = bool(self._gpu_devices())
+
     # -- the stage --------------------------------------------------------------------------------------
     def stage(self) -> Stage:
-        """NOT_IMPORTED, IMPORTED (backends not started: every setting still applies) or STARTED."""
+        """NOT_IMPORTED, IMPORTED (backends not started: every setting still applies) or STARTED.
+
+        STARTED stays once the first start was attempted: JAX's CUDA plugin reads its options once,
+        when the plugins are discovered, and ``clear_backends()`` (or a failed start) does not
+        make it read them again."""
         if self._jax is None:
             return Stage.NOT_IMPORTED
-        return Stage.STARTED if self._started() else Stage.IMPORTED
+        return Stage.STARTED if self.started_with is not None or self._started() else Stage.IMPORTED
 
     def _started(self) -> bool:
         try:
@@ -132,12 +151,18 @@ class Jax:
             memory_fraction=None if fraction is None else float(fraction),
             allocator=str(options.get("allocator", "default")),
             cuda_visible_devices=seen.get("CUDA_VISIBLE_DEVICES"),
-            gpu=bool(self._gpu_devices()),
+            gpu=self._started_a_gpu(),
         )
+
+    def _started_a_gpu(self) -> bool:
+        """Whether the backends started with a GPU: asked once they run, then kept."""
+        if self._gpu_seen is None and self._started():
+            self._gpu_seen = bool(self._gpu_devices())
+        return bool(self._gpu_seen)
 
     def platforms(self) -> list[str]:
         """The started backends' devices' platforms (``["cpu"]`` on the CPU build); [] before."""
-        if self.stage() is not Stage.STARTED:
+        if not self._started():  # never start (or restart) JAX's backends to answer
             return []
         try:
             return sorted({d.platform for d in self._jax.devices()})
@@ -145,7 +170,7 @@ class Jax:
             return []
 
     def _gpu_devices(self) -> list[Any]:
-        if self.stage() is not Stage.STARTED:
+        if not self._started():
             return []
         try:
             return [d for d in self._jax.devices() if d.platform in ("gpu", "cuda", "rocm")]
@@ -157,7 +182,11 @@ class Jax:
         """``device.memory_stats()`` per GPU (the CPU backend keeps none); empty before the start."""
         figures = {}
         for device in self._gpu_devices():
-            stats = device.memory_stats()
+            try:
+                stats = device.memory_stats()
+            except Exception as err:  # one device's fault is a note (%gpu shows it), not a broken %gpu
+                self.memory_error = f"gpu:{device.id}: {type(err).__name__}: {err}"
+                continue
             if not stats:
                 continue
             figures[f"gpu:{device.id}"] = DeviceMemory(
@@ -208,8 +237,9 @@ def _int_or_none(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def _before_first_call(owner: Any, name: str, note: Any, done: Any) -> None:
-    """Call ``note()`` before ``owner.name()`` runs until ``done()``; then put the original back."""
+def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) -> None:
+    """Call ``note()`` before ``owner.name()`` runs until ``done()``; then put the original back
+    and call ``after()``."""
     original = getattr(owner, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -223,6 +253,10 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any) -> None:
         finally:
             if done() and getattr(owner, name) is wrapper:
                 setattr(owner, name, original)
+                try:
+                    after()
+                except Exception:  # recording must never break JAX
+                    pass
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(owner, name, wrapper)

@@ -66,7 +66,11 @@ def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: st
     tf = session.tf
     if tf.stage() is Stage.STARTED and not tf.memory_devices():
         raise SessionError(f"cannot check a budget: {trace.NO_STATS}")
-    if trace.enable_cpu_stats(session):
+    others_in_use = any(f.stage() is not Stage.NOT_IMPORTED for f in (session.torch,)) or (
+        session.jax.stage() is Stage.STARTED
+    )
+    tf_measured = tf.stage() is not Stage.NOT_IMPORTED or not others_in_use
+    if tf_measured and trace.enable_cpu_stats(session):
         print(f"tfgpu_magic: no GPU will be visible, so {tf_adapter.CPU_STATS_ENV}=true is now set "
               "for TensorFlow's CPU allocator to keep the statistics a budget needs")
     others = [f for f in session.frameworks() if f is not tf]
@@ -90,6 +94,9 @@ def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: st
             opened.close()
     if tf.stage() is Stage.STARTED and not readings and not other_readings:
         raise SessionError(f"the budget could not be checked: {trace.NO_STATS}")
+    if not readings and not other_readings and others_in_use:
+        print("tfgpu_magic: the budget could not be checked: no framework's allocator reported figures "
+              "(PyTorch before it starts CUDA, or JAX without a GPU backend, keeps none)")
     labels = {device: trace.device_label(device, session) for device in readings}
     peaks = {labels[d]: (start, stats.peak_bytes) for d, (start, stats) in readings.items()}
     peaks.update({label: (r.start_bytes, r.peak_bytes) for label, r in other_readings.items() if r.exact})
@@ -135,14 +142,15 @@ def _gpu_scope(session: Any, gpu: int) -> Iterator[None]:
     (``tf.device``, ``torch.cuda.device``, ``jax.default_device``); SessionError when a framework
     that sees GPUs lacks it, or when none sees a GPU."""
     __tracebackhide__ = True
-    if not session.imported_frameworks():
+    found = _visible_by_framework(session)
+    if not found:  # nothing imported, or only a JAX whose backends have not started
         raise SessionError(
             "`%%gpu on` runs the cell under TensorFlow's tf.device, and TensorFlow is not imported: "
-            "run `import tensorflow as tf` in an earlier cell (or `import torch`, `import jax` for "
-            "torch.cuda.device, jax.default_device)"
+            "run `import tensorflow as tf` in an earlier cell (or `import torch`, or a first JAX "
+            "operation, for torch.cuda.device, jax.default_device)"
         )
     scopes, blind = [], []  # blind: (framework, the error) for each framework that sees no GPU
-    for framework, seen in _visible_by_framework(session):
+    for framework, seen in found:
         if not seen:
             blind.append(_not_visible(gpu, [], framework.name))
         elif gpu not in seen:

@@ -35,6 +35,7 @@ MANAGED_ENV = (
     "PYTORCH_CUDA_ALLOC_CONF",  # PyTorch's allocator back end, read when torch loads
     "XLA_PYTHON_CLIENT_PREALLOCATE",  # JAX's, read when its backends start
     "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_CLIENT_MEM_FRACTION",  # its newer name: set only where the user chose it (never both)
     "XLA_PYTHON_CLIENT_ALLOCATOR",
 )
 

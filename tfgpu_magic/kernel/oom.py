@@ -159,8 +159,10 @@ def gather(session: Any, error: BaseException) -> Facts:
 
 # PyTorch: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
 _TORCH_OOM = re.compile(r"Tried to allocate (?P<size>[\d.]+ [KMGT]?i?B)\.(?: GPU (?P<gpu>\d+))?")
-# JAX: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes."
-_JAX_OOM = re.compile(r"allocate (?P<bytes>\d+) bytes")
+# JAX (XLA): "Out of memory while trying to allocate 4294967296 bytes." or "Failed to allocate
+# request for 1.00GiB (1073741824B) on device ordinal 1".
+_JAX_OOM = re.compile(r"allocate (?P<bytes>\d+) bytes|\((?P<b>\d+)B\)")
+_JAX_ORDINAL = re.compile(r"device ordinal (?P<ordinal>\d+)")
 
 
 def _gather_cuda_framework(session: Any, framework: Any, error: BaseException) -> Facts:
@@ -175,7 +177,14 @@ def _gather_cuda_framework(session: Any, framework: Any, error: BaseException) -
     else:
         found = _JAX_OOM.search(message)
         if found is not None:
-            request = format_size(int(found.group("bytes")))
+            request = format_size(int(found.group("bytes") or found.group("b")))
+        ordinal = _JAX_ORDINAL.search(message)
+        cuda_index = int(ordinal.group("ordinal")) if ordinal else 0
+        start = framework.start()
+        if start is None or not start.gpu:  # JAX on the CPU: no GPU to blame
+            site = OomSite("CPU:0", None, request, None)
+            return Facts(site, "the CPU (JAX has no GPU backend)", framework="JAX",
+                         limit_text="none of JAX's own on the CPU (the system's memory)")
     prefix = "cuda" if framework.key == "pytorch" else "gpu"
     device = f"{prefix}:{cuda_index}"
     site = OomSite(f"GPU:{cuda_index}", None, f"{request}" if request else None, None)

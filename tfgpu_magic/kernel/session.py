@@ -24,7 +24,15 @@ from ..command.plan import Plan, PlanError, Resolution, resolve
 from ..command.units import MIB, format_bytes, format_change
 from ..frameworks import tensorflow_diagnosis as tf_diagnosis
 from ..frameworks.base import Framework, too_late
-from ..frameworks.jax import ALLOCATOR_ENV, ALLOCATOR_NAMES, MEM_FRACTION_ENV, PREALLOCATE_ENV, Jax, mem_fraction_name
+from ..frameworks.jax import (
+    ALLOCATOR_ENV,
+    ALLOCATOR_NAMES,
+    JAX_DEFAULT_FRACTION,
+    MEM_FRACTION_ENV,
+    PREALLOCATE_ENV,
+    Jax,
+    mem_fraction_name,
+)
 from ..frameworks.pytorch import ALLOC_CONF_ENV, ASYNC_BACKEND, PyTorch, alloc_conf_with_backend
 from ..frameworks.tensorflow import (
     ASYNC_ALLOCATOR,
@@ -59,6 +67,7 @@ class Session:
         self.machine = machine if machine is not None else Machine(nvml, env, tf)
         self.torch = torch if torch is not None else PyTorch()
         self.jax = jax if jax is not None else Jax()
+        self.jax.on_start = self._on_jax_start
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
         self._requested = Plan()
         # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
@@ -250,19 +259,25 @@ class Session:
             resolution = self.resolution(plan, started=stage is Stage.STARTED)
             shown = what + _resolved_suffix(command, resolution)
             self._check_cuda_not_started_by_torch(command, plan, what)
+            self._check_jax_fraction_names(command)
             torch_said = self._torch_part(command, plan)
             jax_said = self._jax_part(command, plan, resolution, what)
             torch_said += jax_said
+            jax_only = isinstance(command, grammar.Allocator) and command.name == "platform"
             if stage is Stage.STARTED:
-                if plan != self.requested:
+                if plan != self.requested and not jax_only:
                     self._check_in_force(resolution, command, what)
                 answer = (
                     "already requested; nothing changed (TensorFlow has started)"
                     if plan == self.requested
                     else "already in force (TensorFlow has started); nothing changed"
                 )
+                if jax_only and plan != self.requested:
+                    answer = "JAX only, read when its backends start; TensorFlow keeps its allocator"
                 self._settle(resolution, chosen_by_auto)
                 self._give_torch(resolution)
+                if self.jax.stage() is not Stage.STARTED:  # JAX reads its variables at its own start
+                    self._set_jax_environment(resolution)
                 self._give_jax(resolution)
                 return f"{shown}: {answer}{torch_said}"
             self._apply(resolution, stage)
@@ -274,10 +289,10 @@ class Session:
                 if stage is Stage.NOT_IMPORTED
                 else "applied to TensorFlow now (imported, not started)"
             )
-            if isinstance(command, grammar.Allocator) and command.name == "platform":
+            if jax_only:
                 when = (
                     "JAX only, read when its backends start: it allocates on demand and hands freed "
-                    "memory back, slowly; TensorFlow and PyTorch keep their default allocators"
+                    "memory back, slowly; TensorFlow and PyTorch keep the allocators they have"
                 )
             return f"{shown}: {when}{torch_said}"
 
@@ -370,11 +385,11 @@ class Session:
             return ""
         problem = _jax_limit_problem(resolution) if isinstance(command, grammar.Limit) else None
         if stage is Stage.STARTED:
-            if problem is not None:
-                raise SessionError(problem)
             start = jax.start()
             if start is None or not start.gpu:
                 return "; JAX: started without a GPU backend, so GPU settings do not reach it"
+            if problem is not None:
+                raise SessionError(problem)
             differs, now = self._jax_difference(command, resolution, start)
             if differs:
                 raise SessionError(too_late("JAX", "jax", what, now))
@@ -393,9 +408,8 @@ class Session:
         if isinstance(command, grammar.Limit):
             wanted = _jax_fraction(resolution)
             now = start.memory_fraction
-            same = (wanted is None and now is None) or (
-                wanted is not None and now is not None and abs(float(wanted) - now) < 1e-3
-            )
+            in_effect = JAX_DEFAULT_FRACTION if now is None else now
+            same = abs((JAX_DEFAULT_FRACTION if wanted is None else float(wanted)) - in_effect) < 1e-3
             shown = "its default memory fraction (0.75)" if now is None else f"a memory fraction of {now:g}"
             return not same, shown
         value = start.cuda_visible_devices
@@ -406,6 +420,24 @@ class Session:
         """Why the accepted request's limits give JAX no memory fraction (None: they do, or none asked)."""
         accepted = self._accepted
         return None if accepted is None else _jax_limit_problem(accepted)
+
+    def _on_jax_start(self) -> None:
+        """Run by the adapter as JAX's backends start, on the starting thread: a limit JAX cannot
+        take is said now, to whoever uses JAX (TensorFlow imports jax without using it)."""
+        problem = self.jax_limit_problem()
+        if problem is not None:
+            self._hook_failed(f"JAX starts without a memory fraction: {problem}")
+
+    def _check_jax_fraction_names(self, command: Any) -> None:
+        """JAX's CUDA plugin refuses to start when both names of its fraction are set."""
+        if not isinstance(command, grammar.Limit) or self.jax.stage() is Stage.STARTED:
+            return
+        if all(self.env.get(name) for name in MEM_FRACTION_ENV):
+            old, new = MEM_FRACTION_ENV
+            raise SessionError(
+                f"{old} and {new} are both set, and JAX refuses to start its CUDA client with both: "
+                f"remove one first (`del os.environ['{old}']`), then run `%gpu {_describe_command(command)}` again"
+            )
 
     def _give_jax(self, resolution: Resolution) -> None:
         """JAX reads the environment at its start: until then, this is what it will be given."""
@@ -463,7 +495,6 @@ class Session:
         """Environment first (read at CUDA start-up), then tf.config once TensorFlow is here."""
         saved = {name: self.env.get(name) for name in MANAGED_ENV}
         users_torch_conf = self.env.get(ALLOC_CONF_ENV[1])  # edited in place, not a managed variable
-        users_jax_fraction = self.env.get(MEM_FRACTION_ENV[1])
         try:
             self._set_environment(resolution, stage)
             if Stage.IMPORTED <= stage < Stage.STARTED:
@@ -474,8 +505,6 @@ class Session:
                 self.machine.set_env(name, value)
             if users_torch_conf is not None:
                 self.env[ALLOC_CONF_ENV[1]] = users_torch_conf
-            if users_jax_fraction is not None:
-                self.env[MEM_FRACTION_ENV[1]] = users_jax_fraction
             if isinstance(err, ApplyError):
                 raise SessionError(str(err)) from None
             raise SessionError(f"TensorFlow refused it: {err}") from None
@@ -490,31 +519,33 @@ class Session:
             machine.set_env("CUDA_VISIBLE_DEVICES", machine.unmanaged_value("CUDA_VISIBLE_DEVICES"))
         growth = None if plan.growth is None else ("true" if plan.growth else "false")
         machine.set_env("TF_FORCE_GPU_ALLOW_GROWTH", growth or machine.unmanaged_value("TF_FORCE_GPU_ALLOW_GROWTH"))
-        allocator = {"async": ASYNC_ALLOCATOR, "default": None, "platform": None}  # platform: JAX's only
+        # `platform` is JAX's word: TensorFlow and PyTorch keep what they had, as if not asked.
+        framework_allocator = None if plan.allocator == "platform" else plan.allocator
+        allocator = {"async": ASYNC_ALLOCATOR, "default": None}
         machine.set_env(
             "TF_GPU_ALLOCATOR",
-            allocator[plan.allocator] if plan.allocator else machine.unmanaged_value("TF_GPU_ALLOCATOR"),
+            allocator[framework_allocator] if framework_allocator else machine.unmanaged_value("TF_GPU_ALLOCATOR"),
         )
         if self.torch.stage() is Stage.NOT_IMPORTED:
-            self._set_torch_allocator(plan.allocator)
+            self._set_torch_allocator(framework_allocator)
         if self.jax.stage() is not Stage.STARTED:
             self._set_jax_environment(resolution)
 
     def _set_jax_environment(self, resolution: Resolution) -> None:
         """JAX's variables, read when its backends start (see frameworks/jax.py)."""
         plan, machine = resolution.plan, self.machine
-        machine.set_env(
-            PREALLOCATE_ENV, "false" if plan.growth else machine.unmanaged_value(PREALLOCATE_ENV)
-        )
-        jax_allocator = ALLOCATOR_NAMES.get(plan.allocator or "default")
-        machine.set_env(ALLOCATOR_ENV, jax_allocator or machine.unmanaged_value(ALLOCATOR_ENV))
-        fraction = _jax_fraction(resolution)
-        name = mem_fraction_name(self.env)
-        if name == MEM_FRACTION_ENV[1]:  # the user's chosen name: edited in place, only when asked
-            if fraction is not None:
-                self.env[name] = fraction
-            return
-        machine.set_env(name, fraction or machine.unmanaged_value(name))
+        # What was never asked keeps the user's own value; what was asked is set, defaults included.
+        preallocate = {None: machine.unmanaged_value(PREALLOCATE_ENV), True: "false", False: "true"}
+        machine.set_env(PREALLOCATE_ENV, preallocate[plan.growth])
+        if plan.allocator is None:
+            machine.set_env(ALLOCATOR_ENV, machine.unmanaged_value(ALLOCATOR_ENV))
+        else:
+            machine.set_env(ALLOCATOR_ENV, ALLOCATOR_NAMES[plan.allocator])
+        fraction = _jax_fraction(resolution) if plan.limits is not None else None
+        chosen = mem_fraction_name({n: machine.unmanaged_value(n) or "" for n in MEM_FRACTION_ENV})
+        for name in MEM_FRACTION_ENV:  # exactly one name: the user's choice, else the old one
+            value = fraction if name == chosen and fraction is not None else machine.unmanaged_value(name)
+            machine.set_env(name, value)
 
     def _set_torch_allocator(self, allocator: Optional[str]) -> None:
         """PyTorch's back end, in the variable it reads at load: the user's own options are kept,
@@ -603,6 +634,9 @@ class Session:
             reasons.append(
                 f"{'; '.join(kept.describe())} (TensorFlow has started with them; restart the kernel to drop them)"
             )
+        jax_start = self.jax.start()
+        if jax_start is not None and jax_start.gpu:
+            reasons.append(f"JAX started with {jax_start.describe()} (restart the kernel to change them)")
         seen = self.tf.cuda_seen
         if stage is Stage.ENUMERATED and seen is not None:
             value = seen.get("CUDA_VISIBLE_DEVICES")

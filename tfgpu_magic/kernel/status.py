@@ -118,6 +118,7 @@ def _jax(session: Session) -> dict[str, Any]:
         return entry
     start = jax.start()
     seen = jax.started_with
+    memory = jax.device_memory()  # before memory_error: a failed reading is recorded by it
     entry.update({
         "started": stage is Stage.STARTED,
         "applied": _applied(session, "jax"),
@@ -130,12 +131,15 @@ def _jax(session: Session) -> dict[str, Any]:
             "gpu": start.gpu,
         },
         "environment_at_start": None if seen is None else dict(seen.env),
+        # True: JAX had started before tfgpu_magic loaded; the variables are the ones found then.
+        "recorded_late": None if seen is None else seen.late,
         "plugin_error": jax.plugin_error,
         "no_fraction": session.jax_limit_problem(),
+        "memory_error": jax.memory_error,
         "memory": {
             device: {"in_use_bytes": m.in_use_bytes, "peak_bytes": m.peak_bytes,
                      "reserved_bytes": m.reserved_bytes, "limit_bytes": m.limit_bytes}
-            for device, m in jax.device_memory().items()
+            for device, m in memory.items()
         },
     })
     return entry
@@ -446,15 +450,18 @@ def _jax_lines(jax: Optional[dict[str, Any]]) -> list[str]:
         return lines
     start = jax["started_with"]
     platforms = ", ".join(jax["platforms"]) or "unknown"
+    refused = [f"  its CUDA plugin refuses the variables: {jax['plugin_error']}"] if jax["plugin_error"] else []
     if start is None or not start["gpu"]:
-        return [f"JAX:        started on {platforms}: no GPU backend, so GPU settings do not reach it"]
+        return [f"JAX:        started on {platforms}: no GPU backend, so GPU settings do not reach it", *refused]
     fraction = "0.75 (default)" if start["memory_fraction"] is None else f"{start['memory_fraction']:g}"
+    late = " (as found when tfgpu_magic loaded: JAX had started before)" if jax["recorded_late"] else ""
     lines = [
         f"JAX:        started on {platforms} with preallocation {'on' if start['preallocate'] else 'off'}, "
-        f"memory fraction {fraction}, the {start['allocator']} allocator"
+        f"memory fraction {fraction}, the {start['allocator']} allocator{late}",
+        *refused,
     ]
-    if jax["plugin_error"]:
-        lines.append(f"  its CUDA plugin refused the variables: {jax['plugin_error']}")
+    if jax["memory_error"]:
+        lines.append(f"  note: no memory reading for {jax['memory_error']}")
     for device, memory in jax["memory"].items():
         lines.append(
             f"  {device} JAX allocator: {format_bytes(memory['in_use_bytes'])} in use, "

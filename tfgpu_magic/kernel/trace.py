@@ -156,14 +156,15 @@ class Tracer:
         self._cells.append(info)
         if len(self._cells) > 1:  # a cell run inside a cell (%%capture's body): the outer one reports
             return
-        try:
-            self._close()
-            for framework in self.session.frameworks():
-                imported = framework.stage() is not Stage.NOT_IMPORTED or framework is self.session.tf
+        self._close()
+        self._started_at = time.perf_counter()
+        for framework in self.session.frameworks():
+            imported = framework.stage() is not Stage.NOT_IMPORTED or framework is self.session.tf
+            try:
                 self._windows[framework.key] = framework.open_peak_window() if imported else None
-            self._started_at = time.perf_counter()
-        except Exception as err:  # never break the user's cell
-            self._failed(err)
+            except Exception as err:  # never break the user's cell; this framework goes untraced
+                self._windows.pop(framework.key, None)
+                self._failed(err, f"{framework.name}'s")
 
     def post_run_cell(self, result: Any = None) -> None:
         if not self._ended(result) or self._cells:  # not one we saw begin, or still inside one
@@ -206,8 +207,14 @@ class Tracer:
         for framework in self.session.frameworks():
             if framework is self.session.tf or framework.stage() is not Stage.STARTED:
                 continue
+            if framework.key not in self._windows:  # its window could not be opened (said once)
+                continue
             window = self._windows.get(framework.key)
-            readings = window.peaks() if window is not None else readings_since_start(framework)
+            try:
+                readings = window.peaks() if window is not None else readings_since_start(framework)
+            except Exception as err:  # one framework's fault is a note; the others are still reported
+                self._failed(err, f"{framework.name}'s")
+                continue
             lines += [
                 format_reading(framework_device_label(framework.name, device, self.session), reading, seconds)
                 for device, reading in readings.items()
@@ -249,10 +256,10 @@ class Tracer:
                 window.close()
         self._windows, self._started_at = {}, None
 
-    def _failed(self, err: Exception) -> None:
+    def _failed(self, err: Exception, whose: str = "TensorFlow's") -> None:
         if "failed" not in self._warned:
             self._warned.add("failed")
-            print(f"tfgpu_magic: `%gpu trace` could not read TensorFlow's allocator ({err!r}); "
+            print(f"tfgpu_magic: `%gpu trace` could not read {whose} allocator ({err!r}); "
                   "the cell itself is unaffected", file=sys.stderr)
 
 
