@@ -349,3 +349,13 @@ def test_a_limit_jax_cannot_take_is_said_when_jax_starts(capsys):
     assert capsys.readouterr().err == ""  # imported (TensorFlow imports jax itself): nothing said
     jax.devices()
     assert "tfgpu_magic: JAX starts without a memory fraction: JAX takes one memory fraction" in capsys.readouterr().err
+
+
+def test_a_jax_that_starts_on_the_cpu_hears_nothing_of_gpu_limits(capsys):
+    session = jax_session()
+    session.configure(grammar.parse("use 0,1"))
+    session.configure(grammar.parse("limit 8G,8G"))
+    jax = StandInJax(gpus=0)  # a CPU-only jaxlib: its backends start with no GPU
+    session._on_jax_import(jax)
+    jax.devices()
+    assert capsys.readouterr().err == ""

@@ -193,6 +193,13 @@ def test_use_after_pytorch_started_cuda_is_too_late_for_every_framework():
     assert session.requested.visible is None  # nothing changed
 
 
+def test_allocator_platform_with_pytorch_imported_names_pytorch_once():
+    session = torch_session()
+    session._on_torch_import(cuda_torch([80 * GIB] * 4))
+    said = session.configure(grammar.parse("allocator platform"))
+    assert said.count("PyTorch") == 1 and "TensorFlow and PyTorch keep the allocators they have" in said
+
+
 def test_a_users_pytorch_alloc_conf_is_the_variable_edited():
     """Torch 2.13 reads both names and, when both are set, only PYTORCH_CUDA_ALLOC_CONF: setting the
     old name beside a user's new one would silently drop the user's options."""

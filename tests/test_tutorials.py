@@ -29,8 +29,8 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 STARTUP_LINES = ("oneDNN custom operations", "absl::InitializeLog", "cpu_feature_guard", "This TensorFlow binary")
 
 
-def test_there_are_five_tutorials() -> None:
-    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_"]
+def test_there_are_six_tutorials() -> None:
+    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_", "06_"]
 
 
 def _load(path: Path) -> dict:

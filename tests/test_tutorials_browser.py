@@ -30,6 +30,7 @@ TUTORIALS = [  # those with cells that fail on purpose (tutorial 5 has none; nbc
     "02_sharing_a_server.ipynb",
     "03_memory_that_comes_back.ipynb",
     "04_several_devices.ipynb",
+    "06_pytorch_and_jax.ipynb",
 ]
 
 

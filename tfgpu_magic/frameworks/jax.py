@@ -84,7 +84,7 @@ class Jax:
         self.plugin_error: Optional[str] = None  # why it would refuse them (both fraction names set...)
         self._gpu_seen: Optional[bool] = None
         self.memory_error: Optional[str] = None  # the last device whose statistics could not be read
-        self.on_start: Optional[Callable[[], None]] = None  # the session's, called once JAX has read its settings
+        self.on_start: Optional[Callable[[], None]] = None  # the session's, called once JAX started on a GPU
 
     # -- the moment jax arrives ---------------------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -104,11 +104,6 @@ class Jax:
         if self.started_with is not None:
             return
         self.started_with = capture(JAX_START_ENV, late=late)
-        if self.on_start is not None and not late:
-            try:
-                self.on_start()
-            except Exception:  # a note that cannot be made must not stop JAX
-                pass
         make_options = _attribute(self._jax, "_src.lib.xla_client.generate_pjrt_gpu_plugin_options")
         if make_options is None:
             return
@@ -118,9 +113,16 @@ class Jax:
             self.plugin_error = f"{type(err).__name__}: {err}"
 
     def _note_started(self) -> None:
-        """Right after the backends started: whether one is a GPU's, kept (clear_backends forgets it)."""
-        if self._gpu_seen is None:
-            self._gpu_seen = bool(self._gpu_devices())
+        """Right after the backends started: whether one is a GPU's, kept (clear_backends forgets it);
+        the session hears of a start on a GPU (a CPU-only JAX has no GPU settings to speak of)."""
+        if self._gpu_seen is not None:
+            return
+        self._gpu_seen = bool(self._gpu_devices())
+        if self._gpu_seen and self.on_start is not None and not getattr(self.started_with, "late", True):
+            try:
+                self.on_start()
+            except Exception:  # a note that cannot be made must not stop JAX
+                pass
 
     # -- the stage --------------------------------------------------------------------------------------
     def stage(self) -> Stage:

@@ -303,24 +303,28 @@ def explain(session: Any, error: BaseException) -> str:
     return render(gather(session, error))
 
 
-def render(facts: Facts) -> str:
+def _framework_lines(facts: Facts) -> list[str]:
+    """The failed request and the framework's own allocator figures (its view, not the driver's)."""
     site = facts.site
-    lines = [f"tfgpu_magic: {facts.framework} ran out of memory on {facts.label}."]
     if facts.framework != "TensorFlow":
-        if site.request_text:
-            lines.append(f"  Failed request: {site.request_text}")
         figures = facts.allocator_text or "no figures (CUDA has not started)"
-        lines.append(f"  {facts.framework}'s allocator: {figures}; limit: {facts.limit_text}")
-    elif site.request_text:
+        request = [f"  Failed request: {site.request_text}"] if site.request_text else []
+        return [*request, f"  {facts.framework}'s allocator: {figures}; limit: {facts.limit_text}"]
+    lines = []
+    if site.request_text:
         size = f" = {format_size(site.request_bytes)}" if site.request_bytes is not None else ""
         by = f", allocator {site.allocator}" if site.allocator else ""
         lines.append(f"  Failed request: {site.request_text}{size}{by}")
-    if facts.framework != "TensorFlow":
-        pass
-    elif facts.in_use_bytes is not None:
+    if facts.in_use_bytes is not None:
         lines.append(f"  TensorFlow's allocator: {format_size(facts.in_use_bytes)} in use; limit: {facts.limit_text}")
     else:
         lines.append(f"  TensorFlow's allocator keeps no statistics here; limit: {facts.limit_text}")
+    return lines
+
+
+def render(facts: Facts) -> str:
+    lines = [f"tfgpu_magic: {facts.framework} ran out of memory on {facts.label}."]
+    lines.extend(_framework_lines(facts))
     if facts.gpu_used_bytes is not None and facts.gpu_total_bytes is not None:
         lines.append(
             f"  GPU {facts.gpu}: {format_size(facts.gpu_used_bytes)} of {format_size(facts.gpu_total_bytes)} "

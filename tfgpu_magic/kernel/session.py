@@ -273,7 +273,9 @@ class Session:
                     else "already in force (TensorFlow has started); nothing changed"
                 )
                 if jax_only and plan != self.requested:
-                    answer = "JAX only, read when its backends start; TensorFlow keeps its allocator"
+                    answer = (
+                        "JAX only, read when its backends start; TensorFlow and PyTorch keep the allocators they have"
+                    )
                 self._settle(resolution, chosen_by_auto)
                 self._give_torch(resolution)
                 if self.jax.stage() is not Stage.STARTED:  # JAX reads its variables at its own start
@@ -318,7 +320,7 @@ class Session:
         if torch.stage() is Stage.NOT_IMPORTED:
             return ""
         if isinstance(command, grammar.Allocator) and command.name == "platform":
-            return "; PyTorch: `platform` is JAX's allocator; PyTorch keeps the one it loaded with"
+            return ""  # JAX's own word: the reply already says PyTorch keeps its allocator
         if isinstance(command, grammar.Allocator):
             loaded = torch.backend()
             if loaded != command.name:
@@ -653,12 +655,11 @@ class Session:
             tf = self.tf
             started = tf.stage() is Stage.STARTED
             before_tf, before_driver = tf.allocator_stats(), self._my_device_memory()
-            before_torch = self.torch.memory()
+            before_torch, before_jax = self.torch.memory(), self.jax.device_memory()  # all before any freeing
             keras_cleared = tf.clear_session()
             policy = self.requested.precision
             if policy is not None and tf.keras_policy() not in (None, policy):
                 tf.set_keras_policy(policy)  # clear_session resets the global policy
-            before_jax = self.jax.device_memory()
             torch_emptied = self.torch.free()
             jax_cleared = self.jax.free()
             after_tf, after_driver = tf.allocator_stats(), self._my_device_memory()
