@@ -12,10 +12,16 @@ slow driver never blocks the server.  At most one reading is made per ``refresh_
 requests that arrive while one is under way wait for that one (one shared future), so many
 browser tabs polling cost one reading.  The reply is encoded once per reading.
 
+The same reading feeds the server's ``/metrics`` (:mod:`.metrics`) and the GPU idle culler
+(:mod:`.culler`): one inventory per interval, whoever asks.
+
 Configuration (traitlets, section ``TfgpuMagic``)::
 
     c.TfgpuMagic.device_source = "tfgpu_magic.simulated:kernels_server"   # default: the real driver
     c.TfgpuMagic.refresh_interval = 2.0                                     # seconds
+    c.TfgpuMagic.cull_idle_gpu_kernels_after = 3600                         # seconds; 0 (default): off
+    c.TfgpuMagic.cull_min_gpu_memory = "1G"                                 # default: any GPU memory
+    c.TfgpuMagic.cull_only_when_free_below = "8G"                           # default: whatever is free
 """
 
 from __future__ import annotations
@@ -25,23 +31,37 @@ import importlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Generic, Optional, TypeVar
 
+import tornado.ioloop
 import tornado.web
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from traitlets import Callable as CallableTrait
-from traitlets import Float, Unicode, Union
+from traitlets import Float, TraitError, Unicode, Union, validate
 from traitlets.config import Configurable
 
+from .. import __version__
+from ..command import grammar
+from ..command.units import MIB
 from ..gpus import owners
 from ..gpus.nvml import Nvml
-from . import kernel_inventory
+from . import kernel_inventory, metrics
+from .culler import Culler, CullPolicy
 from .kernel_inventory import KernelDescription
 
-__all__ = ["ROUTE", "SharedRefresh", "StatusHandler", "StatusSource", "TfgpuMagic", "load_device_source"]
+__all__ = [
+    "ROUTE",
+    "Reading",
+    "SharedRefresh",
+    "StatusHandler",
+    "StatusSource",
+    "TfgpuMagic",
+    "load_device_source",
+]
 
 ROUTE = ("tfgpu", "api", "status")  # under the server's base_url
 
@@ -70,6 +90,56 @@ class TfgpuMagic(Configurable):
         arriving during a reading still share it.""",
     ).tag(config=True)
 
+    cull_idle_gpu_kernels_after = Float(
+        0.0,
+        min=0.0,
+        help="""Shut down kernels that hold GPU memory and have been idle this many seconds
+        (e.g. 3600).  0 (the default): never.  Kernels without GPU memory and busy kernels are
+        never touched; each shutdown is logged with the notebook and the memory it held.""",
+    ).tag(config=True)
+
+    cull_min_gpu_memory = Unicode(
+        "",
+        help="""Cull only kernels holding at least this much GPU memory in all ("1G", "512M";
+        a bare number is MiB).  Empty (the default): any GPU memory at all.""",
+    ).tag(config=True)
+
+    cull_only_when_free_below = Unicode(
+        "",
+        help="""Cull only while a GPU the kernel holds memory on has less than this free
+        ("8G").  Empty (the default): whatever is free.""",
+    ).tag(config=True)
+
+    cull_interval = Float(
+        60.0,
+        min=1.0,
+        help="""Seconds between two checks of the GPU idle culler.""",
+    ).tag(config=True)
+
+    @validate("cull_min_gpu_memory", "cull_only_when_free_below")
+    def _a_size(self, proposal: Any) -> str:
+        text = proposal["value"].strip()
+        if text:
+            _size_bytes(text, proposal["trait"].name)  # refused at start-up, not at the first cull
+        return text
+
+    def cull_policy(self) -> CullPolicy:
+        """The culler's settings as one value (read by the reply, /metrics and the culler)."""
+        return CullPolicy(
+            after_s=self.cull_idle_gpu_kernels_after,
+            min_memory_bytes=_size_bytes(self.cull_min_gpu_memory, "cull_min_gpu_memory") or 1,
+            free_below_bytes=_size_bytes(self.cull_only_when_free_below, "cull_only_when_free_below"),
+        )
+
+
+def _size_bytes(text: str, name: str) -> Optional[int]:
+    if not text.strip():
+        return None
+    try:
+        return int(grammar.parse_size(text, percent=False)) * MIB
+    except Exception as err:
+        raise TraitError(f"TfgpuMagic.{name}: {err}") from None
+
 
 def load_device_source(spec: Any) -> Any:
     """The pynvml-like object ``spec`` names (None: the real driver); raises what importing or calling raises."""
@@ -94,28 +164,49 @@ class SharedRefresh(Generic[T]):
     (a closed connection) does not cancel the refresh the others wait for.
     """
 
-    def __init__(self, refresh: Callable[[], Awaitable[T]], interval: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, refresh: Callable[[], Awaitable[T]], interval: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._refresh = refresh
         self._interval = interval
         self._clock = clock
         self._value: Optional[T] = None
         self._started_at: Optional[float] = None  # of the refresh that made _value
         self._in_flight: Optional[asyncio.Task[T]] = None
+        self._in_flight_started = 0.0
         self.refreshes = 0  # how many refreshes were started (for tests and benchmarks)
 
     async def get(self) -> T:
         if self._in_flight is None and self._stale():
-            self._in_flight = asyncio.ensure_future(self._run())
+            self._start()
         if self._in_flight is not None:
             return await asyncio.shield(self._in_flight)
         assert self._value is not None
         return self._value
 
+    @property
+    def latest(self) -> Optional[T]:
+        """The last value read (None before the first), without reading."""
+        return self._value
+
+    async def fresh(self) -> T:
+        """A value whose refresh started at or after this call (one under way since before is waited out)."""
+        asked_at = self._clock()
+        if self._in_flight is not None and self._in_flight_started < asked_at:
+            await asyncio.shield(self._in_flight)
+        if self._in_flight is None:
+            self._start()
+        assert self._in_flight is not None
+        return await asyncio.shield(self._in_flight)
+
+    def _start(self) -> None:
+        self._in_flight_started = self._clock()
+        self._in_flight = asyncio.ensure_future(self._run(self._in_flight_started))
+
     def _stale(self) -> bool:
         return self._started_at is None or self._clock() - self._started_at >= self._interval
 
-    async def _run(self) -> T:
-        started = self._clock()
+    async def _run(self, started: float) -> T:
         self.refreshes += 1
         try:
             value = await self._refresh()
@@ -125,13 +216,22 @@ class SharedRefresh(Generic[T]):
         return value
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One reading: the reply (for /metrics and the culler) and its JSON text (for the endpoint), made once."""
+
+    reply: dict[str, Any]
+    text: str
+
+
 class StatusSource:
-    """One reading of the server's kernels and GPUs, as the reply's JSON text; never raises."""
+    """One reading of the server's kernels and GPUs; never raises."""
 
     def __init__(self, serverapp: Any, settings: TfgpuMagic) -> None:
         self._serverapp = serverapp
         self._log = serverapp.log
         self._interval = settings.refresh_interval
+        self._policy = settings.cull_policy()
         self._load_error: Optional[str] = None
         self._nvml: Optional[Nvml] = None
         self._table: Optional[owners.ProcessTable] = None
@@ -142,14 +242,15 @@ class StatusSource:
             self._load_error = f"TfgpuMagic.device_source {settings.device_source!r} could not be loaded ({_reason(err)})"
             self._log.error("tfgpu_magic: %s", self._load_error)
 
-    async def read(self) -> str:
+    async def read(self) -> Reading:
         kernels, notes = await self._kernels()
         try:
             reply = await asyncio.to_thread(self._read_devices, kernels, notes)
         except Exception as err:  # a bug of ours or a device source's: logged, and said in the reply
             self._log.exception("tfgpu_magic: reading the GPUs failed")
             reply = self._unavailable(kernels, f"reading the GPUs failed ({_reason(err)}); see the server's log", notes)
-        return json.dumps(reply)
+        self._policy.annotate(reply)
+        return Reading(reply, json.dumps(reply))
 
     async def _kernels(self) -> tuple[list[KernelDescription], list[str]]:
         """The kernels, read on the event loop where the managers live; a failure is a note."""
@@ -218,24 +319,62 @@ class StatusHandler(APIHandler):
     # The reply shows the server's kernels and sessions: whoever may not read kernels may not read it.
     auth_resource = "kernels"
 
-    def initialize(self, status: SharedRefresh[str]) -> None:
+    def initialize(self, status: SharedRefresh[Reading]) -> None:
         self._status = status
 
     @tornado.web.authenticated
     @authorized
     async def get(self) -> None:
         self.set_header("Cache-Control", "no-store")  # a reading, not a resource to keep
-        self.finish(await self._status.get())
+        self.set_header("Content-Type", "application/json")
+        self.finish((await self._status.get()).text)
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    """Register the status handler under the server's base URL."""
+    """Register the status handler under the server's base URL, the metrics, and the culler if asked."""
     settings = TfgpuMagic(parent=serverapp, config=serverapp.config)
     source = StatusSource(serverapp, settings)
-    status: SharedRefresh[str] = SharedRefresh(source.read, settings.refresh_interval)
+    status: SharedRefresh[Reading] = SharedRefresh(source.read, settings.refresh_interval)
     route = url_path_join(serverapp.web_app.settings["base_url"], *ROUTE)
     serverapp.web_app.add_handlers(".*$", [(route, StatusHandler, {"status": status})])
     serverapp.log.info("tfgpu_magic: GPU status at %s (refresh every %s s)", route, settings.refresh_interval)
+    metrics.install(
+        metrics.GpuMetrics(
+            latest=lambda: status.latest.reply if status.latest is not None else None,
+            refresh=status.get,
+            interval=settings.refresh_interval,
+            version=__version__,
+            log=serverapp.log,
+        )
+    )
+    policy = settings.cull_policy()
+    if policy.enabled:
+        serverapp.tfgpu_culler = culler = _culler(serverapp, policy, status)
+        tornado.ioloop.PeriodicCallback(culler.check, settings.cull_interval * 1000).start()
+        serverapp.log.info("tfgpu_magic: culling kernels idle %s s while they hold GPU memory", policy.after_s)
+
+
+def _culler(serverapp: Any, policy: CullPolicy, status: SharedRefresh[Reading]) -> Culler:
+    manager = serverapp.kernel_manager
+
+    async def reading() -> dict[str, Any]:
+        return (await status.get()).reply
+
+    async def fresh_reading() -> dict[str, Any]:
+        return (await status.fresh()).reply
+
+    def live(kernel_id: str) -> Optional[tuple[Optional[str], Optional[float]]]:
+        try:
+            kernel = manager.get_kernel(kernel_id)
+        except KeyError:
+            return None
+        last_activity = getattr(kernel, "last_activity", None)
+        return getattr(kernel, "execution_state", None), last_activity.timestamp() if last_activity else None
+
+    async def shutdown(kernel_id: str) -> None:
+        await manager.shutdown_kernel(kernel_id)
+
+    return Culler(policy, reading, fresh_reading, live, shutdown, serverapp.log)
 
 
 def _reason(err: BaseException) -> str:

@@ -1,0 +1,215 @@
+"""The GPU-aware idle culler: its one rule, and real kernels on a real Jupyter server.
+
+With real kernels (pytest-jupyter): an idle kernel holding memory past the limit is shut down
+and logged with its notebook and the memory it held; a busy one, an idle one without GPU memory
+and one under the minimum are not.  The culler's pass is run directly (``check``) rather than
+waited for, so nothing here depends on timing but "idle longer than one second".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Optional
+
+import pytest
+from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
+
+from tfgpu_magic.gpus.simulated import LiveKernelsNvml, SimulatedGpu, SimulatedProcess
+from tfgpu_magic.server import extension as serverext
+from tfgpu_magic.server.culler import Culler, CullPolicy, memory_change_lines
+
+GIB = 1024**3
+NOW = 1_795_000_000.0  # 2026-11-18T11:06:40Z
+AN_HOUR_AGO = "2026-11-18T10:06:40.000000Z"
+
+
+def kernel(**fields: Any) -> dict[str, Any]:
+    entry = {
+        "id": "k", "name": "python3", "path": "a.ipynb", "execution_state": "idle", "last_activity": AN_HOUR_AGO,
+        "gpu_memory_bytes": {"1": 8 * GIB}, "total_gpu_memory_bytes": 8 * GIB,
+    }
+    return {**entry, **fields}
+
+
+# -- the rule -----------------------------------------------------------------------------------
+def test_off_by_default():
+    assert CullPolicy().due_at(kernel(), {}) is None
+    assert CullPolicy().describe() is None
+
+
+def test_an_idle_kernel_holding_memory_is_due_its_idle_limit_after_its_last_activity():
+    assert CullPolicy(after_s=1800).due_at(kernel(), {}) == NOW - 3600 + 1800
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        kernel(execution_state="busy"),
+        kernel(execution_state="starting"),
+        kernel(gpu_memory_bytes={}, total_gpu_memory_bytes=0),
+        kernel(gpu_memory_bytes={"1": None}, total_gpu_memory_bytes=None),  # unknown is not none
+        kernel(last_activity=None),
+    ],
+    ids=["busy", "starting", "no GPU memory", "unknown memory", "no activity known"],
+)
+def test_never_due(entry):
+    assert CullPolicy(after_s=1).due_at(entry, {}) is None
+
+
+def test_under_the_minimum_is_never_due():
+    assert CullPolicy(after_s=1, min_memory_bytes=16 * GIB).due_at(kernel(), {}) is None
+    assert CullPolicy(after_s=1, min_memory_bytes=8 * GIB).due_at(kernel(), {}) is not None
+
+
+def test_with_a_free_memory_threshold_only_a_kernel_on_a_short_gpu_is_due():
+    policy = CullPolicy(after_s=1, free_below_bytes=10 * GIB)
+    assert policy.due_at(kernel(), {"1": 30 * GIB, "2": 1 * GIB}) is None  # GPU 2 is short, but not its GPU
+    assert policy.due_at(kernel(), {"1": 5 * GIB}) is not None
+    assert policy.due_at(kernel(), {"1": None}) is None  # no reading: not short
+
+
+def test_the_reply_says_the_policy_and_when_each_kernel_is_due():
+    reply = {"gpus": [], "kernels": [kernel(id="a"), kernel(id="b", execution_state="busy")]}
+    CullPolicy(after_s=1800, min_memory_bytes=GIB).annotate(reply)
+    assert reply["culler"] == {"idle_after_s": 1800, "min_memory_bytes": GIB, "free_below_bytes": None}
+    assert [k["cull_due_at"] for k in reply["kernels"]] == ["2026-11-18T10:36:40.000000Z", None]
+
+
+# -- one pass, with stand-ins for the server ----------------------------------------------------
+class Server:
+    def __init__(self, live: dict[str, tuple[str, Optional[float]]]) -> None:
+        self.live = live
+        self.shut: list[str] = []
+
+    async def shutdown(self, kernel_id: str) -> None:
+        self.shut.append(kernel_id)
+        self.live.pop(kernel_id)
+
+
+def one_pass(entries: list[dict[str, Any]], live: dict[str, tuple[str, Optional[float]]], caplog) -> list[str]:
+    server = Server(live)
+    before = {"gpus": [{"index": 1, "memory_used_bytes": 30 * GIB, "split": {}}], "kernels": entries}
+    after = {"gpus": [{"index": 1, "memory_used_bytes": 22 * GIB, "split": {}}], "kernels": []}
+
+    async def reading():
+        return before
+
+    async def fresh():
+        return after
+
+    culler = Culler(CullPolicy(after_s=60), reading, fresh, server.live.get, server.shutdown,
+                    logging.getLogger("culler-test"), clock=lambda: NOW)
+    with caplog.at_level(logging.WARNING, "culler-test"):
+        return asyncio.run(culler.check())
+
+
+def test_a_due_kernel_is_shut_down_and_the_log_says_what_it_held_and_what_came_back(caplog):
+    read_at = NOW - 3600
+    assert one_pass([kernel(id="a")], {"a": ("idle", read_at)}, caplog) == ["a"]
+    assert "shut down kernel a (a.ipynb, python3): idle 60 min while holding GPU memory (GPU 1: 8,192 MiB" in caplog.text
+    assert "GPU 1: 30.0 GiB in use before the culling, 22.0 GiB after (8,192 MiB back, the driver's reading)" in caplog.text
+
+
+def test_a_kernel_that_ran_a_cell_since_the_reading_is_spared(caplog):
+    assert one_pass([kernel(id="a")], {"a": ("busy", NOW - 3600)}, caplog) == []
+    assert one_pass([kernel(id="a")], {"a": ("idle", NOW - 5)}, caplog) == []  # idle again, but active since
+    assert one_pass([kernel(id="a")], {}, caplog) == []  # gone already
+    assert caplog.text == ""
+
+
+def test_memory_change_lines_without_a_reading_say_so():
+    before = {"gpus": [{"index": 1, "memory_used_bytes": None}]}
+    assert memory_change_lines(before, before, ["1"]) == [
+        "tfgpu_magic: GPU 1: no driver reading to show what the culling gave back"
+    ]
+
+
+# -- real kernels on a real server ----------------------------------------------------------------
+class ChosenKernels(LiveKernelsNvml):
+    """One 40 GiB GPU on which the test chooses how much each kernel's process holds."""
+
+    def __init__(self) -> None:
+        super().__init__([SimulatedGpu(total_mib=40960)], kernel_gpus=1, scan_ttl_s=0.0)
+        self.held_mib: dict[int, int] = {}
+
+    def live_processes(self) -> dict[int, list[SimulatedProcess]]:
+        return {0: [SimulatedProcess(pid, mib, user="", command="") for pid, mib in self.held_mib.items()]}
+
+
+@pytest.fixture
+def chosen():
+    return ChosenKernels()
+
+
+@pytest.fixture
+def jp_server_config(chosen):
+    return {
+        "ServerApp": {"jpserver_extensions": {"tfgpu_magic": True}},
+        "TfgpuMagic": {
+            "device_source": lambda: chosen,
+            "refresh_interval": 0.0,
+            "cull_idle_gpu_kernels_after": 1.0,
+            "cull_min_gpu_memory": "2G",
+            "cull_interval": 3600.0,  # this test runs the passes itself
+        },
+    }
+
+
+@pytest.fixture
+def run(jp_asyncio_loop):
+    return jp_asyncio_loop.run_until_complete
+
+
+def start_kernel(jp_fetch, run, path: str) -> str:
+    body = json.dumps({"path": path, "name": path, "type": "notebook", "kernel": {"name": "python3"}})
+    return json.loads(run(jp_fetch("api", "sessions", method="POST", body=body)).body)["kernel"]["id"]
+
+
+async def connect(serverapp, kernel_id: str) -> Any:
+    """A client that has had the kernel's first reply, as a notebook opened in a browser has: until
+    a client asks something, jupyter_server keeps a kernel "starting"."""
+    client = serverapp.kernel_manager.get_kernel(kernel_id).client()
+    client.start_channels()
+    await client.wait_for_ready(timeout=60)
+    return client
+
+
+def wait_for(run, condition, timeout: float = 60.0, said=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out: {said()}"
+        run(asyncio.sleep(0.1))
+
+
+def test_only_an_idle_kernel_holding_enough_memory_is_culled(jp_serverapp, jp_fetch, run, chosen, caplog):
+    manager = jp_serverapp.kernel_manager
+    ids = {path: start_kernel(jp_fetch, run, path) for path in ("idle_big.ipynb", "busy_big.ipynb",
+                                                                 "idle_none.ipynb", "idle_small.ipynb")}
+    pid = {path: manager.get_kernel(k).provisioner.pid for path, k in ids.items()}
+    chosen.held_mib = {pid["idle_big.ipynb"]: 4096, pid["busy_big.ipynb"]: 4096, pid["idle_small.ipynb"]: 1024}
+    clients = [run(connect(jp_serverapp, k)) for k in ids.values()]
+    clients[1].execute("import time; time.sleep(120)")  # busy_big, busy for the rest of the test
+    try:
+        wait_for(run, lambda: manager.get_kernel(ids["busy_big.ipynb"]).execution_state == "busy",
+                 said=lambda: {p: manager.get_kernel(k).execution_state for p, k in ids.items()})
+        wait_for(run, lambda: all(manager.get_kernel(ids[p]).execution_state == "idle"
+                                  for p in ("idle_big.ipynb", "idle_none.ipynb", "idle_small.ipynb")),
+                 said=lambda: {p: manager.get_kernel(k).execution_state for p, k in ids.items()})
+        run(asyncio.sleep(1.5))  # idle past the limit
+        status = json.loads(run(jp_fetch(*serverext.ROUTE)).body)
+        due = {k["path"]: k["cull_due_at"] for k in status["kernels"]}
+        assert status["culler"]["idle_after_s"] == 1.0 and status["culler"]["min_memory_bytes"] == 2 * GIB
+        assert due["idle_big.ipynb"] is not None
+        assert due["busy_big.ipynb"] is due["idle_none.ipynb"] is due["idle_small.ipynb"] is None
+        with caplog.at_level(logging.WARNING):
+            culled = run(jp_serverapp.tfgpu_culler.check())
+        assert culled == [ids["idle_big.ipynb"]]
+        assert sorted(manager.list_kernel_ids()) == sorted(v for p, v in ids.items() if p != "idle_big.ipynb")
+        assert f"shut down kernel {ids['idle_big.ipynb']} (idle_big.ipynb, python3)" in caplog.text
+        assert "GPU 0: 4,096 MiB, the driver's reading before the shutdown" in caplog.text
+    finally:
+        for client in clients:
+            client.stop_channels()

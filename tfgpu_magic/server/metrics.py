@@ -1,0 +1,173 @@
+"""GPU memory per notebook for Prometheus, on the Jupyter server's own ``/metrics``.
+
+jupyter_server serves ``prometheus_client``'s default registry at ``{base_url}metrics``,
+authenticated like the rest of the server (``ServerApp.authenticate_prometheus``, on by
+default): this module adds a collector to that registry, so there is no new port, no new
+dependency and no second authentication to configure.
+
+The figures are the GPU panel's: :func:`families` turns one inventory reply (the one that
+``GET tfgpu/api/status`` returns) into metric families, and nothing else is read.  A scrape
+must never block the server's event loop (jupyter_server calls the collector from a
+synchronous handler, on the loop), so :class:`GpuMetrics` serves the latest reading in memory
+and keeps it warm: the first scrape starts a refresh task that re-reads at most once per
+refresh interval while scrapes keep coming (and stops ``KEEP_WARM_S`` after the last), shared
+with the panel's polls, however many scrapers there are.  ``tfgpu_reading_timestamp_seconds``
+says when the figures were read.  Labels are the reply's strings, already made safe
+(``safe_text``), and prometheus_client escapes them: another user's process name never forges
+a label or a line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+from .culler import parse_iso_utc
+
+__all__ = ["KEEP_WARM_S", "GpuMetrics", "families", "install"]
+
+KEEP_WARM_S = 300.0  # keep reading this long after the last scrape (longer than any scrape interval)
+
+_KERNEL = ["kernel_id", "kernel_name", "path"]
+_GPU = ["gpu", "gpu_uuid", "name"]
+
+
+def _gauges() -> dict[str, GaugeMetricFamily]:
+    """Every family this collector exposes, empty (also its ``describe``)."""
+    specs = [
+        ("tfgpu_kernel_gpu_memory_bytes", "GPU memory a Jupyter kernel (and its child processes) holds on a GPU, "
+         "the driver's reading", [*_KERNEL, "gpu", "gpu_uuid"]),
+        ("tfgpu_gpu_memory_used_bytes", "GPU memory in use by all processes, the driver's reading", _GPU),
+        ("tfgpu_gpu_memory_total_bytes", "GPU memory in all", _GPU),
+        ("tfgpu_gpu_utilization_ratio", "GPU utilization, 0 to 1 (absent where the driver does not report it)", _GPU),
+        ("tfgpu_other_users_gpu_memory_bytes", "GPU memory held by other users' processes", ["gpu", "gpu_uuid"]),
+        ("tfgpu_kernel_idle_seconds", "Seconds since the kernel's last activity (0 while busy), for kernels "
+         "holding GPU memory", _KERNEL),
+        ("tfgpu_kernel_cull_due_timestamp_seconds", "When the GPU idle culler shuts the kernel down if it stays "
+         "idle (only when the culler is on)", _KERNEL),
+        ("tfgpu_driver_available", "1 when the NVIDIA driver could be read, else 0", []),
+        ("tfgpu_reading_timestamp_seconds", "When these figures were read (Unix time)", []),
+        ("tfgpu_server_info", "This Jupyter server's user and tfgpu_magic's version (always 1)", ["user", "version"]),
+    ]
+    return {name: GaugeMetricFamily(name, text, labels=labels) for name, text, labels in specs}
+
+
+def families(reply: Mapping[str, Any], version: str) -> list[GaugeMetricFamily]:
+    """The metric families of one inventory reply (pure: no reading, no clock)."""
+    gauges = _gauges()
+    read_at = float(reply.get("generated_at") or 0.0)
+    gauges["tfgpu_reading_timestamp_seconds"].add_metric([], read_at)
+    gauges["tfgpu_driver_available"].add_metric([], 1.0 if (reply.get("driver") or {}).get("available") else 0.0)
+    gauges["tfgpu_server_info"].add_metric([_text(reply.get("user")), version], 1.0)
+    uuids = {}
+    for gpu in reply.get("gpus", []):
+        labels = [str(gpu["index"]), _text(gpu.get("uuid")), _text(gpu.get("name"))]
+        uuids[str(gpu["index"])] = labels[1]
+        _add(gauges["tfgpu_gpu_memory_used_bytes"], labels, gpu.get("memory_used_bytes"))
+        _add(gauges["tfgpu_gpu_memory_total_bytes"], labels, gpu.get("memory_total_bytes"))
+        utilization = gpu.get("utilization_percent")
+        _add(gauges["tfgpu_gpu_utilization_ratio"], labels, None if utilization is None else utilization / 100)
+        _add(gauges["tfgpu_other_users_gpu_memory_bytes"], labels[:2], (gpu.get("split") or {}).get("others_bytes"))
+    for kernel in reply.get("kernels", []):
+        labels = [_text(kernel.get("id")), _text(kernel.get("name")), _text(kernel.get("path"))]
+        for gpu, size in sorted((kernel.get("gpu_memory_bytes") or {}).items()):
+            _add(gauges["tfgpu_kernel_gpu_memory_bytes"], [*labels, gpu, uuids.get(gpu, "")], size)
+        if kernel.get("total_gpu_memory_bytes"):
+            _add(gauges["tfgpu_kernel_idle_seconds"], labels, _idle_seconds(kernel, read_at))
+        _add(gauges["tfgpu_kernel_cull_due_timestamp_seconds"], labels, parse_iso_utc(kernel.get("cull_due_at")))
+    return list(gauges.values())
+
+
+def _idle_seconds(kernel: Mapping[str, Any], read_at: float) -> Optional[float]:
+    state = kernel.get("execution_state")
+    if state == "busy":
+        return 0.0
+    last_activity = parse_iso_utc(kernel.get("last_activity"))
+    if state != "idle" or last_activity is None:
+        return None  # starting, dead or unknown: no honest figure
+    return max(read_at - last_activity, 0.0)
+
+
+def _add(family: GaugeMetricFamily, labels: list[str], value: Optional[float]) -> None:
+    """A sample, or none at all: an unknown reading is absent, never 0."""
+    if value is not None:
+        family.add_metric(labels, float(value))
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+class GpuMetrics(Collector):
+    """The collector: the latest reading's families, and a refresh kept warm while scrapes come.
+
+    ``latest`` returns the latest reply (None before the first reading); ``refresh`` is the
+    shared refresh's coroutine (one reading per interval for everyone).
+    """
+
+    def __init__(
+        self,
+        latest: Callable[[], Optional[Mapping[str, Any]]],
+        refresh: Callable[[], Any],
+        interval: float,
+        version: str,
+        log: logging.Logger,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._latest = latest
+        self._refresh = refresh
+        self._interval = max(interval, 0.5)  # 0 means "on every request" for the panel, not a busy loop here
+        self._version = version
+        self._log = log
+        self._clock = clock
+        self._last_scrape: Optional[float] = None
+        self._warmer: Optional[asyncio.Task[None]] = None
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return list(_gauges().values())  # the names, without reading anything (registration calls this)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self._last_scrape = self._clock()
+        self._keep_warm()
+        reply = self._latest()
+        if reply is not None:
+            yield from families(reply, self._version)
+
+    def _keep_warm(self) -> None:
+        """Start the refresh task, from the server's loop only (a scrape from another thread just reads)."""
+        if self._warmer is not None and not self._warmer.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._warmer = loop.create_task(self._warm())
+
+    async def _warm(self) -> None:
+        while self._last_scrape is not None and self._clock() - self._last_scrape < KEEP_WARM_S:
+            try:
+                await self._refresh()
+            except Exception:  # the reading says its own failures; this is a bug, logged, and the loop goes on
+                self._log.exception("tfgpu_magic: refreshing the GPU metrics failed")
+            await asyncio.sleep(self._interval)
+
+
+_installed: Optional[GpuMetrics] = None
+
+
+def install(collector: GpuMetrics) -> None:
+    """Register ``collector`` in the registry ``/metrics`` serves, replacing one a previous server
+    of this process registered (tests run several; jupyter_server has no unload hook)."""
+    global _installed
+    if _installed is not None:
+        try:
+            REGISTRY.unregister(_installed)
+        except KeyError:
+            pass
+    REGISTRY.register(collector)
+    _installed = collector
