@@ -77,7 +77,10 @@ def server(tmp_path_factory):
     (root / "monitor.ipynb").write_text(notebook(MONITOR, OFF))
     (root / "monitor7.ipynb").write_text(notebook(MONITOR, OFF))
     (root / "after_tf7.ipynb").write_text(notebook(*AFTER_TF))
-    args = [SOURCE, "--TfgpuMagic.refresh_interval=0.5", "--ServerApp.jpserver_extensions=tfgpu_magic=True"]
+    args = [
+        SOURCE, "--TfgpuMagic.refresh_interval=0.5", "--ServerApp.jpserver_extensions=tfgpu_magic=True",
+        "--TfgpuMagic.cull_idle_gpu_kernels_after=3600",  # the rows say when the GPU culler would act
+    ]
     with jupyter_server(root, home, log_name="extension-server.log", args=args) as running:
         yield running
 
@@ -232,9 +235,11 @@ def test_lab_panel_status_bar_and_shutdown(server, page):
     legend = page.locator(".tfgpu-lab-legend-item").all_inner_texts()
     assert legend[0] == "this server's kernels" and legend[1].startswith("my other processes (")
     # The server may still call a kernel 'starting' for a moment after the page shows it idle.
+    # With the GPU idle culler on (an hour), each idle kernel holding memory says when it would act.
     wait_until(
         lambda: page.locator(".tfgpu-lab-kernel-activity").all_inner_texts(),
-        lambda texts: len(texts) == 2 and all(re.fullmatch(r"idle (<1|\d+) min", t) for t in texts),
+        lambda texts: len(texts) == 2
+        and all(re.fullmatch(r"idle (<1|\d+) min · culled in (\d+ min|1 h) if idle", t) for t in texts),
         timeout=15,
     )
     # The notebook in front (beta) is marked in the list.

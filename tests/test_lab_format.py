@@ -97,6 +97,20 @@ def test_activity_is_measured_on_the_servers_clock(tmp_path, state, last_activit
     assert evaluate(tmp_path, [("formatActivity", [k, NOW])]) == [text]
 
 
+@pytest.mark.parametrize(
+    "due, text",
+    [
+        ("2025-11-22T09:06:40.000Z", "idle 12 min · culled in 40 min if idle"),
+        ("2025-11-22T08:26:40.000Z", "idle 12 min · culling due"),  # == NOW
+        (None, "idle 12 min"),
+        ("not a time", "idle 12 min"),
+    ],
+)
+def test_an_idle_kernel_says_when_the_gpu_culler_will_shut_it_down(tmp_path, due, text):
+    k = kernel({"1": GIB}, last_activity="2025-11-22T08:14:40.000Z", cull_due_at=due)
+    assert evaluate(tmp_path, [("formatActivity", [k, NOW])]) == [text]
+
+
 def test_status_bar_text_and_reason_on_hover(tmp_path):
     one = kernel({"1": int(6.1 * GIB)}, id="k1")
     two = kernel({"0": GIB, "1": 2 * GIB}, id="k2", path="b.ipynb")

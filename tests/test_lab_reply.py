@@ -47,7 +47,8 @@ def a_reply(**fields) -> dict:
                   "utilization_percent": 5, "lost": False, "notes": [], "split": None, "mig_instances": None}],
         "kernels": [{"id": "k1", "name": "python3", "path": "a.ipynb", "session_name": "a.ipynb",
                      "session_type": "notebook", "execution_state": "idle", "last_activity": None, "pid": 7,
-                     "child_pids": [8], "gpu_memory_bytes": {"0": 10}, "total_gpu_memory_bytes": 10, "note": None}],
+                     "child_pids": [8], "gpu_memory_bytes": {"0": 10}, "total_gpu_memory_bytes": 10, "note": None,
+                     "cull_due_at": "2025-11-22T09:26:40.500000Z"}],
         "my_other_processes": [], "other_users": [], "unattributed": [], "notes": [],
     }
     return {**base, **fields}

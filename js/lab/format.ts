@@ -82,10 +82,21 @@ export function formatActivity(kernel: IKernel, generatedAt: number): string {
   }
   const last = kernel.last_activity ? Date.parse(kernel.last_activity) / 1000 : NaN;
   const seconds = generatedAt - last;
-  if (!Number.isFinite(seconds)) {
-    return 'idle';
+  const idle = Number.isFinite(seconds) ? `idle ${formatDuration(seconds)}` : 'idle';
+  return idle + formatCulling(kernel, generatedAt);
+}
+
+/**
+ * " · culled in 40 min if idle", " · culling due": what the server's GPU idle culler will do to
+ * this kernel (from the reply's cull_due_at, on the server's clock); "" when it will not.
+ */
+export function formatCulling(kernel: IKernel, generatedAt: number): string {
+  const due = kernel.cull_due_at ? Date.parse(kernel.cull_due_at) / 1000 : NaN;
+  if (!Number.isFinite(due)) {
+    return '';
   }
-  return `idle ${formatDuration(seconds)}`;
+  const left = due - generatedAt;
+  return left > 0 ? ` · culled in ${formatDuration(left)} if idle` : ' · culling due';
 }
 
 export function formatDuration(seconds: number): string {

@@ -59,6 +59,9 @@ export interface IKernel {
   gpu_memory_bytes: Record<string, number | null>;
   total_gpu_memory_bytes: number | null;
   note: string | null; // why it cannot be attributed, when it cannot
+  // When the server's GPU idle culler shuts it down if it stays idle (ISO 8601, the server's
+  // clock); null when it is not due (culler off, busy, no GPU memory) or the server is older.
+  cull_due_at?: string | null;
 }
 
 export interface IProcess {
@@ -189,7 +192,8 @@ function kernel(v: Json): IKernel | null {
     child_pids: Array.isArray(v.child_pids) ? v.child_pids.map(int).filter((p): p is number => p !== null) : [],
     gpu_memory_bytes: memory,
     total_gpu_memory_bytes: num(v.total_gpu_memory_bytes),
-    note: str(v.note)
+    note: str(v.note),
+    cull_due_at: str(v.cull_due_at)
   };
 }
 
