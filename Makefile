@@ -12,12 +12,22 @@ BIN := $(VENV)/bin
 # extension into the venv, so JupyterLab and Notebook 7 load it with no `jupyter lab build`).
 # .ci/apt-install waits (10 minutes at most) for another apt or dpkg to release its lock.
 APT_NEEDS := $(if $(shell command -v chromium),,chromium) $(if $(shell command -v npm),,nodejs npm)
+# Prometheus for tests/test_prometheus.py, which starts the binary itself (its own config, data folder
+# and loopback port): Debian's package without its recommends (node exporter, smartmontools, ipmitool
+# and their services); the package's own service is not used (in a container without systemd it
+# does not even start).
+APT_BARE := $(if $(shell command -v prometheus),,prometheus)
 
 setup:
 	@if [ -n "$(strip $(APT_NEEDS))" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then .ci/apt-install $(APT_NEEDS); \
 	  else echo "Not root, so not installing: $(APT_NEEDS) (sudo apt-get install -y $(APT_NEEDS));" \
 	    "without Chromium the browser tests skip, without npm the front ends cannot be built"; fi; \
+	fi
+	@if [ -n "$(strip $(APT_BARE))" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then .ci/apt-install --no-install-recommends $(APT_BARE); \
+	  else echo "Not root, so not installing: $(APT_BARE)" \
+	    "(sudo apt-get install -y --no-install-recommends $(APT_BARE)); without it tests/test_prometheus.py skips"; fi; \
 	fi
 	@# An existing .venv is reused (a second `make setup` only brings it up to date).
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +36,9 @@ setup:
 	@# torch (190 MB) on its own disk, where a newer or unpinned torch would be a CUDA build of several
 	@# GB; `jax` alone is JAX's CPU build (jaxlib 0.10.2, about 90 MB).
 	$(BIN)/pip install -q "torch==2.13.0" "jax==0.10.2" "jaxlib==0.10.2"
+	@# The npm packages into ./node_modules, configurable-http-proxy among them (JupyterHub's proxy, for
+	@# tests/test_jupyterhub.py): pip's build of the front ends runs npm only when they are not built yet.
+	@if command -v npm >/dev/null; then npm install --no-audit --no-fund --loglevel=error; fi
 	$(BIN)/pip install -q -e ".[cpu,test]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -104,15 +104,29 @@ def free_port() -> int:
 
 
 def start_server(
-    port: int, token: str, workdir: str, device_source: Optional[str] = "bench_endpoint:busy_with_kernels"
+    port: int,
+    token: str,
+    workdir: str,
+    device_source: Optional[str] = "bench_endpoint:busy_with_kernels",
+    extra_config: Optional[dict[str, Any]] = None,
+    pythonpath: Sequence[str] = (),
 ) -> subprocess.Popen:
-    """``jupyter server`` on loopback with the extension enabled by the shipped file; None: the real driver."""
+    """``jupyter server`` on loopback with the extension enabled by the shipped file; None: the real driver.
+
+    ``extra_config``: one more ``jupyter_server_config.d`` file (another extension enabled, its
+    settings); ``pythonpath``: folders after this checkout's on the server's ``PYTHONPATH``.
+    """
     config = os.path.join(workdir, "config", "jupyter_server_config.d")
     os.makedirs(config)
     shutil.copy(os.path.join(ROOT, "jupyter-config", "server-config", "tfgpu_magic.json"), config)
+    if extra_config:
+        with open(os.path.join(config, "extra.json"), "w") as f:
+            json.dump(extra_config, f)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "benchmarks"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [ROOT, os.path.join(ROOT, "benchmarks"), *pythonpath, os.environ.get("PYTHONPATH", "")]
+        ),
         "JUPYTER_CONFIG_PATH": os.path.dirname(config),
         "JUPYTER_RUNTIME_DIR": os.path.join(workdir, "runtime"),  # the kernels' connection files
     }

@@ -134,6 +134,7 @@ def test_the_reply_for_a_small_server_exactly():
             {"gpu": 0, "pid": 4001, "used_memory_bytes": 512 * MIB, "note": owners.EXITED_NOTE}
         ],
         "notes": [],
+        "pids_visible": True,
     }
 
 
@@ -170,6 +171,7 @@ def test_when_no_listed_pid_is_a_process_we_can_see_kernels_get_a_note_not_a_zer
     reply = read(server, [KERNEL_A])
     [kernel] = reply["kernels"]
     assert (kernel["gpu_memory_bytes"], kernel["total_gpu_memory_bytes"], kernel["note"]) == ({}, None, FOREIGN_PIDS_NOTE)
+    assert reply["pids_visible"] is False
     assert reply["notes"] == [
         "NVML lists pid 1001, 1002, 2001, 3001, 4001, none of them a process this server can see: the server "
         "probably runs in another pid namespace than the GPU's processes (a container without the host's), "

@@ -121,6 +121,33 @@ def test_a_hostile_notebook_path_or_process_name_forges_no_series():
     assert all("\n" not in (p or "") for p in paths)
 
 
+def test_in_another_pid_namespace_no_memory_is_said_to_be_a_kernels_or_another_users():
+    server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(4_000_001, 1024, "mallory", "x", alive=False)])])
+    kernel = KernelDescription(id="k1", name="python3", path="a.ipynb", execution_state="idle", pid=os.getpid())
+    reply = kernel_inventory.inventory(Nvml(lib=server), [kernel])
+    assert reply["pids_visible"] is False
+    parsed = samples(exposition(reply))
+    assert "tfgpu_other_users_gpu_memory_bytes" not in parsed and "tfgpu_kernel_gpu_memory_bytes" not in parsed
+    assert [v for _, v in parsed["tfgpu_gpu_memory_used_bytes"]] == [float(reply["gpus"][0]["memory_used_bytes"])]
+
+
+def test_under_jupyterhub_the_user_is_the_hubs_name():
+    reply = a_reply()
+    [(labels, _)] = samples(generate_latest_of(metrics.families(reply, __version__, user="alice")))["tfgpu_server_info"]
+    assert labels["user"] == "alice"
+
+
+def generate_latest_of(families) -> str:
+    registry = CollectorRegistry()
+
+    class Fixed:
+        def collect(self):
+            return families
+
+    registry.register(Fixed())
+    return generate_latest(registry).decode()
+
+
 def test_without_a_driver_there_is_one_line_saying_so():
     reply = kernel_inventory.unavailable([], "NVML Shared Library Not Found")
     parsed = samples(exposition(reply))

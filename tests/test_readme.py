@@ -8,6 +8,8 @@
 - Each line of a ```bash block is run here (RUN_HERE), or named with the test that runs it
   (RUN_BY), or with the reason it runs nowhere (NOT_RUN).  A new line fails until it is one of them.
 - A ```text block is output, not code.  An untagged block fails: choose one.
+- A ```yaml block is a Prometheus configuration: it must parse, and tests/test_prometheus.py
+  runs its scrape jobs against a real Prometheus and Jupyter servers (YAML_RUN_BY).
 """
 
 from __future__ import annotations
@@ -88,8 +90,22 @@ def commands(block: Block) -> list[str]:
 
 
 def test_every_block_says_what_it_is():
-    untagged = [b.name for b in blocks() if b.language not in ("python", "bash", "text")]
-    assert untagged == [], "tag each block python, bash or text (output)"
+    untagged = [b.name for b in blocks() if b.language not in ("python", "bash", "text", "yaml")]
+    assert untagged == [], "tag each block python, bash, yaml (Prometheus) or text (output)"
+
+
+# The jobs of the ```yaml blocks (Prometheus scrape configurations) -> the test that runs them.
+YAML_RUN_BY = {
+    "jupyter": "tests/test_prometheus.py (a real Prometheus scraping a jupyter server at /)",
+    "jupyterhub": "tests/test_prometheus.py (the same, a jupyter server at /user/alice/)",
+}
+
+
+def test_every_yaml_block_is_a_scrape_configuration_a_named_test_runs():
+    import yaml
+
+    jobs = [job["job_name"] for b in blocks("yaml") for job in yaml.safe_load(b.code)["scrape_configs"]]
+    assert sorted(jobs) == sorted(YAML_RUN_BY), "a new job needs a test that runs it; a stale entry goes"
 
 
 def test_every_bash_line_is_run_here_or_by_a_named_test():
@@ -116,7 +132,7 @@ def test_make_test_fast_selects_no_slow_browser_or_gpu_test():
 
 
 # -- python blocks -------------------------------------------------------------------------------
-CONFIG_FILE = re.compile(r"^# (ipython_config|jupyter_server_config)\.py\n")
+CONFIG_FILE = re.compile(r"^# (ipython_config|jupyter_server_config|jupyterhub_config)\.py\n")
 SIMULATED_SERVER = (
     "import os\n"
     "import tfgpu_magic\n"
@@ -203,6 +219,17 @@ def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
         settings = TfgpuMagic(config=config)
         for trait, value in config.TfgpuMagic.items():
             assert getattr(settings, trait) == value
+        return
+    if name == "jupyterhub_config.py":  # tests/test_jupyterhub.py runs it in a real hub; here, each setting exists
+        from jupyterhub.app import JupyterHub
+        from jupyterhub.spawner import LocalProcessSpawner
+
+        configurables = {"JupyterHub": JupyterHub, "Spawner": LocalProcessSpawner}
+        for section, values in config.items():
+            built = configurables[section](config=config)
+            assert set(values) <= set(built.trait_names(config=True)), f"{section}: no such setting"
+            for trait, value in values.items():
+                assert getattr(built, trait) == value or (trait == "spawner_class" and built.spawner_class is LocalProcessSpawner)
         return
     from tfgpu_magic.gpus.nvml import Nvml
     from tfgpu_magic.gpus.simulated import shared_server

@@ -141,6 +141,26 @@ def test_a_kernel_reading_kernels_server_sees_what_the_panel_shows(jp_serverapp,
         assert [g["memory_used_bytes"] for g in report["gpus"]] == [g["memory_used_bytes"] for g in status["gpus"]]
 
 
+@pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:host_kernels_server"])
+def test_a_kernel_reading_host_kernels_server_sees_what_the_panel_shows(jp_serverapp, get_status, start_session, run):
+    """The host-wide simulated server (JupyterHub's test): the kernel's %gpu and the panel agree on it."""
+    from tfgpu_magic.gpus.simulated import HOST_KERNEL_MIB
+
+    kernel_id = start_session("a.ipynb")["kernel"]["id"]
+    code = (
+        "import tfgpu_magic\n"
+        "from tfgpu_magic.simulated import host_kernels_server\n"
+        "tfgpu_magic.set_device_source(host_kernels_server())\n"
+        "get_ipython().run_line_magic('load_ext', 'tfgpu_magic')\n"
+        "get_ipython().run_line_magic('gpu', 'status --json')\n"
+    )
+    report = json.loads(run(execute_in_kernel(jp_serverapp, kernel_id, code)))
+    in_kernel = {str(g["index"]): g["usage"]["this_kernel_bytes"] for g in report["gpus"] if g["usage"]["this_kernel_bytes"]}
+    on_panel = {k["id"]: k for k in get_status()["kernels"]}[kernel_id]["gpu_memory_bytes"]
+    pid = kernel_pid(jp_serverapp, kernel_id)
+    assert in_kernel == on_panel == {str(pid % 2): HOST_KERNEL_MIB[pid % 4] * MIB}
+
+
 @pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
 def test_real_kernels_and_a_kernels_child_hold_the_memory_the_simulated_driver_gives_them(
     jp_serverapp, get_status, start_session, run

@@ -35,16 +35,18 @@ and, on a GPU in MIG mode, ``mig_devices`` (:data:`MIG_READINGS`: the MIG device
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 __all__ = [
     "DEMO_KERNEL_PID",
     "READINGS",
+    "HostKernelsNvml",
     "LiveKernelsNvml",
     "MIG_READINGS",
     "SimulatedGpu",
@@ -53,6 +55,8 @@ __all__ = [
     "SimulatedNvml",
     "SimulatedProcess",
     "busy_server",
+    "host_kernels_server",
+    "is_ipython_kernel",
     "kernels_server",
     "mig_server",
     "shared_server",
@@ -661,4 +665,118 @@ def kernels_server() -> LiveKernelsNvml:
             ),
         ],
         server_pid=server_pid,
+    )
+
+
+# -- a simulated server holding every IPython kernel of the machine, whoever runs it ----------------
+MAX_HOST_KERNELS = 256  # kernels placed on the simulated GPUs at most (the lowest pids): a bounded reply
+HOST_KERNEL_MIB = (1024, 2048, 3072, 4096)  # kernel pid p holds HOST_KERNEL_MIB[p % 4] MiB
+_CONNECTION_FILE = re.compile(r"kernel-[^/\\]*\.json")
+_LAUNCHERS = ("ipykernel_launcher", "ipykernel_launcher.py")
+
+
+def is_ipython_kernel(argv: Sequence[str]) -> bool:
+    """Whether a command line is an IPython kernel's: ``-m ipykernel_launcher`` (or ``-m ipykernel``, not ``install``),
+    the launcher script, or a ``kernel-<id>.json`` connection file given with ``-f``.
+
+    Stricter than the rule :class:`LiveKernelsNvml` applies to a server's children (a command line
+    mentioning ``kernel``): among every process of a machine that would also take a Jupyter
+    server started with ``--TfgpuMagic.device_source=...:host_kernels_server`` for a kernel.
+    """
+    for n, arg in enumerate(argv):
+        if os.path.basename(arg) in _LAUNCHERS:
+            return True
+        if arg == "ipykernel" and n and argv[n - 1] == "-m" and argv[n + 1 : n + 2] != ["install"]:
+            return True
+        if arg.startswith(("-f=", "--f=")):
+            value: Optional[str] = arg.split("=", 1)[1]
+        else:
+            value = arg if n and argv[n - 1] in ("-f", "--f") else None
+        if value is not None and _CONNECTION_FILE.fullmatch(os.path.basename(value)):
+            return True
+    return False
+
+
+class HostKernelsNvml(LiveKernelsNvml):
+    """Simulated GPUs holding every IPython kernel process of the machine, any user's.
+
+    The rule gives the same figures whoever reads them (a Jupyter server of one user, another
+    user's server, a kernel's ``%gpu``): every live process whose command line is a kernel's
+    (:func:`is_ipython_kernel`) holds ``HOST_KERNEL_MIB[pid % 4]`` MiB (1 to 4 GiB) on GPU
+    ``pid % kernel_gpus``, and every process below it (not itself a kernel) 256 MiB on the same
+    GPU.  A figure depends on the pid alone, never on which other kernels run.  Owners and
+    commands come from psutil (a kernel of another user is that user's process); on Linux any
+    user may read another user's command line, unless ``/proc`` is mounted with ``hidepid``
+    (then each reader sees only its own kernels, and the figures differ between readers).
+
+    The scan is bounded: one read of the process table (:func:`read_parent_map`) per
+    ``scan_ttl_s``, a command line read once per process (remembered while the process lives,
+    by its start time), and at most ``MAX_HOST_KERNELS`` kernels, the lowest pids.
+    """
+
+    def __init__(
+        self, gpus: list[SimulatedGpu], driver: bool = True, kernel_gpus: int = 2, scan_ttl_s: float = 0.5
+    ) -> None:
+        super().__init__(gpus, driver, kernel_gpus=kernel_gpus, scan_ttl_s=scan_ttl_s)
+        self._verdicts: dict[int, tuple[object, bool]] = {}  # pid -> (identity, is a kernel)
+
+    def _scan(self) -> dict[int, list[SimulatedProcess]]:
+        from .process_tree import children_of, descendants, read_parent_map
+
+        parents = read_parent_map()[0]
+        children = children_of(parents)
+        kernels = sorted(pid for pid in parents if self._kernel_verdict(pid))[:MAX_HOST_KERNELS]
+        self._verdicts = {pid: v for pid, v in self._verdicts.items() if pid in parents}  # forget the exited
+        live: dict[int, list[SimulatedProcess]] = {}
+        placed = set(kernels)
+        for pid in kernels:
+            held = live.setdefault(pid % self.kernel_gpus, [])
+            held.append(SimulatedProcess(pid, HOST_KERNEL_MIB[pid % len(HOST_KERNEL_MIB)], user="", command=""))
+            for child in descendants(pid, children):
+                if child not in placed:  # a kernel below a kernel is listed once, as a kernel
+                    placed.add(child)
+                    held.append(SimulatedProcess(child, KERNEL_CHILD_MIB, user="", command=""))
+        return live
+
+    def _kernel_verdict(self, pid: int) -> bool:
+        """:func:`is_ipython_kernel` of the pid's command line, read once per process."""
+        from .owners import _GONE, _UNKNOWN, _stat_identity
+
+        identity = _stat_identity(pid)
+        if identity is _GONE:
+            return False
+        known = self._verdicts.get(pid)
+        if known is not None and identity is not _UNKNOWN and known[0] == identity:
+            return known[1]
+        verdict = _host_kernel(pid)
+        if identity is not _UNKNOWN:
+            self._verdicts[pid] = (identity, verdict)
+        return verdict
+
+
+def _host_kernel(pid: int) -> bool:
+    import psutil
+
+    try:
+        return is_ipython_kernel(psutil.Process(pid).cmdline())
+    except psutil.Error:  # gone, or not readable (hidepid): not a kernel this reader can see
+        return False
+
+
+def host_kernels_server() -> HostKernelsNvml:
+    """``shared_server``'s four GPUs, holding every IPython kernel of this machine, any user's (see
+    :class:`HostKernelsNvml`): no fixed process, so the figures are the same whoever reads them.
+
+    For several users' Jupyter servers on one machine (JupyterHub): in each single-user server,
+    ``--TfgpuMagic.device_source=tfgpu_magic.simulated:host_kernels_server``; each server's GPU
+    panel lists its own kernels, and the other users' kernels as other users' processes; in a
+    kernel, ``tfgpu_magic.set_device_source(host_kernels_server())`` gives the same figures.
+    """
+    return HostKernelsNvml(
+        [
+            SimulatedGpu(total_mib=40960, utilization=97),
+            SimulatedGpu(name="NVIDIA A100-SXM4-80GB", total_mib=81920, utilization=35),
+            SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
+            SimulatedGpu(name="Tesla T4", total_mib=15360, compute_capability=(7, 5), unsupported={"utilization"}),
+        ]
     )

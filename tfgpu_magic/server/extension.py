@@ -345,6 +345,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             interval=settings.refresh_interval,
             version=__version__,
             log=serverapp.log,
+            # Under JupyterHub the hub's user name; every server of a KubeSpawner runs as jovyan.
+            user=os.environ.get("JUPYTERHUB_USER") or None,
         )
     )
     policy = settings.cull_policy()

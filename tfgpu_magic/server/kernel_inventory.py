@@ -123,6 +123,7 @@ def inventory(
         notes.append(_foreign_note(usages))
     unlisted = [gpu.index for gpu, usage in zip(gpus, usages) if usage.processes is None and not gpu.lost]
     reply = _reply(user, generated_at, refresh_interval_s, available=True, reason=None, notes=notes)
+    reply["pids_visible"] = not foreign
     reply["gpus"] = [_gpu(gpu, usage, owner_of) for gpu, usage in zip(gpus, usages)]
     for entry, gpu in zip(reply["gpus"], gpus):
         entry["mig_instances"] = _mig_instances(nvml, gpu, owner_of) if gpu.mig_enabled else None
@@ -162,6 +163,9 @@ def _reply(
         "other_users": [],
         "unattributed": [],
         "notes": notes,
+        # False: NVML lists only pids this server cannot see (another pid namespace), so nobody's
+        # share (kernels', other users') can be told; None: no driver reading at all.
+        "pids_visible": None,
     }
 
 

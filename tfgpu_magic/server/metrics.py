@@ -57,13 +57,14 @@ def _gauges() -> dict[str, GaugeMetricFamily]:
     return {name: GaugeMetricFamily(name, text, labels=labels) for name, text, labels in specs}
 
 
-def families(reply: Mapping[str, Any], version: str) -> list[GaugeMetricFamily]:
-    """The metric families of one inventory reply (pure: no reading, no clock)."""
+def families(reply: Mapping[str, Any], version: str, user: Optional[str] = None) -> list[GaugeMetricFamily]:
+    """The metric families of one inventory reply (pure: no reading, no clock).  ``user`` names the
+    server's user in ``tfgpu_server_info`` (default: the reply's, the operating system's user)."""
     gauges = _gauges()
     read_at = float(reply.get("generated_at") or 0.0)
     gauges["tfgpu_reading_timestamp_seconds"].add_metric([], read_at)
     gauges["tfgpu_driver_available"].add_metric([], 1.0 if (reply.get("driver") or {}).get("available") else 0.0)
-    gauges["tfgpu_server_info"].add_metric([_text(reply.get("user")), version], 1.0)
+    gauges["tfgpu_server_info"].add_metric([_text(user or reply.get("user")), version], 1.0)
     uuids = {}
     for gpu in reply.get("gpus", []):
         labels = [str(gpu["index"]), _text(gpu.get("uuid")), _text(gpu.get("name"))]
@@ -72,7 +73,8 @@ def families(reply: Mapping[str, Any], version: str) -> list[GaugeMetricFamily]:
         _add(gauges["tfgpu_gpu_memory_total_bytes"], labels, gpu.get("memory_total_bytes"))
         utilization = gpu.get("utilization_percent")
         _add(gauges["tfgpu_gpu_utilization_ratio"], labels, None if utilization is None else utilization / 100)
-        _add(gauges["tfgpu_other_users_gpu_memory_bytes"], labels[:2], (gpu.get("split") or {}).get("others_bytes"))
+        if reply.get("pids_visible") is not False:  # in another pid namespace nothing is known to be others'
+            _add(gauges["tfgpu_other_users_gpu_memory_bytes"], labels[:2], (gpu.get("split") or {}).get("others_bytes"))
     for kernel in reply.get("kernels", []):
         labels = [_text(kernel.get("id")), _text(kernel.get("name")), _text(kernel.get("path"))]
         for gpu, size in sorted((kernel.get("gpu_memory_bytes") or {}).items()):
@@ -118,8 +120,10 @@ class GpuMetrics(Collector):
         version: str,
         log: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
+        user: Optional[str] = None,
     ) -> None:
         self._latest = latest
+        self._user = user
         self._refresh = refresh
         self._interval = max(interval, 0.5)  # 0 means "on every request" for the panel, not a busy loop here
         self._version = version
@@ -136,7 +140,7 @@ class GpuMetrics(Collector):
         self._keep_warm()
         reply = self._latest()
         if reply is not None:
-            yield from families(reply, self._version)
+            yield from families(reply, self._version, self._user)
 
     def _keep_warm(self) -> None:
         """Start the refresh task, from the server's loop only (a scrape from another thread just reads)."""
