@@ -79,6 +79,14 @@ def proxy_command() -> Optional[str]:
 
 
 # -- users and their Python ----------------------------------------------------------------------
+# useradd, userdel and runuser live in sbin, which a non-login shell's or CI's PATH may leave out.
+SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+
+
+def tool(name: str) -> Optional[str]:
+    return shutil.which(name, path=SBIN_PATH)
+
+
 def ensure_users() -> list[str]:
     """Create the test users that are missing (system users, no home, no login shell); returns those created."""
     created = []
@@ -86,7 +94,7 @@ def ensure_users() -> list[str]:
         try:
             pwd.getpwnam(name)
         except KeyError:
-            subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+            subprocess.run([tool("useradd") or "useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
                             "--shell", "/usr/sbin/nologin", "--comment", "tfgpu_magic test user", name],
                            check=True, capture_output=True, timeout=30)
             created.append(name)
@@ -95,11 +103,11 @@ def ensure_users() -> list[str]:
 
 def remove_users(names: list[str]) -> None:
     for name in names:
-        subprocess.run(["userdel", name], capture_output=True, timeout=30)
+        subprocess.run([tool("userdel") or "userdel", name], capture_output=True, timeout=30)
 
 
 def runs_as(user: str, argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, cwd="/", timeout=60)
+    return subprocess.run([tool("runuser") or "runuser", "-u", user, "--", *argv], capture_output=True, text=True, cwd="/", timeout=60)
 
 
 PROBE = ["-c", "import jupyterhub.singleuser, jupyterlab, tfgpu_magic.server.extension"]
@@ -305,7 +313,7 @@ def running_hub() -> Iterator[Hub]:
     proxy = proxy_command()
     if proxy is None:
         pytest.skip(f"no configurable-http-proxy (not at {CHP_IN_REPO} nor on PATH): make setup runs npm install")
-    if shutil.which("runuser") is None or shutil.which("useradd") is None:
+    if tool("runuser") is None or tool("useradd") is None:
         pytest.skip("runuser and useradd are needed to make and check the test users")
     created = ensure_users()
     tmp = Path(tempfile.mkdtemp(prefix="tfgpu-hub-"))
