@@ -16,10 +16,11 @@ from typing import Any, Optional
 
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
+from traitlets import TraitError
 
 from tfgpu_magic.gpus.simulated import LiveKernelsNvml, SimulatedGpu, SimulatedProcess
 from tfgpu_magic.server import extension as serverext
-from tfgpu_magic.server.culler import Culler, CullPolicy, memory_change_lines
+from tfgpu_magic.server.culler import Culler, CullPolicy, memory_change_lines, parse_iso_utc
 
 GIB = 1024**3
 NOW = 1_795_000_000.0  # 2026-11-18T11:06:40Z
@@ -213,3 +214,37 @@ def test_only_an_idle_kernel_holding_enough_memory_is_culled(jp_serverapp, jp_fe
     finally:
         for client in clients:
             client.stop_channels()
+
+
+def test_a_naive_kernel_manager_time_is_utc_whatever_the_local_zone(monkeypatch):
+    """The live check and the reading must agree on a naive time, or a kernel that just ran a cell
+    could look idle for hours on a host east of UTC."""
+    from datetime import datetime, timezone
+
+    from tfgpu_magic.server.culler import epoch
+    from tfgpu_magic.server.kernel_inventory import iso_utc
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        naive = datetime(2026, 11, 18, 10, 6, 40)
+        assert epoch(naive) == epoch(naive.replace(tzinfo=timezone.utc)) == NOW - 3600
+        assert parse_iso_utc(iso_utc(naive)) == epoch(naive)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+@pytest.mark.parametrize("setting", ["lots", "50%", "4G,8G"])
+def test_a_wrong_size_setting_is_one_line_naming_it(setting):
+    with pytest.raises(TraitError) as refused:
+        serverext.TfgpuMagic(cull_min_gpu_memory=setting).cull_policy()
+    assert str(refused.value) == (
+        f"TfgpuMagic.cull_min_gpu_memory {setting!r} is not a size (like \"1G\", \"512M\", or a bare number of MiB)"
+    )
+
+
+@pytest.mark.parametrize("trait", ["refresh_interval", "cull_idle_gpu_kernels_after", "cull_interval"])
+def test_not_a_number_of_seconds_is_refused(trait):
+    with pytest.raises(TraitError, match=f"TfgpuMagic.{trait} must be a number of seconds, not nan"):
+        serverext.TfgpuMagic(**{trait: float("nan")})

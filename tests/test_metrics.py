@@ -131,6 +131,27 @@ def test_in_another_pid_namespace_no_memory_is_said_to_be_a_kernels_or_another_u
     assert [v for _, v in parsed["tfgpu_gpu_memory_used_bytes"]] == [float(reply["gpus"][0]["memory_used_bytes"])]
 
 
+def test_without_a_login_no_kernels_path_or_id_is_served():
+    parsed = samples(generate_latest_of(metrics.families(a_reply("secret/salaries.ipynb"), __version__, per_kernel=False)))
+    assert not [name for name in parsed if name.startswith("tfgpu_kernel_")]
+    assert "tfgpu_gpu_memory_used_bytes" in parsed
+
+
+@pytest.fixture
+def open_metrics_config(jp_server_config):
+    jp_server_config["ServerApp"]["authenticate_prometheus"] = False
+    return jp_server_config
+
+
+@pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
+def test_unauthenticated_metrics_carry_no_per_kernel_series(open_metrics_config, jp_serverapp, jp_fetch, run):
+    body = json.dumps({"path": "secret.ipynb", "name": "s", "type": "notebook", "kernel": {"name": "python3"}})
+    run(jp_fetch("api", "sessions", method="POST", body=body))
+    parsed = scrape_until(jp_fetch, run, "tfgpu_gpu_memory_used_bytes")
+    assert "tfgpu_gpu_memory_used_bytes" in parsed
+    assert not [name for name in parsed if name.startswith("tfgpu_kernel_")]
+
+
 def test_under_jupyterhub_the_user_is_the_hubs_name():
     reply = a_reply()
     [(labels, _)] = samples(generate_latest_of(metrics.families(reply, __version__, user="alice")))["tfgpu_server_info"]

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional
 from ..command.units import format_size
 from .kernel_inventory import iso_utc
 
-__all__ = ["CullPolicy", "Culler", "parse_iso_utc"]
+__all__ = ["CullPolicy", "Culler", "epoch", "parse_iso_utc"]
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,15 @@ def parse_iso_utc(text: Optional[str]) -> Optional[float]:
         return None
 
 
-def _iso(epoch: float) -> str:
-    return iso_utc(datetime.fromtimestamp(epoch, tz=timezone.utc))  # type: ignore[return-value]
+def epoch(moment: Optional[datetime]) -> Optional[float]:
+    """Unix seconds of a kernel manager's time; a naive one is UTC, as ``iso_utc`` takes it (not local time)."""
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _iso(seconds: float) -> str:
+    return iso_utc(datetime.fromtimestamp(seconds, tz=timezone.utc))  # type: ignore[return-value]
 
 
 class Culler:

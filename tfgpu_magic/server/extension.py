@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from ..command.units import MIB
 from ..gpus import owners
 from ..gpus.nvml import Nvml
 from . import kernel_inventory, metrics
-from .culler import Culler, CullPolicy
+from .culler import Culler, CullPolicy, epoch
 from .kernel_inventory import KernelDescription
 
 __all__ = [
@@ -116,15 +117,16 @@ class TfgpuMagic(Configurable):
         help="""Seconds between two checks of the GPU idle culler.""",
     ).tag(config=True)
 
-    @validate("cull_min_gpu_memory", "cull_only_when_free_below")
-    def _a_size(self, proposal: Any) -> str:
-        text = proposal["value"].strip()
-        if text:
-            _size_bytes(text, proposal["trait"].name)  # refused at start-up, not at the first cull
-        return text
+    @validate("refresh_interval", "cull_idle_gpu_kernels_after", "cull_interval")
+    def _finite(self, proposal: Any) -> float:
+        value = proposal["value"]
+        if not math.isfinite(value):  # Float(min=...) lets NaN through, and NaN is never stale
+            raise TraitError(f"TfgpuMagic.{proposal['trait'].name} must be a number of seconds, not {value}")
+        return value
 
     def cull_policy(self) -> CullPolicy:
-        """The culler's settings as one value (read by the reply, /metrics and the culler)."""
+        """The culler's settings as one value (the reply, /metrics and the culler read it);
+        raises TraitError, one line, for a size that is not one."""
         return CullPolicy(
             after_s=self.cull_idle_gpu_kernels_after,
             min_memory_bytes=_size_bytes(self.cull_min_gpu_memory, "cull_min_gpu_memory") or 1,
@@ -137,8 +139,10 @@ def _size_bytes(text: str, name: str) -> Optional[int]:
         return None
     try:
         return int(grammar.parse_size(text, percent=False)) * MIB
-    except Exception as err:
-        raise TraitError(f"TfgpuMagic.{name}: {err}") from None
+    except Exception:
+        raise TraitError(
+            f"TfgpuMagic.{name} {text!r} is not a size (like \"1G\", \"512M\", or a bare number of MiB)"
+        ) from None
 
 
 def load_device_source(spec: Any) -> Any:
@@ -227,11 +231,11 @@ class Reading:
 class StatusSource:
     """One reading of the server's kernels and GPUs; never raises."""
 
-    def __init__(self, serverapp: Any, settings: TfgpuMagic) -> None:
+    def __init__(self, serverapp: Any, settings: TfgpuMagic, policy: CullPolicy) -> None:
         self._serverapp = serverapp
         self._log = serverapp.log
         self._interval = settings.refresh_interval
-        self._policy = settings.cull_policy()
+        self._policy = policy
         self._load_error: Optional[str] = None
         self._nvml: Optional[Nvml] = None
         self._table: Optional[owners.ProcessTable] = None
@@ -332,12 +336,26 @@ class StatusHandler(APIHandler):
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     """Register the status handler under the server's base URL, the metrics, and the culler if asked."""
-    settings = TfgpuMagic(parent=serverapp, config=serverapp.config)
-    source = StatusSource(serverapp, settings)
+    try:
+        settings = TfgpuMagic(parent=serverapp, config=serverapp.config)
+    except TraitError as err:  # one line, not jupyter_server's traceback
+        serverapp.log.error("tfgpu_magic: %s; the GPU status, metrics and culler are off", err)
+        return
+    try:
+        policy = settings.cull_policy()
+    except TraitError as err:  # a wrong culler setting leaves the panel and the metrics working
+        serverapp.log.error("tfgpu_magic: %s; the GPU idle culler is off", err)
+        policy = CullPolicy()
+    source = StatusSource(serverapp, settings, policy)
     status: SharedRefresh[Reading] = SharedRefresh(source.read, settings.refresh_interval)
     route = url_path_join(serverapp.web_app.settings["base_url"], *ROUTE)
     serverapp.web_app.add_handlers(".*$", [(route, StatusHandler, {"status": status})])
     serverapp.log.info("tfgpu_magic: GPU status at %s (refresh every %s s)", route, settings.refresh_interval)
+    # /metrics asks only for a login (none at all with authenticate_prometheus off), where the
+    # status endpoint asks for the right to read kernels: without a login, no kernel's path or id.
+    per_kernel = bool(getattr(serverapp, "authenticate_prometheus", True))
+    if not per_kernel:
+        serverapp.log.warning("tfgpu_magic: /metrics is not authenticated, so it carries no per-kernel series")
     metrics.install(
         metrics.GpuMetrics(
             latest=lambda: status.latest.reply if status.latest is not None else None,
@@ -347,9 +365,9 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             log=serverapp.log,
             # Under JupyterHub the hub's user name; every server of a KubeSpawner runs as jovyan.
             user=os.environ.get("JUPYTERHUB_USER") or None,
+            per_kernel=per_kernel,
         )
     )
-    policy = settings.cull_policy()
     if policy.enabled:
         serverapp.tfgpu_culler = culler = _culler(serverapp, policy, status)
         tornado.ioloop.PeriodicCallback(culler.check, settings.cull_interval * 1000).start()
@@ -370,8 +388,7 @@ def _culler(serverapp: Any, policy: CullPolicy, status: SharedRefresh[Reading]) 
             kernel = manager.get_kernel(kernel_id)
         except KeyError:
             return None
-        last_activity = getattr(kernel, "last_activity", None)
-        return getattr(kernel, "execution_state", None), last_activity.timestamp() if last_activity else None
+        return getattr(kernel, "execution_state", None), epoch(getattr(kernel, "last_activity", None))
 
     async def shutdown(kernel_id: str) -> None:
         await manager.shutdown_kernel(kernel_id)

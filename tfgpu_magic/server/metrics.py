@@ -57,9 +57,12 @@ def _gauges() -> dict[str, GaugeMetricFamily]:
     return {name: GaugeMetricFamily(name, text, labels=labels) for name, text, labels in specs}
 
 
-def families(reply: Mapping[str, Any], version: str, user: Optional[str] = None) -> list[GaugeMetricFamily]:
+def families(
+    reply: Mapping[str, Any], version: str, user: Optional[str] = None, per_kernel: bool = True
+) -> list[GaugeMetricFamily]:
     """The metric families of one inventory reply (pure: no reading, no clock).  ``user`` names the
-    server's user in ``tfgpu_server_info`` (default: the reply's, the operating system's user)."""
+    server's user in ``tfgpu_server_info`` (default: the reply's, the operating system's user);
+    ``per_kernel`` False leaves out every series labelled with a kernel's id and notebook path."""
     gauges = _gauges()
     read_at = float(reply.get("generated_at") or 0.0)
     gauges["tfgpu_reading_timestamp_seconds"].add_metric([], read_at)
@@ -75,7 +78,7 @@ def families(reply: Mapping[str, Any], version: str, user: Optional[str] = None)
         _add(gauges["tfgpu_gpu_utilization_ratio"], labels, None if utilization is None else utilization / 100)
         if reply.get("pids_visible") is not False:  # in another pid namespace nothing is known to be others'
             _add(gauges["tfgpu_other_users_gpu_memory_bytes"], labels[:2], (gpu.get("split") or {}).get("others_bytes"))
-    for kernel in reply.get("kernels", []):
+    for kernel in reply.get("kernels", []) if per_kernel else []:
         labels = [_text(kernel.get("id")), _text(kernel.get("name")), _text(kernel.get("path"))]
         for gpu, size in sorted((kernel.get("gpu_memory_bytes") or {}).items()):
             _add(gauges["tfgpu_kernel_gpu_memory_bytes"], [*labels, gpu, uuids.get(gpu, "")], size)
@@ -121,9 +124,11 @@ class GpuMetrics(Collector):
         log: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
         user: Optional[str] = None,
+        per_kernel: bool = True,
     ) -> None:
         self._latest = latest
         self._user = user
+        self._per_kernel = per_kernel
         self._refresh = refresh
         self._interval = max(interval, 0.5)  # 0 means "on every request" for the panel, not a busy loop here
         self._version = version
@@ -140,7 +145,7 @@ class GpuMetrics(Collector):
         self._keep_warm()
         reply = self._latest()
         if reply is not None:
-            yield from families(reply, self._version, self._user)
+            yield from families(reply, self._version, self._user, self._per_kernel)
 
     def _keep_warm(self) -> None:
         """Start the refresh task, from the server's loop only (a scrape from another thread just reads)."""
