@@ -384,3 +384,279 @@ def test_an_error_psutil_does_not_translate_is_a_note_on_that_process(children, 
     assert "\x1b" not in details.note and "\n" not in details.note
     other = fresh_table().lookup(os.getpid())  # one odd process does not spoil the others
     assert other.user is not None and other.note is None
+
+
+# -- an unchanged listing is answered without reading /proc (issue: 37% of a warm refresh) -----------
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counting_identities(table: PsutilProcessTable, monkeypatch) -> list[int]:
+    """Record every identity read (one small read of /proc/<pid>/stat on Linux) by pid."""
+    reads: list[int] = []
+    real = table._identity
+
+    def identity(pid: int) -> object:
+        reads.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(table, "_identity", identity)
+    return reads
+
+
+@pytest.fixture
+def listing_table(monkeypatch):
+    """A fresh table on a fake clock, with its identity reads and uncached look-ups counted."""
+    clock = FakeClock()
+    table = fresh_table(clock=clock)
+    return table, clock, counting_identities(table, monkeypatch), counting_reads(table, monkeypatch)
+
+
+def test_an_unchanged_listing_is_answered_from_memory_without_reading_proc(children, listing_table):
+    table, _clock, identities, reads = listing_table
+    pids = [p.pid for p in children(3, "listed")]
+    first = table.lookup_listing(("gpu", 0), pids)
+    assert [d.user for d in first] == [ME] * 3 and all(f"listed-{i}" in d.command for i, d in enumerate(first))
+    assert reads == pids and set(identities) == set(pids)
+    identities.clear(), reads.clear()
+    for _ in range(3):
+        assert table.lookup_listing(("gpu", 0), list(reversed(pids))) == list(reversed(first))  # order: NVML's
+    assert identities == [] and reads == []
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="counts the reads of /proc/<pid>/stat")
+def test_a_warm_unchanged_listing_opens_no_proc_file(children, monkeypatch):
+    table = fresh_table(clock=FakeClock())
+    pids = [p.pid for p in children(2, "opened")]
+    table.lookup_listing(0, pids)
+    opened: list[int] = []
+    real = owners._read_stat
+    monkeypatch.setattr(owners, "_read_stat", lambda pid: opened.append(pid) or real(pid))
+    table.lookup_listing(0, pids)
+    assert opened == []
+    table.lookup_listing(0, pids[:1])  # changed: read again
+    assert opened == pids[:1]
+
+
+def test_a_changed_listing_is_validated(children, listing_table):
+    table, _clock, identities, reads = listing_table
+    a, b, c = (p.pid for p in children(3, "changing"))
+    table.lookup_listing(0, [a, b])
+    identities.clear(), reads.clear()
+    table.lookup_listing(0, [a, b, c])  # a pid added: every pid's identity read, only the new one looked up
+    assert sorted(identities) == sorted([a, b, c, c]) and reads == [c]  # c: before and after its look-up
+    identities.clear(), reads.clear()
+    table.lookup_listing(0, [a, c])  # a pid gone
+    assert sorted(identities) == sorted([a, c]) and reads == []
+    identities.clear()
+    table.lookup_listing(0, [a, c])  # unchanged again
+    assert identities == []
+
+
+def test_each_listing_is_compared_with_its_own_last(children, listing_table):
+    table, _clock, identities, _reads = listing_table
+    pids = [p.pid for p in children(2, "keys")]
+    table.lookup_listing(("gpu", 0, "GPU-a"), pids)
+    identities.clear()
+    table.lookup_listing(("gpu", 1, "GPU-b"), pids)  # the same pids, first seen on this GPU: validated
+    assert sorted(identities) == sorted(pids)
+    identities.clear()
+    table.lookup_listing(("gpu", 0, "GPU-a"), pids), table.lookup_listing(("gpu", 1, "GPU-b"), pids)
+    assert identities == []
+
+
+def test_an_unchanged_listing_is_validated_again_once_the_bound_passes(children, listing_table):
+    table, clock, identities, reads = listing_table
+    pids = [p.pid for p in children(2, "bound")]
+    table.lookup_listing(0, pids)
+    identities.clear(), reads.clear()
+    clock.now += owners.LISTING_TRUST_S - 0.5
+    table.lookup_listing(0, pids)
+    assert identities == []
+    clock.now += 0.5  # LISTING_TRUST_S since the last read
+    table.lookup_listing(0, pids)
+    assert sorted(identities) == sorted(pids) and reads == []  # the same processes: read, not looked up
+    identities.clear()
+    clock.now += owners.LISTING_TRUST_S - 0.5  # trusted again, counted from this last read
+    table.lookup_listing(0, pids)
+    assert identities == []
+
+
+def reused_identity(table: PsutilProcessTable, pid: int) -> object:
+    """``pid``'s identity as if a new process had taken the pid."""
+    real = table._identity(pid)
+    if LINUX_PROC:
+        return (real[0] + b"1", real[1])
+    return real + 1.0
+
+
+def test_a_reused_pid_in_a_changed_listing_is_read_again(children, listing_table, monkeypatch):
+    table, _clock, _identities, _reads = listing_table
+    old, other = (p.pid for p in children(2, "reused"))
+    assert table.lookup_listing(0, [old])[0].user == ME
+    reused = reused_identity(table, old)
+    real = table._identity
+    new = ProcessDetails("newcomer", "python someone_elses_job.py", True)
+    monkeypatch.setattr(table, "_identity", lambda pid: reused if pid == old else real(pid))
+    monkeypatch.setattr(table, "_read", lambda pid: new if pid == old else ProcessDetails(ME, "other", True))
+    assert table.lookup_listing(0, [old, other])[0] == new  # the listing changed: the new process is seen
+
+
+def test_a_reused_pid_in_an_unchanged_listing_is_trusted_at_most_the_bound(children, listing_table, monkeypatch):
+    """The accepted risk, bounded: exit, pid reuse and a new GPU context between two refreshes."""
+    table, clock, _identities, _reads = listing_table
+    (pid,) = (p.pid for p in children(1, "bounded-risk"))
+    first = table.lookup_listing(0, [pid])[0]
+    reused = reused_identity(table, pid)
+    new = ProcessDetails("newcomer", "python someone_elses_job.py", True)
+    monkeypatch.setattr(table, "_identity", lambda p: reused)
+    monkeypatch.setattr(table, "_read", lambda p: new)
+    assert table.lookup_listing(0, [pid]) == [first]
+    clock.now += owners.LISTING_TRUST_S
+    assert table.lookup_listing(0, [pid]) == [new]
+    assert table.lookup(pid) == new  # a single look-up always reads the identity
+
+
+def test_an_exited_process_in_an_unchanged_listing_is_reported_exited_every_time(children, listing_table):
+    table, _clock, identities, _reads = listing_table
+    alive, gone = children(2, "exiting")
+    gone.kill()
+    gone.wait(timeout=10)
+    pids = [alive.pid, gone.pid]
+    for _ in range(3):
+        identities.clear()
+        found = table.lookup_listing(0, pids)
+        assert found[0].alive and found[1] == EXITED
+    assert identities == [gone.pid]  # never remembered: read every time
+
+
+def test_a_process_that_exits_is_seen_once_its_listing_changes(children, listing_table):
+    table, _clock, _identities, _reads = listing_table
+    stays, leaves = children(2, "leaves")
+    table.lookup_listing(0, [stays.pid, leaves.pid])
+    leaves.kill()
+    leaves.wait(timeout=10)
+    assert table.lookup_listing(0, [stays.pid, leaves.pid])[1].alive  # NVML lists it still: trusted, bounded
+    assert table.lookup_listing(0, [stays.pid])[0].alive  # NVML dropped it
+    assert table.lookup_listing(0, [stays.pid, leaves.pid])[1] == EXITED  # listed again: read, and exited
+    assert table.cache_size() == 1
+
+
+def test_a_process_never_remembered_is_looked_up_in_an_unchanged_listing(children, listing_table, monkeypatch):
+    table, _clock, _identities, reads = listing_table
+    (child,) = children(1, "young-listed")
+    monkeypatch.setattr(table, "_min_age_s", 30.0)  # still starting: never remembered
+    for _ in range(3):
+        assert table.lookup_listing(0, [child.pid])[0].user == ME
+    assert reads == [child.pid] * 3 and table.cache_size() == 0
+
+
+def test_a_listing_stored_by_another_thread_meanwhile_is_not_trusted(children, listing_table, monkeypatch):
+    table, _clock, identities, _reads = listing_table
+    a, b = (p.pid for p in children(2, "racing"))
+    table.lookup_listing(0, [a, b])
+    counted = table._identity
+    raced: list[bool] = []
+
+    def identity(pid: int) -> object:  # while this call validates [a], another thread lists [a, b]
+        if not raced:
+            raced.append(True)
+            table.lookup_listing(0, [a, b])
+        return counted(pid)
+
+    monkeypatch.setattr(table, "_identity", identity)
+    table.lookup_listing(0, [a])
+    assert raced
+    monkeypatch.setattr(table, "_identity", counted)
+    identities.clear()
+    table.lookup_listing(0, [a])  # which of the two listings is newer is unknown: validated
+    assert identities == [a]
+
+
+def test_threads_listing_at_once_get_consistent_answers(children):
+    procs = children(5, "threads-listing")
+    pids = [p.pid for p in procs] + [os.getpid()]
+    table = fresh_table(max_processes=4)  # smaller than the pids: eviction races listings
+    expected = {pid: fresh_table().lookup(pid) for pid in pids}
+    wrong: list[tuple[int, ProcessDetails]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def work(offset: int) -> None:
+        try:
+            start.wait()
+            for n in range(150):
+                listed = pids[: 2 + (n + offset) % (len(pids) - 1)]  # listings that grow and shrink
+                for pid, found in zip(listed, table.lookup_listing(n % 2, listed)):
+                    if found != expected[pid]:
+                        wrong.append((pid, found))
+        except BaseException as err:  # noqa: BLE001 - reported below, in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and not wrong
+    assert table.cache_size() <= 4
+
+
+def test_tables_without_lookup_listing_are_asked_per_pid():
+    class Minimal:  # a table as the protocol's oldest form: lookup and current_user only
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+
+        def lookup(self, pid: int) -> ProcessDetails:
+            self.asked.append(pid)
+            return ProcessDetails("u", f"cmd {pid}", True)
+
+        def current_user(self) -> str:
+            return "u"
+
+    table = Minimal()
+    assert [d.command for d in owners.lookup_listing(table, 0, [5, 6])] == ["cmd 5", "cmd 6"]
+    assert owners.lookup_listing(table, 0, [5, 6]) and table.asked == [5, 6, 5, 6]
+
+
+def test_warm_status_refreshes_read_proc_only_for_what_is_never_remembered(children, monkeypatch):
+    procs = children(6, "warm")
+    gone = children(1, "warm-gone")[0]
+    gone.kill()
+    gone.wait(timeout=10)
+    server = real_pid_server([p.pid for p in procs], gone.pid)
+    session = Session(nvml=Nvml(lib=server), env={})
+    shared = owners.shared_psutil_table()
+    monkeypatch.setattr(shared, "_min_age_s", 0)  # the sleepers are young
+    monkeypatch.setattr(shared, "_clock", FakeClock())  # no real time passes between the refreshes
+    first = status.build_report(session)
+    identities = counting_identities(shared, monkeypatch)
+    reads = counting_reads(shared, monkeypatch)
+    second = status.build_report(session)
+    assert second["gpus"] == first["gpus"]
+    rows = [p for g in second["gpus"] for p in g["processes"]]
+    exited = sorted(p["pid"] for p in rows if not p["alive"])  # gone, and the busy server's made-up pids
+    assert gone.pid in exited and len(exited) < len(rows)
+    assert sorted(identities) == exited and reads == []  # only what is never remembered is read again
+
+
+def test_the_forked_child_can_list_though_a_thread_held_the_lock_at_fork():
+    shared = owners.shared_psutil_table()
+    to_parent, from_child = os.pipe()
+    with shared._lock:  # as if another thread were inside the table when the kernel forks
+        pid = os.fork()
+        if pid == 0:  # child: its at-fork hook gave the table a new lock
+            try:
+                found = shared.lookup_listing(("fork-test",), [os.getpid()])
+                os.write(from_child, b"1" if found[0].alive else b"0")
+            finally:
+                os._exit(0)
+    try:
+        assert os.read(to_parent, 1) == b"1"
+    finally:
+        os.close(to_parent), os.close(from_child)
+        os.waitpid(pid, 0)

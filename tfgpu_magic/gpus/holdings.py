@@ -10,14 +10,14 @@ logical GPUs on it here too (:func:`tf_by_gpu`), so every reader shows the same 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Hashable, Mapping, Optional
 
 from .nvml import GpuInfo, GpuLost, GpuProcess, MigDevice, Nvml, ReadingFailed
-from .owners import EXITED_NOTE, ProcessTable
+from .owners import EXITED_NOTE, ProcessDetails, ProcessTable, lookup_listing
 
 __all__ = [
     "GpuUsage", "MINE", "MigListing", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN",
-    "attribute", "entries", "mig_listings", "tf_by_gpu",
+    "attribute", "entries", "gpu_listing_key", "mig_listing_key", "mig_listings", "tf_by_gpu",
 ]
 
 
@@ -67,18 +67,37 @@ def attribute(
         return GpuUsage(gpu.index, None, None, None, None, None, None, ("the GPU stopped answering",))
     except Exception as err:  # NVMLError: no permission, not supported
         return _unlisted(gpu, tf_in_use_bytes, f"NVML could not list the processes ({err})")
-    entries = tuple(_entry(p.pid, p.used_memory_bytes, p.kind, table, my_pid, me) for p in listed)
-    return _split(gpu, entries, tf_in_use_bytes, my_pid)
+    return _split(gpu, entries(listed, table, my_pid, me, gpu_listing_key(gpu)), tf_in_use_bytes, my_pid)
 
 
-def entries(processes: Any, table: ProcessTable, my_pid: int, me: Optional[str]) -> tuple[ProcessEntry, ...]:
-    """Whose each listed process is (``nvml.GpuProcess`` objects), as :func:`attribute` says it:
-    for listings that are not a whole GPU's (a MIG instance's)."""
-    return tuple(_entry(p.pid, p.used_memory_bytes, p.kind, table, my_pid, me) for p in processes)
+def entries(
+    processes: Any, table: ProcessTable, my_pid: int, me: Optional[str], key: Optional[Hashable] = None
+) -> tuple[ProcessEntry, ...]:
+    """Whose each listed process is (``nvml.GpuProcess`` objects): :func:`attribute`'s for a whole
+    GPU, and the same for listings that are not a whole GPU's (a MIG instance's).
+
+    ``key`` names the listing (:func:`gpu_listing_key`, :func:`mig_listing_key`), so the process
+    table can answer an unchanged listing from memory; None looks each pid up.
+    """
+    processes = list(processes)
+    pids = [p.pid for p in processes]
+    found = [table.lookup(pid) for pid in pids] if key is None else lookup_listing(table, key, pids)
+    return tuple(_entry(p.pid, p.used_memory_bytes, p.kind, d, my_pid, me) for p, d in zip(processes, found))
 
 
-def _entry(pid: int, used: Optional[int], kind: str, table: ProcessTable, my_pid: int, me: Optional[str]) -> ProcessEntry:
-    details = table.lookup(pid)
+def gpu_listing_key(gpu: GpuInfo) -> Hashable:
+    """What names one GPU's process listing to the process table (with its UUID: one table serves every source)."""
+    return ("gpu", gpu.index, gpu.uuid)
+
+
+def mig_listing_key(device: MigDevice) -> Hashable:
+    """What names one MIG instance's process listing to the process table."""
+    return ("mig", device.index, device.mig_index, device.uuid)
+
+
+def _entry(
+    pid: int, used: Optional[int], kind: str, details: ProcessDetails, my_pid: int, me: Optional[str]
+) -> ProcessEntry:
     if pid == my_pid:
         whose = THIS_KERNEL
     elif not details.alive:

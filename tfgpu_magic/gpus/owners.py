@@ -6,9 +6,20 @@ Every failure becomes a missing field and a note.  psutil is not touched at impo
 
 The psutil table remembers what it found, because the endpoint and ``%gpu`` refresh the same
 inventory again and again: a process's owner and command are kept while its pid *and start
-time* stay the same (checked on every lookup with one small read of ``/proc/<pid>/stat`` on
-Linux, psutil's create time elsewhere), and user names per uid.  A pid reused by a new process,
-an exited or zombie process, and any failure are never answered from the cache.
+time* stay the same (checked with one small read of ``/proc/<pid>/stat`` on Linux, psutil's
+create time elsewhere), and user names per uid.  A pid reused by a new process, an exited or
+zombie process, and any failure are never answered from the cache, with one bounded exception:
+
+A refresh looks up a whole listing at once (:func:`lookup_listing`: the pids NVML lists on one
+GPU or MIG instance).  When a listing is the same set of pids as the last listing of that GPU
+(or instance), a pid whose start time was read less than ``LISTING_TRUST_S`` ago is answered
+from the cache without reading ``/proc`` again.  A pid is reused only after its process exits, and a process
+that exits leaves NVML's list, so a different process behind a pid of an unchanged listing
+needs an exit, the pid's reuse and a new GPU context on that same GPU, all between two
+listings; ``LISTING_TRUST_S`` bounds how long even that could be answered wrongly, and how long
+a process that exits while NVML still lists it can show as alive.  A changed listing, a pid
+read longer ago, and a pid never remembered (exited, a note, too young, a failure) are read as
+on every other lookup.
 """
 
 from __future__ import annotations
@@ -18,17 +29,19 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
 
 from ..safe_text import safe
 from .nvml import Nvml
 
 __all__ = [
     "EXITED_NOTE",
+    "LISTING_TRUST_S",
     "OwnerLookupTable",
     "ProcessDetails",
     "ProcessTable",
     "PsutilProcessTable",
+    "lookup_listing",
     "parent_of",
     "process_table_for",
     "shared_psutil_table",
@@ -46,6 +59,9 @@ class ProcessDetails:
 
 
 class ProcessTable(Protocol):
+    """Owners of pids.  A table may also answer a whole listing (``lookup_listing(key, pids)``,
+    as :class:`PsutilProcessTable` does); :func:`lookup_listing` asks each pid of those that do not."""
+
     def lookup(self, pid: int) -> ProcessDetails: ...
 
     def current_user(self) -> Optional[str]: ...
@@ -61,6 +77,14 @@ NAMELESS_RETRY_S = 60.0  # a uid without a passwd entry is asked again after thi
 # shows its parent's command line, and while it execs its command line is briefly empty (the
 # start time does not change, the name may not).  A GPU process is far older by the time NVML lists it.
 MIN_AGE_S = 1.0
+# How long a remembered process listed again in an unchanged listing is trusted without reading
+# /proc.  Safe because a pid is reused only after its process exits, and an exited process leaves
+# NVML's list: the same pid in an unchanged listing would need an exit, a reuse of the pid and a
+# new GPU context on the same GPU between two refreshes.  The bound limits how long even that
+# could be wrong, and how long a process that exits while NVML still lists it shows as alive
+# (a few of the server's 2 s refreshes).
+LISTING_TRUST_S = 10.0
+MAX_LISTINGS = 256  # remembered listings per table (GPUs and MIG instances: a few dozen on a real machine)
 
 
 class _UserNames:
@@ -199,8 +223,9 @@ class PsutilProcessTable:
     about processes at least ``min_age_s`` old are remembered, so a refusal, a half-read answer
     or a process still starting is read again next time; an exited pid is reported exited and
     forgotten.  At most ``max_processes`` are kept (least recently looked up dropped first).
-    Safe to call from several threads: the slow look-ups run outside the lock, which guards
-    only the dictionary.
+    :meth:`lookup_listing` skips the identity read for a listing that has not changed (see the
+    module's docstring).  Safe to call from several threads: the slow look-ups run outside the
+    lock, which guards only the dictionaries.
     """
 
     def __init__(
@@ -208,12 +233,19 @@ class PsutilProcessTable:
         max_processes: int = MAX_PROCESSES,
         user_names: Optional[_UserNames] = None,
         min_age_s: float = MIN_AGE_S,
+        listing_trust_s: float = LISTING_TRUST_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max = max(1, max_processes)
         self._names = user_names or _UserNames()
         self._min_age_s = min_age_s
+        self._trust_s = listing_trust_s
+        self._clock = clock
         self._lock = threading.Lock()
-        self._known: OrderedDict[int, tuple[object, ProcessDetails]] = OrderedDict()
+        # pid -> (identity, details, when the identity was last read and found the same)
+        self._known: OrderedDict[int, tuple[object, ProcessDetails, float]] = OrderedDict()
+        # listing key -> (its last pids,): a new tuple at each store, so `is` tells another thread's store
+        self._listings: dict[Hashable, tuple[frozenset[int]]] = {}
         if _HAS_PROC:
             self._identity, self._age_s = _stat_identity, _stat_age_s
         else:
@@ -225,9 +257,11 @@ class PsutilProcessTable:
             self._forget(pid)
             return EXITED
         if identity is not _UNKNOWN:
+            read_at = self._clock()
             with self._lock:
                 known = self._known.get(pid)
                 if known is not None and known[0] == identity:
+                    self._known[pid] = (identity, known[1], read_at)
                     self._known.move_to_end(pid)
                     return known[1]
         details = self._read(pid)
@@ -235,12 +269,41 @@ class PsutilProcessTable:
             self._forget(pid)
         elif self._worth_keeping(identity, details) and self._identity(pid) == identity:
             # the same process before and after the read: the answer is its own, so keep it
+            read_at = self._clock()
             with self._lock:
-                self._known[pid] = (identity, details)
+                self._known[pid] = (identity, details, read_at)
                 self._known.move_to_end(pid)
                 while len(self._known) > self._max:
                     self._known.popitem(last=False)
         return details
+
+    def lookup_listing(self, key: Hashable, pids: Sequence[int]) -> list[ProcessDetails]:
+        """The details of each pid of one NVML listing (``key``: which GPU or MIG instance), in order.
+
+        When ``pids`` are the same set as the last listing of ``key``, a remembered pid whose
+        identity was read less than ``listing_trust_s`` ago is answered without reading it again;
+        every other pid is looked up as :meth:`lookup` does.
+        """
+        listed = (frozenset(pids),)
+        now = self._clock()
+        trusted: dict[int, ProcessDetails] = {}
+        with self._lock:
+            before = self._listings.get(key)
+            if before is not None and before[0] == listed[0]:
+                for pid in listed[0]:
+                    known = self._known.get(pid)
+                    if known is not None and now - known[2] < self._trust_s:
+                        self._known.move_to_end(pid)
+                        trusted[pid] = known[1]
+        found = [trusted[pid] if pid in trusted else self.lookup(pid) for pid in pids]
+        with self._lock:
+            if self._listings.get(key) is before:
+                if len(self._listings) >= MAX_LISTINGS and key not in self._listings:
+                    self._listings.clear()
+                self._listings[key] = listed
+            else:  # another thread listed the same key meanwhile: which listing is newer is unknown
+                self._listings.pop(key, None)
+        return found
 
     def current_user(self) -> Optional[str]:
         return self._names.name(os.getuid())
@@ -364,6 +427,18 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def lookup_listing(table: ProcessTable, key: Hashable, pids: Sequence[int]) -> list[ProcessDetails]:
+    """The details of each pid NVML lists on one GPU or MIG instance (``key`` names which), in order.
+
+    The table's own ``lookup_listing`` where it has one (the psutil table's skips re-reading an
+    unchanged listing), else one ``lookup`` per pid.
+    """
+    by_listing = getattr(table, "lookup_listing", None)
+    if by_listing is not None:
+        return list(by_listing(key, pids))
+    return [table.lookup(pid) for pid in pids]
 
 
 def process_table_for(nvml: Nvml, my_pid: Optional[int] = None) -> ProcessTable:

@@ -236,9 +236,10 @@ def _mig_rows(session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: di
     rows = []
     for listing in listings:
         device, memory = listing.device, listing.device.memory
+        key = holdings.mig_listing_key(device)  # the table answers an unchanged listing from memory
         processes = (
             None if listing.processes is None
-            else [_process(p) for p in holdings.entries(listing.processes, table, me["pid"], me["user"])]
+            else [_process(p) for p in holdings.entries(listing.processes, table, me["pid"], me["user"], key)]
         )
         rows.append({
             "mig_index": device.mig_index,
