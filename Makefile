@@ -48,5 +48,7 @@ test:
 test-fast:
 	$(BIN)/python -m pytest -m "not slow and not browser and not gpu" tests
 
+# The comparison with nvitop, gpustat, jupyterlab-nvdashboard and jupyter-resource-usage (about
+# 10 minutes; the peers are installed into build/bench-deps on first use): the README's figures.
 bench:
-	$(BIN)/python benchmarks/bench_magic.py
+	$(BIN)/python benchmarks/compare.py

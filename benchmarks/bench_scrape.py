@@ -8,9 +8,10 @@ Part 1, in this process: the exposition text of tfgpu_magic's collector alone
 20 kernels on ``simulated.busy_server`` (8 GPUs, 40 processes of five users): the work our
 collector adds to every scrape.
 
-Part 2, over HTTP: one real ``jupyter server`` (bench_endpoint's: loopback, a token, the
-extension enabled by the shipped file, reading ``busy_with_kernels``, refresh interval 0.5 s) with
-jupyter-resource-usage enabled too, and ``--kernels`` real kernels.  One keep-alive client sends
+Part 2, over HTTP: one real ``jupyter server`` (``servers.JupyterServer``: loopback, a token, the
+extension enabled by the shipped file, refresh interval 0.5 s) with jupyter-resource-usage enabled
+too, and ``--kernels`` real kernels, on ``compare.py``'s stand-in NVML (``standin.KernelsFromFile``:
+8 GPUs listing the kernels and real processes of other users).  One keep-alive client sends
 ``GET /metrics`` (what Prometheus does; served from the latest reading, while a refresh runs in
 the background every interval as long as scrapes come) and ``GET /api/metrics/v1`` (what
 jupyter-resource-usage's status bar polls: psutil's memory of the server and each of its child
@@ -18,20 +19,17 @@ processes, read on the server's event loop), interleaved, the order alternating 
 jupyter-resource-usage's own Prometheus gauges (a callback every second) are off, so that
 ``/metrics`` carries jupyter_server's metrics and ours only.
 
-jupyter-resource-usage is not a dependency of this project: it is installed on first use into
-``build/bench-deps/`` (``pip install --no-deps --target``; its dependencies are jupyter_server's) and
-put on the benchmark server's ``PYTHONPATH`` only, so no other Jupyter server of this checkout loads it.
+jupyter-resource-usage is not a dependency of this project: ``peers.py`` installs it on first use
+into ``build/bench-deps/peers`` and only the benchmark server's ``PYTHONPATH`` has it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
-import secrets
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,30 +38,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from bench_endpoint import Client, busy_server_as_me, free_port, quantile, start_server, wait_until_quiet, wait_until_up  # noqa: E402
+import peers  # noqa: E402
+import standin  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
-from timing import median_ms  # noqa: E402
+from servers import JupyterServer  # noqa: E402
+from timing import median_ms, quantile  # noqa: E402
 
 from tfgpu_magic import __version__  # noqa: E402
 from tfgpu_magic.gpus import owners  # noqa: E402
 from tfgpu_magic.gpus.nvml import Nvml  # noqa: E402
+from tfgpu_magic.gpus.simulated import FAKE_PID_BASE, busy_server  # noqa: E402
 from tfgpu_magic.server import metrics  # noqa: E402
 from tfgpu_magic.server.kernel_inventory import KernelDescription, inventory  # noqa: E402
 
-JRU_VERSION = "1.3.0"
-JRU_DIR = os.path.join(ROOT, "build", "bench-deps", f"jupyter-resource-usage-{JRU_VERSION}")
+JRU_VERSION = peers.PINNED["jupyter-resource-usage"]
 
 
-def jupyter_resource_usage() -> str:
-    """The folder jupyter-resource-usage is importable from (installed there on first use)."""
-    if not os.path.isdir(os.path.join(JRU_DIR, "jupyter_resource_usage")):
-        print(f"Installing jupyter-resource-usage {JRU_VERSION} into {os.path.relpath(JRU_DIR, ROOT)} (first run only)")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", JRU_DIR,
-             f"jupyter-resource-usage=={JRU_VERSION}"],
-            check=True,
-        )
-    return JRU_DIR
+def busy_server_as_me():
+    """``busy_server`` with this machine's user as "me" and no process of the server's own."""
+    me = owners.PsutilProcessTable().current_user() or "me"
+    return busy_server(my_pid=FAKE_PID_BASE + 99, me=me)
 
 
 # -- part 1: our collector's exposition, in process -----------------------------------------------
@@ -95,23 +89,23 @@ def collector_part(kernels: int, runs: int = 500) -> None:
 
 # -- part 2: a real server ------------------------------------------------------------------------
 def server_part(kernels: int, rounds: int) -> tuple[float, float]:
-    jru = jupyter_resource_usage()
-    workdir = tempfile.mkdtemp(prefix="tfgpu-bench-scrape-")
-    port, token = free_port(), secrets.token_hex(16)
-    extra = {
+    pids_file = os.path.join(tempfile.mkdtemp(prefix="tfgpu-bench-kernels-"), "kernels.json")
+    config = {
         "ServerApp": {"jpserver_extensions": {"jupyter_resource_usage": True}},
         "ResourceUseDisplay": {"enable_prometheus_metrics": False},
+        "TfgpuMagic": {"refresh_interval": 0.5},
     }
-    server = start_server(port, token, workdir, extra_config=extra, pythonpath=[jru])
-    try:
-        client = wait_until_up(lambda: Client(port, token), server)
+    with standin.Sleepers(8) as sleepers, JupyterServer(
+        config=config,
+        config_py=f"import standin\nstandin.install(standin.KernelsFromFile({pids_file!r}, {sleepers.pids!r}))\n",
+        pythonpath=[peers.ensure_installed()],
+    ) as server:
+        client = server.client
         started = time.perf_counter()
-        for n in range(kernels):
-            body = {"path": f"notebook_{n}.ipynb", "name": f"notebook_{n}.ipynb", "type": "notebook",
-                    "kernel": {"name": "python3"}}
-            status, _ = client.call("POST", "/api/sessions", body)
-            assert status == 201, status
-        wait_until_quiet(server.pid)
+        server.start_kernels(kernels)
+        server.wait_until_quiet()
+        with open(pids_file, "w") as f:
+            json.dump(server.kernel_pids(), f)
         print(f"Part 2: real jupyter server on loopback, {kernels} real kernels (started and quiet in "
               f"{time.perf_counter() - started:.1f} s), tfgpu_magic and jupyter-resource-usage {JRU_VERSION} enabled")
         deadline = time.monotonic() + 30
@@ -138,14 +132,7 @@ def server_part(kernels: int, rounds: int) -> tuple[float, float]:
         for path, samples in timings.items():
             print(f"  GET {path:<16} median {statistics.median(samples):6.2f} ms  p95 {quantile(samples, 0.95):6.2f} ms"
                   f"  ({len(samples)} requests)")
-        client.call("POST", "/api/shutdown")
-        server.wait(timeout=60)
         return statistics.median(timings["/metrics"]), statistics.median(timings["/api/metrics/v1"])
-    finally:
-        if server.poll() is None:
-            server.terminate()
-            server.wait(timeout=30)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> None:

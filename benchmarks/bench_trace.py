@@ -22,7 +22,7 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
-from IPython.testing.globalipapp import start_ipython  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 import tfgpu_magic  # noqa: E402
 from tfgpu_magic.gpus.simulated import SimulatedNvml  # noqa: E402
@@ -61,7 +61,8 @@ def cells(shell, rounds: int = 500) -> list[float]:
 def main() -> None:
     tfgpu_magic.set_device_source(SimulatedNvml([]))
     held = tf.ones([1024, 1024])  # start TensorFlow, with something in the allocator
-    shell = start_ipython()
+    shell = InteractiveShell.instance()  # a plain shell: IPython's test shell would need pytest
+    shell.run_line_magic("load_ext", "tfgpu_magic")  # the session the tracer reads, as in a notebook
     tracer = trace.Tracer(shell, get_session(), out=io.StringIO())
     tracer.pre_run_cell(None)
     tracer.post_run_cell(None)

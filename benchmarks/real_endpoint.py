@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_endpoint import Client, free_port, poll, quantile, start_server, wait_until_up  # noqa: E402
+from servers import Client, JupyterServer  # noqa: E402
+from timing import quantile  # noqa: E402
 
 MIB = 2**20
 ALLOCATE = """
@@ -46,10 +44,10 @@ HOLD = "import time\ntime.sleep(3600)\n"
 CHILD = "import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {code!r}])\nprint('child', child.pid)"
 
 
-def run_in_kernel(workdir: str, kernel_id: str, code: str) -> None:
+def run_in_kernel(server: JupyterServer, kernel_id: str, code: str) -> None:
     from jupyter_client import BlockingKernelClient
 
-    client = BlockingKernelClient(connection_file=os.path.join(workdir, "runtime", f"kernel-{kernel_id}.json"))
+    client = BlockingKernelClient(connection_file=os.path.join(server.workdir, "runtime", f"kernel-{kernel_id}.json"))
     client.load_connection_file()
     client.start_channels()
     try:
@@ -79,6 +77,22 @@ def wait_for_attribution(client: Client, kernels: int, timeout: float = 120) -> 
     return reply
 
 
+def poll(client: Client, seconds: float, last: float) -> tuple[list[float], list[float]]:
+    """Milliseconds of requests that made a refresh, and of those answered with the last reply."""
+    refreshed: list[float] = []
+    cached: list[float] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        start = time.perf_counter()
+        status, body = client.call("GET", "/tfgpu/api/status")
+        elapsed = (time.perf_counter() - start) * 1000
+        generated_at = json.loads(body)["generated_at"]
+        (cached if generated_at == last else refreshed).append(elapsed)
+        last = generated_at
+        time.sleep(0.01)
+    return refreshed, cached
+
+
 def show(reply: dict) -> None:
     print(f"driver: {reply['driver']}, user {reply['user']}")
     for gpu in reply["gpus"]:
@@ -99,35 +113,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
-    workdir = tempfile.mkdtemp(prefix="tfgpu-real-endpoint-")
-    port, token = free_port(), secrets.token_hex(16)
-    server = start_server(port, token, workdir, device_source=None)
     outside = None
-    try:
-        client = wait_until_up(lambda: Client(port, token), server)
-        a, b = start_session(client, "kernel_a.ipynb"), start_session(client, "kernel_b.ipynb")
-        run_in_kernel(workdir, a["kernel"]["id"], ALLOCATE.format(size=2048 * MIB))
-        run_in_kernel(workdir, b["kernel"]["id"], CHILD.format(code=ALLOCATE.format(size=1024 * MIB) + HOLD))
-        outside = subprocess.Popen([sys.executable, "-c", ALLOCATE.format(size=512 * MIB) + HOLD])
-        reply = wait_for_attribution(client, kernels=2)
-        print(f"Kernel A allocated 2048 MiB itself; kernel B's child 1024 MiB; pid {outside.pid} (not a kernel) 512 MiB.")
-        show(reply)
-        smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout
-        print("nvidia-smi --query-compute-apps=pid,used_memory:\n  " + "\n  ".join(smi.strip().splitlines()))
-        refreshed, cached = poll(client, args.seconds, last=reply["generated_at"])
-        print(f"GET, reply cached        median {statistics.median(cached):6.2f} ms  p95 {quantile(cached, 0.95):6.2f} ms  ({len(cached)} requests)")
-        print(f"GET that made a refresh  median {statistics.median(refreshed):6.2f} ms  p95 {quantile(refreshed, 0.95):6.2f} ms  ({len(refreshed)} requests)")
-        client.call("POST", "/api/shutdown")
-        server.wait(timeout=60)
-    finally:
-        if outside is not None:
-            outside.kill()
-            outside.wait()
-        if server.poll() is None:
-            server.terminate()
-            server.wait(timeout=30)
-        shutil.rmtree(workdir, ignore_errors=True)
+    with JupyterServer(config={"TfgpuMagic": {"refresh_interval": 0.5}}) as server:  # NVML: the real driver
+        try:
+            client = server.client
+            a, b = start_session(client, "kernel_a.ipynb"), start_session(client, "kernel_b.ipynb")
+            run_in_kernel(server, a["kernel"]["id"], ALLOCATE.format(size=2048 * MIB))
+            run_in_kernel(server, b["kernel"]["id"], CHILD.format(code=ALLOCATE.format(size=1024 * MIB) + HOLD))
+            outside = subprocess.Popen([sys.executable, "-c", ALLOCATE.format(size=512 * MIB) + HOLD])
+            reply = wait_for_attribution(client, kernels=2)
+            print(f"Kernel A allocated 2048 MiB itself; kernel B's child 1024 MiB; pid {outside.pid} (not a kernel) 512 MiB.")
+            show(reply)
+            smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout
+            print("nvidia-smi --query-compute-apps=pid,used_memory:\n  " + "\n  ".join(smi.strip().splitlines()))
+            refreshed, cached = poll(client, args.seconds, last=reply["generated_at"])
+            print(f"GET, reply cached        median {statistics.median(cached):6.2f} ms  p95 {quantile(cached, 0.95):6.2f} ms  ({len(cached)} requests)")
+            print(f"GET that made a refresh  median {statistics.median(refreshed):6.2f} ms  p95 {quantile(refreshed, 0.95):6.2f} ms  ({len(refreshed)} requests)")
+        finally:
+            if outside is not None:
+                outside.kill()
+                outside.wait()
 
 
 if __name__ == "__main__":
