@@ -9,7 +9,7 @@ from conftest import run_scenario
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
-from tfgpu_magic.kernel import oom
+from tfgpu_magic.kernel import oom, oom_handler
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -153,11 +153,11 @@ class FakeOom(Exception):
 
 @pytest.fixture
 def installed(shell, session, monkeypatch):
-    monkeypatch.setattr(oom, "_installed", weakref.WeakSet())
+    monkeypatch.setattr(oom_handler, "_installed", weakref.WeakSet())
     session.tf.oom_error = FakeOom
     saved = (shell.custom_exceptions, shell.CustomTB)
     monkeypatch.setitem(shell.user_ns, "FakeOom", FakeOom)
-    yield lambda: oom.install(shell, session)
+    yield lambda: oom_handler.install(shell, session)
     shell.custom_exceptions, shell.CustomTB = saved
 
 

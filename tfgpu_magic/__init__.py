@@ -23,7 +23,7 @@ def load_ipython_extension(ipython: Any) -> None:
     register_completion(ipython)  # %gpu's words first and alone, ahead of Jedi's names
     ipython.set_hook("complete_command", complete, str_key="%gpu")  # `gpu ...` without the %
     magics.session.prepare()
-    from .kernel.oom import install as explain_out_of_memory  # hooks in when TensorFlow is imported
+    from .kernel.oom_handler import install as explain_out_of_memory  # hooks in when a framework is imported
 
     explain_out_of_memory(ipython, magics.session)
     magics.apply_defaults()

@@ -10,11 +10,11 @@ import sys
 
 from memory_shell import cell, finish, ip, results
 
-from tfgpu_magic.kernel import oom
+from tfgpu_magic.kernel import oom_handler
 from tfgpu_magic.kernel.session import get_session
 
-oom.install(ip, get_session())  # before TensorFlow is imported: installed when it is
-oom.install(ip, get_session())  # idempotent
+oom_handler.install(ip, get_session())  # before TensorFlow is imported: installed when it is
+oom_handler.install(ip, get_session())  # idempotent
 results["types_before_import"] = [t.__name__ for t in ip.custom_exceptions]
 cell("import tensorflow as tf\nheld = tf.ones([16 * 1024 * 1024])")  # 64 MiB in use
 results["types_after_import"] = [t.__name__ for t in ip.custom_exceptions]

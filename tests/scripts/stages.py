@@ -121,13 +121,12 @@ def no_driver() -> None:
 
 def contract() -> None:
     """What TensorFlow would start with on a 4-GPU server (fake NVML, fake CUDA devices)."""
-    import wrapt
-
     import tfgpu_magic
+    from tfgpu_magic.frameworks.import_hooks import run_after_import
     from tfgpu_magic.gpus.simulated import shared_server
 
     tfgpu_magic.set_device_source(shared_server())
-    wrapt.register_post_import_hook(fake_cuda_gpus, "tensorflow")  # before the extension's hook
+    run_after_import("tensorflow", fake_cuda_gpus)  # before the extension's hook
     ip.run_line_magic("load_ext", "tfgpu_magic")
     result["use"] = gpu("use 1,2")
     result["limit"] = gpu("limit 4G")

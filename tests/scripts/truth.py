@@ -52,13 +52,12 @@ def fake_cuda_gpus(module) -> None:
 
 
 def simulated_server_with_fake_cuda() -> None:
-    import wrapt
-
     import tfgpu_magic
+    from tfgpu_magic.frameworks.import_hooks import run_after_import
     from tfgpu_magic.gpus.simulated import shared_server
 
     tfgpu_magic.set_device_source(shared_server())
-    wrapt.register_post_import_hook(fake_cuda_gpus, "tensorflow")  # before the extension's hook
+    run_after_import("tensorflow", fake_cuda_gpus)  # before the extension's hook
     ip.run_line_magic("load_ext", "tfgpu_magic")
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from .base import CUDA_ENV, Capture, DeviceMemory, PeakReading, Stage, capture
+from .import_hooks import run_after_import
 
 __all__ = [
     "ASYNC_ALLOCATOR",
@@ -488,8 +489,6 @@ def _one_shot(owner: Any, name: str, note: Callable[[], None], done: Callable[[A
 
 def _watch_device_lib(tf: TensorFlow) -> None:
     """``device_lib.list_local_devices()`` starts CUDA without TensorFlow's context: record it too."""
-    import wrapt
-
     def wrap(module: Any) -> None:
         original = module.list_local_devices
 
@@ -501,7 +500,7 @@ def _watch_device_lib(tf: TensorFlow) -> None:
             list_local_devices.__wrapped__ = original  # type: ignore[attr-defined]
             module.list_local_devices = list_local_devices
 
-    wrapt.register_post_import_hook(wrap, "tensorflow.python.client.device_lib")
+    run_after_import("tensorflow.python.client.device_lib", wrap)
 
 
 def _physical_index(device: Any) -> int:

@@ -1,19 +1,13 @@
 """An explanation under a framework's out-of-memory error: which device, how full, who else, what next.
 
-:func:`install` (called when the extension loads) hooks IPython's ``set_custom_exc`` for
-TensorFlow's ``tf.errors.ResourceExhaustedError``, PyTorch's ``torch.OutOfMemoryError`` and JAX's
-``JaxRuntimeError`` (its ``RESOURCE_EXHAUSTED`` kind).  No framework is imported for it: the hook
-for each is installed the moment the user imports it.  The handler shows IPython's normal
-traceback first, so the original error stays as it was (also in ``sys.last_value``), then the
-explanation.  If the explanation itself fails, only the traceback is shown.
+:func:`explain` makes the text; :mod:`.oom_handler` shows it under the error's traceback in
+IPython, importing this module only when the first out-of-memory error arrives.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sys
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -21,9 +15,7 @@ from ..command.units import MIB, format_size
 from ..frameworks import tensorflow as tf_adapter
 from ..safe_text import safe
 
-__all__ = ["Facts", "OomSite", "explain", "gather", "install", "next_steps", "parse_message", "render"]
-
-_installed: "weakref.WeakSet[Any]" = weakref.WeakSet()
+__all__ = ["Facts", "OomSite", "explain", "gather", "is_out_of_memory", "next_steps", "parse_message", "render"]
 
 # "OOM when allocating tensor with shape[268435456] and type float on
 #  /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu_bfc"
@@ -38,60 +30,9 @@ _DTYPE_BYTES = {
 }
 
 
-# -- installing -----------------------------------------------------------------------------------
-def install(shell: Any, session: Any) -> None:
-    """Explain TensorFlow's out-of-memory errors in ``shell`` from now on (idempotent)."""
-    if shell in _installed:
-        return
-    _installed.add(shell)
-    import wrapt
-
-    for framework in session.frameworks():
-        if framework.oom_error_type() is not None:
-            _hook(shell, session, framework)
-        else:
-            wrapt.register_post_import_hook(
-                lambda module, framework=framework: _hook_quietly(shell, session, framework), framework.module
-            )
-
-
-def _hook_quietly(shell: Any, session: Any, framework: Any) -> None:
-    try:
-        _hook(shell, session, framework)
-    except Exception as err:  # never break the user's import
-        print(f"tfgpu_magic: out-of-memory explanations are off ({err!r})", file=sys.stderr)
-
-
-def _hook(shell: Any, session: Any, framework: Any) -> None:
-    """Add the framework's error to IPython's custom exceptions, keeping any handler already set."""
-    oom_type = framework.oom_error_type()
-    previous_types = tuple(shell.custom_exceptions)
-    previous = shell.CustomTB if previous_types else None
-    if oom_type is None or oom_type in previous_types:
-        return
-
-    def handler(self: Any, etype: type, value: BaseException, tb: Any, tb_offset: Optional[int] = None) -> None:
-        if previous is not None and isinstance(value, previous_types):
-            previous(etype, value, tb, tb_offset=tb_offset)  # theirs shows the traceback
-        else:
-            self.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        if isinstance(value, oom_type) and is_out_of_memory(framework, value):
-            _print_explanation(session, value)
-
-    shell.set_custom_exc(previous_types + (oom_type,), handler)
-
-
 def is_out_of_memory(framework: Any, error: BaseException) -> bool:
     """JAX's runtime error covers every failure: only its RESOURCE_EXHAUSTED kind is memory."""
     return framework.key != "jax" or "RESOURCE_EXHAUSTED" in str(error)
-
-
-def _print_explanation(session: Any, error: BaseException) -> None:
-    try:
-        text = explain(session, error)
-    except Exception as err:  # the traceback is already shown; say why nothing follows
-        text = f"tfgpu_magic: no out-of-memory explanation ({err!r})"
-    print(text)
 
 
 # -- facts ----------------------------------------------------------------------------------------

@@ -17,13 +17,13 @@ import sys
 import threading
 from collections.abc import MutableMapping
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, PlanError, Resolution, resolve
 from ..command.units import MIB, format_bytes, format_change
-from ..frameworks import tensorflow_diagnosis as tf_diagnosis
 from ..frameworks.base import Framework, too_late
+from ..frameworks.import_hooks import run_after_import
 from ..frameworks.jax import (
     ALLOCATOR_ENV,
     ALLOCATOR_NAMES,
@@ -43,10 +43,12 @@ from ..frameworks.tensorflow import (
     TensorFlow,
     distribution_installed,
 )
-from ..frameworks.tensorflow_diagnosis import NoGpuDiagnosis
 from ..gpus import numbering
 from ..gpus.nvml import Nvml
 from .machine import MANAGED_ENV, Machine
+
+if TYPE_CHECKING:  # imported by no_gpu_diagnosis when TensorFlow found no GPU, not at `%load_ext`
+    from ..frameworks.tensorflow_diagnosis import NoGpuDiagnosis
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
 
@@ -212,6 +214,8 @@ class Session:
         installed packages and what TensorFlow listed do not change while the kernel lives.
         """
         if self._no_gpu_diagnosis is None and self.tensorflow_found_no_gpu():
+            from ..frameworks import tensorflow_diagnosis as tf_diagnosis  # rarely needed: not at `%load_ext`
+
             self._no_gpu_diagnosis = tf_diagnosis.diagnose(
                 driver_gpus=len(self.exposed_gpus() or ()),
                 build_info=self.tf.build_info(),
@@ -704,13 +708,11 @@ class Session:
 
     # -- import hooks ---------------------------------------------------------------------------------
     def _install_import_hooks(self) -> None:
-        """Apply this session's request the moment TensorFlow (and Keras) finish importing."""
-        import wrapt
-
-        wrapt.register_post_import_hook(self._on_tensorflow_import, "tensorflow")
-        wrapt.register_post_import_hook(self._on_keras_import, "keras")
-        wrapt.register_post_import_hook(self._on_torch_import, "torch")
-        wrapt.register_post_import_hook(self._on_jax_import, "jax")
+        """Apply this session's request the moment each framework (and Keras) finishes importing."""
+        run_after_import("tensorflow", self._on_tensorflow_import)
+        run_after_import("keras", self._on_keras_import)
+        run_after_import("torch", self._on_torch_import)
+        run_after_import("jax", self._on_jax_import)
 
     def _on_tensorflow_import(self, module: Any) -> None:
         self.tf.on_import(module)
