@@ -89,6 +89,9 @@ STEP = st.one_of(
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(STEP, min_size=1, max_size=7))
 @example([("import", ""), ("env", "CUDA_VISIBLE_DEVICES=1"), ("gpu", "use 2,3"), ("gpu", "limit 50%")])  # defect 1
+@example([("gpu", "use all"), ("env", "CUDA_VISIBLE_DEVICES=1"), ("import", "")])  # set by hand after `use all`
+@example([("gpu", "use none"), ("env", "CUDA_VISIBLE_DEVICES=1"), ("import", "")])  # ... after `use none`
+@example([("gpu", "limit 4G"), ("env", "CUDA_VISIBLE_DEVICES=0,2"), ("import", "")])  # ... after no `use`
 def test_status_says_what_tensorflow_would_start_with(steps):
     r = run_scenario("truth", "steps", json.dumps(steps))
     assert r["status_visible"] == r["tensorflow_view"], r  # numbering: never disagree

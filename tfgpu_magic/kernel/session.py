@@ -75,6 +75,9 @@ class Session:
         # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
         # by every report afterwards, so a driver that stops answering later changes nothing.
         self._accepted: Optional[Resolution] = None
+        # True while that resolution predates CUDA's listing of the GPUs: it is met with what CUDA
+        # found once it has listed them (see _meet_enumeration).
+        self._accepted_blind = False
         # Each framework's resolution, recorded the moment it was given to that framework: the
         # limits the panel draws and the out-of-memory text quotes are the ones it received.
         self.applied: dict[str, Resolution] = {}
@@ -141,6 +144,7 @@ class Session:
     def _accept(self, resolution: Resolution) -> None:
         self._requested = resolution.plan
         self._accepted = resolution
+        self._accepted_blind = self.tf.stage() < Stage.ENUMERATED
 
     def resolved(self) -> Resolution:
         """The request as resolved when it was accepted; raises SessionError if it cannot hold.
@@ -150,8 +154,12 @@ class Session:
         """
         accepted = self._accepted
         if accepted is not None:
+            if self._accepted_blind and self.tf.stage() >= Stage.ENUMERATED:
+                self._meet_enumeration()
+                accepted = self._accepted if self._accepted is not None else accepted
             return accepted
         plan = self._requested
+        blind = self.tf.stage() < Stage.ENUMERATED
         resolution = self.resolution(plan)
         # Kept only if the request is still the one resolved: the sampler thread may get here
         # while `configure` accepts a new one (it holds the lock while it does; never wait for it).
@@ -159,9 +167,98 @@ class Session:
             try:
                 if self._accepted is None and self._requested is plan:
                     self._accepted = resolution
+                    self._accepted_blind = blind
             finally:
                 self._lock.release()
         return resolution
+
+    def _meet_enumeration(self, can_apply: bool = False, listed: bool = False) -> None:
+        """CUDA has listed TensorFlow's GPUs since the request was accepted: a request that names
+        no GPU (`use all`, `use none`, or no `use`) meets what CUDA found then.
+
+        CUDA read ``CUDA_VISIBLE_DEVICES`` as it stood at that moment, so a value set by hand after
+        the command is what TensorFlow has.  The hand-made value is kept, as everywhere (see
+        ``Machine.unmanaged_value``): the record follows what CUDA found, and a request it
+        overrode is said.  ``can_apply``: TensorFlow's visibility may still be narrowed through
+        tf.config here (the import hook, before the first op); ``listed``: the hook has just listed
+        TensorFlow's GPUs.  Named GPUs need nothing here:
+        tf.config shows exactly them, or the hook says it could not (``TensorFlow.apply``).
+        """
+        if not self._lock.acquire(blocking=False):
+            return  # `configure` holds it on another thread: it accepts a request of its own
+        try:
+            accepted = self._accepted
+            stage = self.tf.stage()
+            if accepted is None or not self._accepted_blind or (stage < Stage.ENUMERATED and not listed):
+                return
+            self._accepted_blind = False
+            plan = accepted.plan
+            if isinstance(plan.visible, tuple):
+                return
+            found = self.machine.cuda_found()
+            if not found:
+                return  # TensorFlow found no GPU: the hook and the diagnosis say so
+            what = "; ".join(plan.describe())
+            value = self.machine.cuda_env().get("CUDA_VISIBLE_DEVICES")
+            by_hand = (
+                f"CUDA_VISIBLE_DEVICES={value} was set by hand after `%gpu use {plan.visible}`, and CUDA "
+                f"read it when TensorFlow listed its devices"
+            )
+            shown = "GPU " + ", ".join(map(str, found))
+            # Said at once from the import hook; found later (by `%gpu`), recorded for its report.
+            failed = self._hook_failed if can_apply else self.hook_errors.append
+            if plan.visible == "none":
+                if can_apply and stage is not Stage.STARTED:
+                    self._apply_tf(accepted, stage)  # tf.config hides what CUDA showed: the request holds
+                    return
+                failed(
+                    f"could not apply {what}: {by_hand}, so TensorFlow has {shown}; restart the kernel "
+                    "and leave CUDA_VISIBLE_DEVICES to `%gpu use`"
+                )
+                return
+            try:
+                now = self._narrowed(accepted, found)
+            except SessionError as err:
+                failed(f"could not apply {what}: {err}")
+                return
+            if can_apply and stage is not Stage.STARTED and now.visible is not None and now.visible != found:
+                self._apply_tf(now, stage)  # CUDA showed GPUs outside the allocation: tf.config hides them
+            if now == accepted:
+                return
+            self._accepted = now
+            if self.applied.get("tensorflow") is accepted:
+                self._record_applied(now)
+            hidden = [g.index for g in accepted.gpus if now.gpu(g.index) is None]
+            if plan.visible == "all" and hidden and now.visible is not None:
+                kept = "GPU " + ", ".join(map(str, now.visible)) if now.visible else "no GPU"
+                self.notes.append(
+                    f"{by_hand}: `use all` is {kept}, the GPUs CUDA showed; GPU {', '.join(map(str, hidden))} "
+                    "stay hidden until the kernel restarts (to use them, restart and leave CUDA_VISIBLE_DEVICES "
+                    "to `%gpu use`)"
+                )
+        finally:
+            self._lock.release()
+
+    def _narrowed(self, accepted: Resolution, found: tuple[int, ...]) -> Resolution:
+        """``accepted`` (`use all` or no `use`) with the GPUs CUDA found: each kept GPU keeps the
+        sizes resolved when the request was accepted (no new driver reading); resolved again only
+        where that cannot be (a GPU it did not resolve, or one size per GPU by position)."""
+        plan = accepted.plan
+        if plan.visible is None or accepted.visible is None:
+            visible = found
+        else:
+            visible = tuple(i for i in accepted.visible if i in found)
+        kept = tuple(g for g in accepted.gpus if g.index in visible)
+        by_position = plan.limits is not None and len(plan.limits) > 1
+        if len(kept) != len(visible) or (by_position and visible != accepted.visible):
+            return self.resolution(plan)
+        return Resolution(plan, visible, kept)
+
+    def meet_enumeration(self) -> None:
+        """Before a report: the request meets TensorFlow's listing of the GPUs, if it happened since
+        (its notes then belong in this report)."""
+        if self._accepted_blind and self.tf.stage() >= Stage.ENUMERATED:
+            self._meet_enumeration()
 
     def _record_applied(self, resolution: Resolution) -> None:
         """TensorFlow has been given ``resolution`` (by tf.config, or by the environment it is
@@ -720,6 +817,8 @@ class Session:
             stage = self.tf.stage()
             plan = self.requested
             if stage is Stage.STARTED or not plan.gpu_settings:
+                if stage >= Stage.ENUMERATED:  # listed already (before tfgpu_magic loaded, or by a hook)
+                    self._safely_meet_enumeration()
                 return
             try:
                 if self.tf.physical_gpu_indices() == []:  # a CPU-only build, or no driver at all
@@ -728,11 +827,18 @@ class Session:
                         f"these GPU settings cannot take effect: {'; '.join(plan.describe())}"
                     )
                     return
+                self._meet_enumeration(can_apply=True, listed=True)  # listing them above is when CUDA read its variables
                 resolution = self.resolved()  # what was promised when the request was accepted
                 self._apply_tf(resolution, self.tf.stage())
                 self._record_applied(resolution)
             except Exception as err:  # never break the user's import
                 self._hook_failed(f"could not apply {'; '.join(plan.describe())}: {err}")
+
+    def _safely_meet_enumeration(self) -> None:
+        try:
+            self._meet_enumeration(can_apply=True)
+        except Exception as err:  # never break the user's import
+            self._hook_failed(f"could not apply {'; '.join(self.requested.describe())}: {err}")
 
     def _on_keras_import(self, module: Any) -> None:
         policy = self.requested.precision

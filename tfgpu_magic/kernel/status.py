@@ -48,6 +48,7 @@ def build_report(
     one); ``viewer`` names it in the rendering (the CLI says "this process").
     """
     stage = session.tf.stage()
+    session.meet_enumeration()  # TensorFlow listed its GPUs after the request was accepted: say what CUDA found
     notes = [*session.notes, *session.hook_errors]
     report: dict[str, Any] = {
         "tensorflow": {"stage": stage.name.lower(), "description": stage.describe()},
