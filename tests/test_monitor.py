@@ -296,6 +296,7 @@ def test_panels_share_the_sampler_and_the_stop_button_of_the_last_one_ends_it(pa
     assert len(one.sent) == len(two.sent) == 1
     one._on_message(one, {"kind": "stop"}, [])
     assert not one.running and hub.sampler is made[0]
+    server.gpus[1].processes[0].used_mib += 512  # a new reading: sent to the running panel
     made[0].tick()
     assert len(one.sent) == 1 and len(two.sent) == 2  # a stopped panel gets nothing more
     two.close()

@@ -8,6 +8,9 @@ TensorFlow.  This module imports neither; the widget lives in :mod:`tfgpu_magic.
 
 Readings are bytes.  A reading that failed is ``None`` (drawn as a gap), never 0.
 
+A tick reads each GPU's memory and utilization; its process lists (for this kernel's share) only
+when its used memory moved since they were last read, or they are ``LISTING_MAX_AGE_S`` old.
+
 At most one sampler thread runs per kernel: a stop that finds the thread inside a slow
 reading (a hung NVML call) says so, and a new panel takes that thread back rather than start
 a second one beside it.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import operator
 import os
 import threading
 import time
@@ -50,6 +54,13 @@ MIN_INTERVAL_S = 0.1  # NVML itself refreshes memory readings about this often
 MAX_INTERVAL_S = 60.0  # `%gpu monitor --interval` allows 0.1 s to 60 s
 MAX_WINDOW_S = 24 * 3600.0  # `%gpu monitor --window` allows up to 24 h
 SLOW_SOURCES_S = 2.0  # limits, visible GPUs, TF numbering: configuration, re-read this often
+# A GPU's process lists (NVML's costliest calls, two per GPU) are read again only when its used
+# memory changed since the last listing, which this kernel allocating or freeing always does, or
+# when that listing is this old: the GPU's used memory and the per-process figures are separate
+# readings that need not move together, and another process may free just what this kernel took
+# within one tick, leaving "used" as it was.  2 s, as for the configuration above: the figure for
+# this kernel is then never staler than the limits shown beside it.
+LISTING_MAX_AGE_S = 2.0
 STOP_WAIT_S = 5.0  # how long a stop waits for a reading in progress before saying it still runs
 # Samples kept in the kernel whatever the window (10 min at 0.1 s, 50 min at the default 0.5 s),
 # packed (see _Stored).  Measured 2026-11-22 on a 2-core Intel Xeon VM, CPython 3.11.7, Linux
@@ -102,6 +113,8 @@ _READINGS = (
     "utilization_percent",
 )
 _GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
+_readings_of = operator.attrgetter(*_READINGS)  # a DeviceSample's readings, as a tuple
+_key_and_label = operator.attrgetter("key", "label")
 
 
 def _int64(value: Any) -> int:
@@ -133,7 +146,7 @@ class _Stored:
     @classmethod
     def pack(cls, sample: Sample, previous: Optional[_Stored]) -> _Stored:
         devices = sample.devices
-        layout = tuple((d.key, d.label) for d in devices)
+        layout = tuple(map(_key_and_label, devices))
         errors: Optional[tuple] = tuple(d.error for d in devices)
         if not any(errors):
             errors = None
@@ -142,7 +155,7 @@ class _Stored:
             layout = previous.layout if layout == previous.layout else layout
             errors = previous.errors if errors == previous.errors else errors
             status = previous.status if status == previous.status else status
-        values = [getattr(d, name) for d in devices for name in _READINGS]
+        values = [v for d in devices for v in _readings_of(d)]
         try:
             readings = array("q", [_GAP if v is None else v for v in values])
         except (TypeError, OverflowError):  # not an int, or out of range: shown as a gap
@@ -212,6 +225,10 @@ class Sampler:
         # Configuration sources may read every GPU in full; they change rarely, so they are
         # re-read every SLOW_SOURCES_S rather than on every tick: (monotonic time, values).
         self._slow: Optional[tuple[float, tuple[Any, ...]]] = None
+        # Per GPU: its key and label, once NVML has named it (a name never changes).
+        self._names: dict[int, tuple[str, str]] = {}
+        # Per GPU: the last good process listing, as (clock time, used bytes then, mine, note).
+        self._listings: dict[int, tuple[float, int, Optional[int], Optional[str]]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._state = threading.Lock()  # guards starting the thread and its decision to end
@@ -380,7 +397,7 @@ class Sampler:
         except NvmlUnavailable as err:
             indices = []
             status = f"No NVIDIA GPU to chart: {err}"
-        devices = [self._read_gpu(i, by_index.get(i), limits.get(i)) for i in indices]
+        devices = [self._read_gpu(i, by_index.get(i), limits.get(i), now) for i in indices]
         mapped = {name for name, index in tf_map.items() if index in indices}
         devices += [_tf_only(name, stats) for name, stats in tf_stats.items() if name not in mapped]
         notes = [n for n in (status, tf_note, map_note, limit_note, found_note if indices else None) if n]
@@ -397,28 +414,32 @@ class Sampler:
             self._slow = (now, (tf_map, map_note, limits, limit_note, visible, found_note))
         return self._slow[1]
 
-    def _read_gpu(self, index: int, tf: Optional[tuple[int, int]], limit: Optional[int]) -> DeviceSample:
-        base = dict(
-            key=f"gpu{index}",
-            label=self._label(index),
-            limit_bytes=limit,
-            tf_in_use_bytes=tf[0] if tf else None,
-            tf_peak_bytes=tf[1] if tf else None,
-        )
+    def _read_gpu(self, index: int, tf: Optional[tuple[int, int]], limit: Optional[int], now: float) -> DeviceSample:
+        key, label = self._names.get(index) or self._name(index)
+        tf_in_use, tf_peak = tf or (None, None)
         try:
             memory = self.nvml.memory(index)
         except GpuLost as err:
-            return DeviceSample(**base, error=f"{err}; the chart resumes if it answers again")
+            note = f"{err}; the chart resumes if it answers again"
         except Exception as err:  # NVMLError: not supported, no permission, ...
-            return DeviceSample(**base, error=f"GPU {index}: memory reading failed ({err})")
-        mine, note = self._mine(index)
+            note = f"GPU {index}: memory reading failed ({err})"
+        else:
+            mine, note = self._mine(index, memory.used_bytes, now)
+            return DeviceSample(
+                key=key,
+                label=label,
+                total_bytes=memory.total_bytes,
+                used_bytes=memory.used_bytes,
+                mine_bytes=mine,
+                tf_in_use_bytes=tf_in_use,
+                tf_peak_bytes=tf_peak,
+                limit_bytes=limit,
+                error=note,
+                utilization_percent=self._utilization(index),
+            )
+        self._listings.pop(index, None)  # a GPU that answers again is listed afresh
         return DeviceSample(
-            **base,
-            total_bytes=memory.total_bytes,
-            used_bytes=memory.used_bytes,
-            mine_bytes=mine,
-            error=note,
-            utilization_percent=self._utilization(index),
+            key=key, label=label, tf_in_use_bytes=tf_in_use, tf_peak_bytes=tf_peak, limit_bytes=limit, error=note
         )
 
     def _utilization(self, index: int) -> Optional[int]:
@@ -428,23 +449,39 @@ class Sampler:
         except Exception:
             return None
 
-    def _mine(self, index: int) -> tuple[Optional[int], Optional[str]]:
-        """Bytes this kernel's process holds on the GPU; None when NVML cannot say."""
+    def _mine(self, index: int, used: int, now: float) -> tuple[Optional[int], Optional[str]]:
+        """Bytes this kernel's process holds on the GPU; None when NVML cannot say.
+
+        The GPU's processes are listed only when its used memory changed since the last listing,
+        or that listing is ``LISTING_MAX_AGE_S`` old (or from a clock that went back); otherwise
+        the last listing's answer stands.  A listing that failed is tried again next tick.
+        """
+        listed = self._listings.get(index)
+        if listed is not None and listed[1] == used and 0.0 <= now - listed[0] < LISTING_MAX_AGE_S:
+            return listed[2], listed[3]
         try:
             processes = self.nvml.processes(index)
         except Exception as err:
+            self._listings.pop(index, None)
             return None, f"GPU {index}: process list failed ({err})"
         held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
         if any(b is None for b in held):
-            return None, f"GPU {index}: NVML cannot say how much this kernel holds"
-        return sum(held), None  # not listed: this kernel holds nothing there, a true 0
+            mine, note = None, f"GPU {index}: NVML cannot say how much this kernel holds"
+        else:
+            mine, note = sum(held), None  # not listed: this kernel holds nothing there, a true 0
+        self._listings[index] = (now, used, mine, note)
+        return mine, note
 
-    def _label(self, index: int) -> str:
+    def _name(self, index: int) -> tuple[str, str]:
+        """The GPU's key and label; kept once NVML names it (a lost GPU is asked again next tick)."""
         try:
-            name = self.nvml.name(index)  # read once by Nvml; a lost GPU is asked again next tick
+            name = self.nvml.name(index)  # read once by Nvml
         except Exception:
             name = None
-        return f"GPU {index} · {name}" if name else f"GPU {index}"
+        if not name:
+            return f"gpu{index}", f"GPU {index}"
+        self._names[index] = (f"gpu{index}", f"GPU {index} · {name}")
+        return self._names[index]
 
 
 def _checked_interval(seconds: float) -> float:

@@ -2,7 +2,11 @@
 
 Each sample is sent to the browser once, as a custom message holding only the new points
 (``model.send``); the whole history is sent only when a view asks for it (a new view, or one
-re-rendered).  Sending happens on the sampler thread, which is why the chart keeps moving
+re-rendered).  A sample whose readings, messages and status equal the last one sent is not sent,
+except as a heartbeat once every ``HEARTBEAT_S`` (the chart's time axis and its "last sample"
+clock go as far as the newest point); the next sample that differs brings the last unchanged one
+with it, so the chart stays flat up to the change instead of sloping across the samples left out.
+Sending happens on the sampler thread, which is why the chart keeps moving
 while a cell holds the kernel.  Clicks on the panel's controls, in contrast, arrive on the
 shell channel and take effect once the running cell ends; pause is handled in the browser
 alone, so it answers at once.
@@ -20,6 +24,7 @@ screen until ``%gpu monitor off`` or ``close()``.
 
 from __future__ import annotations
 
+import operator
 import pathlib
 from typing import Any, Callable, Iterable, Optional
 
@@ -59,6 +64,13 @@ SERIES = {
     "util": "utilization_percent",
 }
 
+_series_of = operator.attrgetter(*SERIES.values())  # a DeviceSample's readings, in SERIES order
+_ABSENT = (None,) * len(SERIES)  # a device missing from a sample: a gap in every series
+
+# An unchanged sample is still sent once the last message is this old (seconds of sample time):
+# the browser draws the time axis, and says "last sample", up to the newest point it holds.
+HEARTBEAT_S = 1.0
+
 # A chart whose device left the samples.  GPUs leave when `%gpu use` hides them from this
 # kernel (the sampler follows the session's visible GPUs); the chart stays, frozen, and says why.
 HIDDEN_GPU = "hidden from TensorFlow by %gpu use; no longer sampled"
@@ -73,13 +85,15 @@ def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Itera
     """
     samples = list(samples)
     keys = _device_keys(samples) if keys is None else [k for k in _device_keys(samples) if k in set(keys)]
-    columns: dict[str, dict[str, list]] = {k: {s: [] for s in SERIES} for k in keys}
+    rows: dict[str, list[tuple]] = {k: [] for k in keys}  # per device, its readings in each sample
     for sample in samples:
         present = {d.key: d for d in sample.devices}
-        for key in keys:
+        for key, row in rows.items():
             device = present.get(key)
-            for wire, field in SERIES.items():
-                columns[key][wire].append(None if device is None else getattr(device, field))
+            row.append(_ABSENT if device is None else _series_of(device))
+    columns = {  # one list per series: the rows transposed
+        key: dict(zip(SERIES, map(list, zip(*row)))) if row else {s: [] for s in SERIES} for key, row in rows.items()
+    }
     last = samples[-1] if samples else None
     errors = {d.key: d.error for d in last.devices if d.key in columns} if last else {}
     return {
@@ -155,6 +169,9 @@ class MemoryPanel(anywidget.AnyWidget):
         self._hub = hub
         self._described: list[dict[str, Any]] = []
         self._known: dict[str, str] = {}  # key -> label of every device this panel charts, in order
+        self._layout: tuple[tuple[str, str], ...] = ()  # (key, label) of the devices last described
+        self._sent: Optional[Sample] = None  # the last sample sent to the browser
+        self._unsent: Optional[Sample] = None  # the newest sample not sent: equal to _sent but for its time
         previous = _running_interval(hub)
         self._sampler: Optional[Sampler] = hub.join(self, make, window)
         self._join_interval(interval, previous)
@@ -171,10 +188,22 @@ class MemoryPanel(anywidget.AnyWidget):
 
     # -- kernel -> browser (on the sampler thread) -------------------------------------------
     def _on_sample(self, sample: Sample) -> None:
+        sent, unsent = self._sent, self._unsent
+        if sent is not None and sample.devices == sent.devices and sample.status == sent.status:
+            if 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
+                self._unsent = sample  # nothing new to show; a heartbeat may carry it later
+                return
+            unsent = None  # a heartbeat: the line is flat from the last point sent to this one
         self._describe_devices(sample)
-        self.send(batch([sample]))
+        # The last unchanged sample first: the chart holds the old value up to just before the change.
+        self.send(batch([sample] if unsent is None else [unsent, sample]))
+        self._sent, self._unsent = sample, None
 
     def _describe_devices(self, sample: Sample) -> None:
+        layout = tuple((d.key, d.label) for d in sample.devices)
+        if layout == self._layout:
+            return  # the devices and their labels as last described: nothing to do
+        self._layout = layout
         for device in sample.devices:
             self._known[device.key] = device.label  # a lost GPU's name may come later
         described = _describe(self._known, {d.key for d in sample.devices})
@@ -185,6 +214,7 @@ class MemoryPanel(anywidget.AnyWidget):
     def _send_history(self) -> None:
         # Only the devices this panel charts: a GPU hidden before it opened gets no chart.
         if self._sampler is not None:
+            self._unsent = None  # the history holds it (the next change needs no point before it)
             self.send(batch(self._sampler.snapshot(), kind="history", keys=self._known))
 
     # -- browser -> kernel ------------------------------------------------------------------
@@ -233,6 +263,9 @@ class MemoryPanel(anywidget.AnyWidget):
         if sampler is None:
             return
         sampler.unsubscribe(self._on_sample)
+        unsent, self._unsent = self._unsent, None
+        if unsent is not None:  # the frozen chart ends at the last sample taken for it
+            self.send(batch([unsent]))
         self._hub.leave(self, shown=True)
         self.running = False
 

@@ -1,0 +1,286 @@
+"""What one tick of `%gpu monitor` reads from NVML and sends to the browser.
+
+Process lists are NVML's costly calls: a GPU is listed again only when its used memory changed
+since its last listing, or that listing is ``LISTING_MAX_AGE_S`` old.  A sample equal to the last
+one sent is not sent, but for a heartbeat every ``HEARTBEAT_S``.  No timing here: NVML calls are
+counted on the simulated server, messages on the panel, and time is an injected clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import (
+    NVML_ERROR_NO_PERMISSION,
+    NVMLError,
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+    shared_server,
+)
+from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, Hub, Sampler
+
+ME = 4242
+MIB = 1024 * 1024
+GPUS = 4  # shared_server's
+
+pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
+
+
+class Clock:
+    """Sample time, moved by the test (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingNvml(SimulatedNvml):
+    """The simulated server, counting its process listings (compute and graphics: two per GPU listed)."""
+
+    listings = 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        self.listings += 1
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        self.listings += 1
+        return super().nvmlDeviceGetGraphicsRunningProcesses(handle)
+
+
+@pytest.fixture
+def fake():
+    """(server, clock, sampler): a sampler on shared_server's GPUs whose listings are counted."""
+    server, clock = CountingNvml(shared_server(ME).gpus), Clock()
+    return server, clock, Sampler(Nvml(lib=server), ME, clock=clock)
+
+
+def tick(sampler: Sampler, clock: Clock, seconds: float = 0.1):
+    clock.now += seconds
+    return {d.key: d for d in sampler.tick().devices}
+
+
+def mine(server: SimulatedNvml) -> SimulatedProcess:
+    return server.gpus[1].processes[0]  # this kernel's process on GPU 1
+
+
+# -- process lists ---------------------------------------------------------------------------------
+def test_the_first_tick_lists_every_gpu_and_an_unchanged_gpu_is_not_listed_again(fake):
+    server, clock, s = fake
+    first = tick(s, clock, 0)
+    assert server.listings == 2 * GPUS  # compute and graphics, every GPU
+    assert first["gpu1"].mine_bytes == 10240 * MIB and first["gpu0"].mine_bytes == 0
+    calls = server.calls
+    again = tick(s, clock)
+    assert server.listings == 2 * GPUS
+    assert server.calls - calls == 2 * GPUS  # memory and utilization: names and handles are kept
+    assert again["gpu1"].mine_bytes == 10240 * MIB and again["gpu0"].mine_bytes == 0  # the last listing's answer
+
+
+def test_this_kernel_allocating_or_freeing_lists_that_gpu_at_once_and_its_share_follows(fake):
+    server, clock, s = fake
+    tick(s, clock, 0)
+    mine(server).used_mib += 512
+    grown = tick(s, clock)
+    assert server.listings == 2 * GPUS + 2  # GPU 1 only
+    assert grown["gpu1"].mine_bytes == (10240 + 512) * MIB
+    mine(server).used_mib -= 2048
+    freed = tick(s, clock)
+    assert server.listings == 2 * GPUS + 4
+    assert freed["gpu1"].mine_bytes == (10240 + 512 - 2048) * MIB
+    assert freed["gpu1"].used_bytes == grown["gpu1"].used_bytes - 2048 * MIB
+
+
+def test_another_process_changing_memory_lists_its_gpu_and_leaves_this_kernels_share(fake):
+    server, clock, s = fake
+    tick(s, clock, 0)
+    server.gpus[0].processes[0].used_mib += 1024  # alice's training on GPU 0
+    after = tick(s, clock)
+    assert server.listings == 2 * GPUS + 2
+    assert after["gpu0"].mine_bytes == 0 and after["gpu1"].mine_bytes == 10240 * MIB
+
+
+def test_a_listing_as_old_as_the_bound_is_read_again_even_if_used_memory_did_not_change(fake):
+    server, clock, s = fake
+    tick(s, clock, 0)
+    # Another process frees just what this kernel takes within one tick: "used" does not move.
+    mine(server).used_mib += 512
+    server.gpus[1].processes[2].used_mib -= 512
+    stale = tick(s, clock, LISTING_MAX_AGE_S - 0.1)
+    assert server.listings == 2 * GPUS and stale["gpu1"].mine_bytes == 10240 * MIB
+    fresh = tick(s, clock, 0.1)  # the listing is LISTING_MAX_AGE_S old now
+    assert server.listings == 4 * GPUS  # every GPU's listing was as old
+    assert fresh["gpu1"].mine_bytes == (10240 + 512) * MIB
+
+
+def test_a_clock_that_went_back_lists_again(fake):
+    server, clock, s = fake
+    tick(s, clock, 0)
+    tick(s, clock, -60)  # the wall clock was set back
+    assert server.listings == 4 * GPUS
+
+
+def test_a_failed_listing_says_so_and_is_tried_again_on_the_next_tick(fake):
+    server, clock, s = fake
+    tick(s, clock, 0)
+    server.gpus[1].faults["compute_processes"] = NVMLError(NVML_ERROR_NO_PERMISSION)
+    mine(server).used_mib += 512
+    failed = tick(s, clock)["gpu1"]
+    assert failed.mine_bytes is None and failed.error == "GPU 1: process list failed (Insufficient Permissions)"
+    assert failed.used_bytes is not None
+    del server.gpus[1].faults["compute_processes"]
+    listings = server.listings
+    back = tick(s, clock)["gpu1"]  # used memory as on the failed tick, and well within the bound
+    assert server.listings == listings + 2
+    assert back.mine_bytes == (10240 + 512) * MIB and back.error is None
+
+
+def test_a_note_from_a_listing_stays_while_that_listing_stands():
+    server, clock = CountingNvml([SimulatedGpu(processes=[SimulatedProcess(ME, None)])]), Clock()
+    s = Sampler(Nvml(lib=server), ME, clock=clock)
+    for _ in range(3):
+        gpu = tick(s, clock)["gpu0"]
+        assert gpu.mine_bytes is None and gpu.error == "GPU 0: NVML cannot say how much this kernel holds"
+    assert server.listings == 2  # listed once
+
+
+def test_a_gpu_that_answers_again_is_listed_afresh(fake):
+    server, clock, s = fake
+    tick(s, clock, 0)
+    server.gpus[1].lost = True
+    lost = tick(s, clock)["gpu1"]
+    assert lost.mine_bytes is None and lost.error.startswith("GPU 1 stopped answering")
+    assert server.listings == 2 * GPUS  # no memory reading: no listing either
+    server.gpus[1].lost = False
+    back = tick(s, clock)["gpu1"]  # the same used memory as before it was lost
+    assert server.listings == 2 * GPUS + 2
+    assert back.mine_bytes == 10240 * MIB and back.error is None
+
+
+# -- what the panel sends --------------------------------------------------------------------------
+class ManualSampler(Sampler):
+    """A sampler whose thread never starts: the test ticks it, so messages are exact."""
+
+    def start(self) -> None:
+        pass
+
+
+class Allocator:
+    """TensorFlow's allocator statistics as the sampler reads them: none, or a failure."""
+
+    broken = False
+
+    def __call__(self) -> dict:
+        if self.broken:
+            raise RuntimeError("not today")
+        return {}
+
+
+@pytest.fixture
+def panel():
+    """(panel, server, clock, sampler, allocator): a MemoryPanel whose messages are recorded in .sent."""
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
+    hub, server, clock, allocator = Hub(), shared_server(ME), Clock(), Allocator()
+    sampler = ManualSampler(Nvml(lib=server), ME, interval=0.1, clock=clock, tf_stats=allocator)
+    made = widget.MemoryPanel(hub, lambda: sampler, interval=0.1)
+    made.sent = []
+    made.send = lambda content, buffers=None: made.sent.append(content)
+    yield made, server, clock, sampler, allocator
+    made.close()
+    hub.stop_all()
+
+
+def ticks(sampler: Sampler, clock: Clock, n: int, seconds: float = 0.1) -> None:
+    for _ in range(n):
+        clock.now += seconds
+        sampler.tick()
+
+
+def test_a_sample_equal_to_the_last_one_sent_is_not_sent(panel):
+    p, server, clock, s, _ = panel
+    ticks(s, clock, 5)
+    assert len(p.sent) == 1 and p.sent[0]["t"] == [s.history[0].time_s]
+    assert len(s.history) == 5  # the kernel keeps every sample: a view that asks gets them all
+    p._on_message(p, {"kind": "history"}, [])
+    assert len(p.sent[-1]["t"]) == 5
+
+
+def test_an_unchanged_sample_is_sent_once_a_second_so_the_time_axis_moves_on(panel):
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
+    p, server, clock, s, _ = panel
+    assert widget.HEARTBEAT_S == 1.0
+    step = 0.125  # s, exact in binary: eight ticks are one second
+    ticks(s, clock, 1, step)
+    start = clock.now
+    ticks(s, clock, 7, step)  # 0.875 s later: nothing new yet
+    assert len(p.sent) == 1
+    ticks(s, clock, 1, step)
+    assert len(p.sent) == 2 and p.sent[1]["t"] == [start + 1.0]  # one point: the line is flat
+    assert p.sent[1]["d"]["gpu1"]["mine"] == [10240 * MIB]
+    ticks(s, clock, 8, step)
+    assert len(p.sent) == 3
+
+
+def test_a_change_brings_the_last_unchanged_sample_so_the_chart_stays_flat_up_to_it(panel):
+    p, server, clock, s, _ = panel
+    ticks(s, clock, 3)
+    before = clock.now
+    mine(server).used_mib += 512
+    ticks(s, clock, 1)
+    assert len(p.sent) == 2
+    change = p.sent[1]
+    assert change["t"] == [before, clock.now]
+    assert change["d"]["gpu1"]["mine"] == [10240 * MIB, (10240 + 512) * MIB]
+    assert all(len(column) == 2 for device in change["d"].values() for column in device.values())
+    mine(server).used_mib += 512  # right after a message: nothing unsent to bring
+    ticks(s, clock, 1)
+    assert p.sent[2]["t"] == [clock.now]
+
+
+@pytest.mark.parametrize("what", ["utilization", "error", "status"])
+def test_a_change_of_utilization_a_message_or_the_status_is_sent(panel, what):
+    p, server, clock, s, allocator = panel
+    ticks(s, clock, 1)
+    if what == "utilization":
+        server.gpus[0].utilization = 12
+    elif what == "error":
+        server.gpus[3].lost = True
+    else:
+        allocator.broken = True  # a source that fails: a note in the status
+    ticks(s, clock, 1)
+    assert len(p.sent) == 2
+    sent = p.sent[1]
+    assert sent["d"]["gpu0"]["util"] == [12 if what == "utilization" else 97]
+    if what == "error":
+        assert sent["errors"]["gpu3"].startswith("GPU 3 stopped answering")
+    else:
+        assert sent["errors"]["gpu3"] is None
+    if what == "status":
+        assert sent["status"].startswith("TensorFlow's allocator statistics could not be read (RuntimeError")
+    else:
+        assert sent["status"] is None
+    ticks(s, clock, 3)
+    assert len(p.sent) == 2  # the same again: not sent
+
+
+def test_a_stopped_panel_ends_its_chart_at_the_last_sample_taken_for_it(panel):
+    p, server, clock, s, _ = panel
+    ticks(s, clock, 4)
+    assert len(p.sent) == 1
+    p._on_message(p, {"kind": "stop"}, [])
+    assert len(p.sent) == 2 and p.sent[1]["t"] == [clock.now]
+    ticks(s, clock, 20)
+    assert len(p.sent) == 2
+
+
+def test_after_the_history_a_change_comes_alone(panel):
+    p, server, clock, s, _ = panel
+    ticks(s, clock, 3)
+    p._on_message(p, {"kind": "history"}, [])  # holds the unsent samples
+    mine(server).used_mib += 512
+    ticks(s, clock, 1)
+    assert p.sent[-1]["kind"] == "samples" and p.sent[-1]["t"] == [clock.now]
