@@ -9,7 +9,7 @@ processes of several users (created when run as root), and runs as its users run
 section the contenders alternate, round by round, so a slow spell of the machine falls on all.
 Each section runs in its own process (``vs_*.py``), which prints JSON; this prints medians and
 95th percentiles per section, then the ratios, and writes everything to
-``build/bench-results/compare-DATE.json``.  No assertion: the figures go in README.md.
+``build/bench-results/compare-DATE.json``, with the table as README.md shows it.  No assertion.
 
 Sections:
   refresh   a status refresh, warm and cold, 8 GPUs and 40 processes: ours, nvitop, gpustat
@@ -56,10 +56,24 @@ class Table:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def add(self, section: str, what: str, ours: tuple[float, float], peer: str, theirs: tuple[float, float], unit: str) -> None:
+    def add(
+        self, section: str, what: str, ours: tuple[float, float], peer: str, theirs: tuple[float, float], unit: str,
+        spread: str = "p95",
+    ) -> None:
+        """``ours`` and ``theirs``: (median, ``spread``), the spread being the 95th percentile or the largest window."""
         self.rows.append({"section": section, "what": what, "ours": ours, "peer": peer, "theirs": theirs, "unit": unit,
-                          "ratio": ours[0] / theirs[0] if theirs[0] else None})
-        print(f"  {what:<44} ours {_figure(ours, unit):>22}   {peer:<24} {_figure(theirs, unit):>22}", flush=True)
+                          "spread": spread, "ratio": ours[0] / theirs[0] if theirs[0] else None})
+        print(f"  {what:<44} ours {_figure(ours, unit, spread):>22}   {peer:<24} {_figure(theirs, unit, spread):>22}",
+              flush=True)
+
+    def markdown(self) -> str:
+        """The rows as README.md's table (what, ours, peer and theirs, ratio)."""
+        lines = ["| what | tfgpu_magic | peer | peer's | ratio |", "| --- | --- | --- | --- | --- |"]
+        for row in self.rows:
+            ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}×"
+            ours, theirs = (_figure(row[k], row["unit"], row["spread"]) for k in ("ours", "theirs"))
+            lines.append(f"| {row['what']} | {ours} | {row['peer']} | {theirs} | {ratio} |")
+        return "\n".join(lines)
 
     def print_ratios(self) -> None:
         print("\nRatios (ours / peer, medians; below 1: ours costs less):")
@@ -68,9 +82,9 @@ class Table:
             print(f"  {row['section']:<9} {row['what']:<44} vs {row['peer']:<24} {ratio:>7}")
 
 
-def _figure(pair: tuple[float, float], unit: str) -> str:
-    median, p95 = pair
-    return f"{median:.3g} {unit} (p95 {p95:.3g})"
+def _figure(pair: tuple[float, float], unit: str, spread: str = "p95") -> str:
+    median, second = pair
+    return f"{median:.3g} {unit} ({spread} {second:.3g})"
 
 
 # -- sections -------------------------------------------------------------------------------------
@@ -97,12 +111,12 @@ def monitor(table: Table, rounds: int, seconds: float) -> dict[str, Any]:
         print(f"  {name}: {data['messages_per_s']:.1f} messages/s sent, idle {statistics.median(data['idle_percent_core']):.3f} % of a core")
     ours, theirs = found["tfgpu_magic"], found["jupyterlab-nvdashboard"]
     for key, what, unit in (("percent_core", "monitor, % of a core at 10 Hz", "%"), ("us_per_tick", "monitor, CPU per tick", "us")):
-        table.add("monitor", what, _spread(ours[key]), "jupyterlab-nvdashboard", _spread(theirs[key]), unit)
+        table.add("monitor", what, _spread(ours[key]), "jupyterlab-nvdashboard", _spread(theirs[key]), unit, "max")
     return result
 
 
 def _spread(values: list[float]) -> tuple[float, float]:
-    """(median, largest) of a few windows: with 3 windows the largest is the p95 one can have."""
+    """(median, largest) of a few windows (too few for a 95th percentile)."""
     return statistics.median(values), max(values)
 
 
@@ -171,6 +185,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         raw["endpoint"] = endpoint(table, 30 if quick else 200)
     if "startup" in only:
         raw["startup"] = startup(table, 2 if quick else 9)
+    print("\nFor README.md:\n" + table.markdown())
     table.print_ratios()
     raw["rows"] = table.rows
     out = os.path.join(ROOT, "build", "bench-results", f"compare-{today}{'-quick' if quick else ''}.json")
