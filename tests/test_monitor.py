@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -230,9 +231,10 @@ def panel_on_fake():
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     hub, server = Hub(), shared_server(ME)
     made = []
+    clock = itertools.count(1_700_000_000.0, 0.5).__next__  # each tick half a second on, as the sampler runs
 
     def make():
-        made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5))
+        made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5, clock=clock))
         return made[-1]
 
     def open_one(**kwargs):

@@ -2,7 +2,8 @@
 
 Process lists are NVML's costly calls: a GPU is listed again only when its used memory changed
 since its last listing, or that listing is ``LISTING_MAX_AGE_S`` old.  A sample equal to the last
-one sent is not sent, but for a heartbeat every ``HEARTBEAT_S``.  No timing here: NVML calls are
+one sent is not sent, but for a heartbeat every ``HEARTBEAT_S``, and at most
+``MAX_MESSAGES_PER_S`` messages go out a second, together holding every sample sent.  No timing here: NVML calls are
 counted on the simulated server, messages on the panel, and time is an injected clock.
 """
 
@@ -227,7 +228,7 @@ def test_an_unchanged_sample_is_sent_once_a_second_so_the_time_axis_moves_on(pan
 
 def test_a_change_brings_the_last_unchanged_sample_so_the_chart_stays_flat_up_to_it(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 3)
+    ticks(s, clock, 6)  # half a second with nothing sent: a change goes out at once
     before = clock.now
     mine(server).used_mib += 512
     ticks(s, clock, 1)
@@ -238,7 +239,9 @@ def test_a_change_brings_the_last_unchanged_sample_so_the_chart_stays_flat_up_to
     assert all(len(column) == 2 for device in change["d"].values() for column in device.values())
     mine(server).used_mib += 512  # right after a message: nothing unsent to bring
     ticks(s, clock, 1)
-    assert p.sent[2]["t"] == [clock.now]
+    after = clock.now
+    ticks(s, clock, 4)  # it waits for the gap between messages
+    assert p.sent[2]["t"] == [after]
 
 
 @pytest.mark.parametrize("what", ["utilization", "error", "status"])
@@ -251,7 +254,7 @@ def test_a_change_of_utilization_a_message_or_the_status_is_sent(panel, what):
         server.gpus[3].lost = True
     else:
         allocator.broken = True  # a source that fails: a note in the status
-    ticks(s, clock, 1)
+    ticks(s, clock, 1, 0.5)  # half a second after the last message: sent at once
     assert len(p.sent) == 2
     sent = p.sent[1]
     assert sent["d"]["gpu0"]["util"] == [12 if what == "utilization" else 97]
@@ -279,8 +282,98 @@ def test_a_stopped_panel_ends_its_chart_at_the_last_sample_taken_for_it(panel):
 
 def test_after_the_history_a_change_comes_alone(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 3)
+    ticks(s, clock, 6)  # half a second with nothing sent: the change will go out at once
     p._on_message(p, {"kind": "history"}, [])  # holds the unsent samples
     mine(server).used_mib += 512
     ticks(s, clock, 1)
     assert p.sent[-1]["kind"] == "samples" and p.sent[-1]["t"] == [clock.now]
+
+
+# -- at most MAX_MESSAGES_PER_S messages a second ----------------------------------------------------
+def busy(server: SimulatedNvml, sampler: Sampler, clock: Clock, n: int, seconds: float = 0.1) -> None:
+    """n ticks, GPU 0's utilization changing on each: every sample differs from the last."""
+    for _ in range(n):
+        server.gpus[0].utilization = (server.gpus[0].utilization + 1) % 100
+        ticks(sampler, clock, 1, seconds)
+
+
+def sent_times(p) -> list[float]:
+    return [t for message in p.sent for t in message["t"]]
+
+
+def test_busy_gpus_at_a_tenth_of_a_second_send_two_messages_a_second_holding_every_sample(panel):
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
+    p, server, clock, s, _ = panel
+    assert widget.MAX_MESSAGES_PER_S == 2
+    busy(server, s, clock, 10)
+    assert [len(m["t"]) for m in p.sent] == [1, 5]  # at once, then half a second of samples
+    busy(server, s, clock, 90)  # ten seconds in all
+    assert len(p.sent) == 1 + 10 * widget.MAX_MESSAGES_PER_S - 1  # the last half second still waits
+    p._on_message(p, {"kind": "stop"}, [])  # Stop sends what waits
+    assert sent_times(p) == [sample.time_s for sample in s.history]  # none lost, in order
+    utils = [u for m in p.sent for u in m["d"]["gpu0"]["util"]]
+    assert utils == [(97 + i) % 100 for i in range(1, 101)]
+    assert all(len(col) == len(m["t"]) for m in p.sent for dev in m["d"].values() for col in dev.values())
+
+
+def test_a_change_after_half_a_second_without_messages_goes_out_at_once(panel):
+    p, server, clock, s, _ = panel
+    ticks(s, clock, 6)  # one message, then half a second of the same
+    quiet = clock.now
+    busy(server, s, clock, 1)
+    assert len(p.sent) == 2 and p.sent[1]["t"] == [quiet, clock.now]
+    busy(server, s, clock, 1)  # a message went out 0.1 s ago: this one waits
+    assert len(p.sent) == 2
+
+
+def test_a_waiting_batch_goes_out_with_the_next_tick_past_the_gap_though_nothing_changed(panel):
+    p, server, clock, s, _ = panel
+    ticks(s, clock, 1)
+    busy(server, s, clock, 1)
+    change = clock.now
+    ticks(s, clock, 3)  # the same as the change: nothing to add, and 0.4 s since the message
+    assert len(p.sent) == 1
+    ticks(s, clock, 1)
+    assert len(p.sent) == 2 and p.sent[1]["t"] == [change]  # the unchanged tick itself is not sent
+    unchanged = clock.now
+    busy(server, s, clock, 1)  # right after a message: waits, with the unchanged sample before it
+    change = clock.now
+    assert len(p.sent) == 2
+    ticks(s, clock, 1, 1.0)  # the sampler was held up: this tick is a heartbeat, and takes the batch along
+    assert len(p.sent) == 3 and p.sent[2]["t"] == [unchanged, change, clock.now]
+
+
+def test_at_half_a_second_and_longer_every_changed_sample_has_its_own_message(panel):
+    p, server, clock, s, _ = panel
+    p.interval = 0.5  # from the browser: the sampler follows
+    assert s.interval == 0.5
+    for step in (0.5, 0.47, 0.53, 0.5, 1.0, 0.49):  # a tick's time comes a little early or late
+        busy(server, s, clock, 1, step)
+    assert [len(m["t"]) for m in p.sent] == [1] * 6
+    assert sent_times(p) == [sample.time_s for sample in s.history]
+
+
+def test_a_clock_set_back_does_not_hold_a_change(panel):
+    p, server, clock, s, _ = panel
+    busy(server, s, clock, 1)
+    busy(server, s, clock, 1, -60.0)
+    assert len(p.sent) == 2
+
+
+def test_stop_sends_the_waiting_batch_and_the_last_unchanged_sample(panel):
+    p, server, clock, s, _ = panel
+    busy(server, s, clock, 3)
+    ticks(s, clock, 1)
+    assert [len(m["t"]) for m in p.sent] == [1]
+    p.stop()
+    assert sent_times(p) == [sample.time_s for sample in s.history]
+    assert len(p.sent) == 2
+
+
+def test_the_history_holds_the_waiting_batch(panel):
+    p, server, clock, s, _ = panel
+    busy(server, s, clock, 3)
+    p._on_message(p, {"kind": "history"}, [])
+    assert p.sent[-1]["kind"] == "history" and len(p.sent[-1]["t"]) == 3
+    ticks(s, clock, 11)  # nothing waits: only a heartbeat comes
+    assert [m["kind"] for m in p.sent] == ["samples", "history", "samples"] and len(p.sent[-1]["t"]) == 1

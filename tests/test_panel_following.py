@@ -3,6 +3,7 @@ sees, and a terminal IPython (no front end: a line, and nothing started)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -37,9 +38,10 @@ def panels():
     """open(**kwargs) -> a MemoryPanel on a fake server whose sends are recorded in .sent."""
     hub, server, made = Hub(), shared_server(ME), []
     seen = {"visible": None}
+    clock = itertools.count(1_700_000_000.0, 0.5).__next__  # each tick half a second on, as the sampler runs
 
     def make():
-        made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5, visible=lambda: seen["visible"]))
+        made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5, clock=clock, visible=lambda: seen["visible"]))
         return made[-1]
 
     def open_one(**kwargs):

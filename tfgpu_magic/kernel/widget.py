@@ -1,12 +1,17 @@
 """The live memory panel of ``%gpu monitor``: an anywidget fed by the kernel's shared sampler.
 
-Each sample is sent to the browser once, as a custom message holding only the new points
+Each sample is sent to the browser once, in a custom message holding only new points
 (``model.send``); the whole history is sent only when a view asks for it (a new view, or one
 re-rendered).  A sample whose readings, messages and status equal the last one sent is not sent,
 except as a heartbeat once every ``HEARTBEAT_S`` (the chart's time axis and its "last sample"
 clock go as far as the newest point); the next sample that differs brings the last unchanged one
 with it, so the chart stays flat up to the change instead of sloping across the samples left out.
-Sending happens on the sampler thread, which is why the chart keeps moving
+Each message costs the kernel about a millisecond of CPU whatever it holds, so at most
+``MAX_MESSAGES_PER_S`` go out a second: a change after a quiet spell goes out at once, and
+changes that come faster (short intervals, busy GPUs) wait and go out together, in order, with
+the first tick past the gap, changed or not.  At intervals of 1 / ``MAX_MESSAGES_PER_S`` and
+longer every changed sample has its own message, as it comes.  Stop sends what waits; the
+history holds it.  Sending happens on the sampler thread, which is why the chart keeps moving
 while a cell holds the kernel.  Clicks on the panel's controls, in contrast, arrive on the
 shell channel and take effect once the running cell ends; pause is handled in the browser
 alone, so it answers at once.
@@ -70,6 +75,12 @@ _ABSENT = (None,) * len(SERIES)  # a device missing from a sample: a gap in ever
 # An unchanged sample is still sent once the last message is this old (seconds of sample time):
 # the browser draws the time axis, and says "last sample", up to the newest point it holds.
 HEARTBEAT_S = 1.0
+
+# Messages a second at most, whatever the interval.  A comm message costs the kernel about a
+# millisecond of CPU (ipykernel serialises, signs and sends it on its IOPub thread) however many
+# samples it holds, so at 0.1 s with busy GPUs (a change every tick) the samples of half a second
+# go out together: 2 messages a second instead of 10, every sample still in them.
+MAX_MESSAGES_PER_S = 2
 
 # A chart whose device left the samples.  GPUs leave when `%gpu use` hides them from this
 # kernel (the sampler follows the session's visible GPUs); the chart stays, frozen, and says why.
@@ -170,8 +181,10 @@ class MemoryPanel(anywidget.AnyWidget):
         self._described: list[dict[str, Any]] = []
         self._known: dict[str, str] = {}  # key -> label of every device this panel charts, in order
         self._layout: tuple[tuple[str, str], ...] = ()  # (key, label) of the devices last described
-        self._sent: Optional[Sample] = None  # the last sample sent to the browser
+        self._sent: Optional[Sample] = None  # the last sample sent to the browser, or pending
         self._unsent: Optional[Sample] = None  # the newest sample not sent: equal to _sent but for its time
+        self._pending: list[Sample] = []  # samples for the next message (_sent is the last), oldest first
+        self._message_s = float("-inf")  # sample time of the last message sent
         previous = _running_interval(hub)
         self._sampler: Optional[Sampler] = hub.join(self, make, window)
         self._join_interval(interval, previous)
@@ -189,15 +202,29 @@ class MemoryPanel(anywidget.AnyWidget):
     # -- kernel -> browser (on the sampler thread) -------------------------------------------
     def _on_sample(self, sample: Sample) -> None:
         sent, unsent = self._sent, self._unsent
-        if sent is not None and sample.devices == sent.devices and sample.status == sent.status:
-            if 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
-                self._unsent = sample  # nothing new to show; a heartbeat may carry it later
-                return
-            unsent = None  # a heartbeat: the line is flat from the last point sent to this one
-        self._describe_devices(sample)
-        # The last unchanged sample first: the chart holds the old value up to just before the change.
-        self.send(batch([sample] if unsent is None else [unsent, sample]))
-        self._sent, self._unsent = sample, None
+        same = sent is not None and sample.devices == sent.devices and sample.status == sent.status
+        if same and 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
+            self._unsent = sample  # nothing new to show; a change or a heartbeat may carry it later
+        else:
+            self._describe_devices(sample)
+            # Before a change, the last unchanged sample: the chart holds the old value up to just
+            # before it.  A heartbeat needs none: the line is flat from the last point to it.
+            self._pending += [sample] if same or unsent is None else [unsent, sample]
+            self._sent, self._unsent = sample, None
+        # Checked on every tick, unchanged ones too, so a waiting batch never waits for a change.
+        since = sample.time_s - self._message_s  # negative: the clock went back; send
+        if self._pending and not 0.0 <= since < self._message_gap_s():
+            pending, self._pending = self._pending, []
+            self._message_s = sample.time_s
+            self.send(batch(pending))
+
+    def _message_gap_s(self) -> float:
+        """The least sample time between two messages: 1 / MAX_MESSAGES_PER_S, less a tenth of an interval.
+
+        The sampler keeps to a deadline, but a sample's time may come a little early, and at
+        intervals of 1 / MAX_MESSAGES_PER_S and longer every changed sample must still go out at once.
+        """
+        return 1.0 / MAX_MESSAGES_PER_S - self.interval / 10
 
     def _describe_devices(self, sample: Sample) -> None:
         layout = tuple((d.key, d.label) for d in sample.devices)
@@ -214,7 +241,8 @@ class MemoryPanel(anywidget.AnyWidget):
     def _send_history(self) -> None:
         # Only the devices this panel charts: a GPU hidden before it opened gets no chart.
         if self._sampler is not None:
-            self._unsent = None  # the history holds it (the next change needs no point before it)
+            # The history holds them (and the next change needs no point before it).
+            self._pending, self._unsent = [], None
             self.send(batch(self._sampler.snapshot(), kind="history", keys=self._known))
 
     # -- browser -> kernel ------------------------------------------------------------------
@@ -263,9 +291,11 @@ class MemoryPanel(anywidget.AnyWidget):
         if sampler is None:
             return
         sampler.unsubscribe(self._on_sample)
-        unsent, self._unsent = self._unsent, None
+        pending, self._pending, unsent, self._unsent = self._pending, [], self._unsent, None
         if unsent is not None:  # the frozen chart ends at the last sample taken for it
-            self.send(batch([unsent]))
+            pending.append(unsent)
+        if pending:
+            self.send(batch(pending))
         self._hub.leave(self, shown=True)
         self.running = False
 
