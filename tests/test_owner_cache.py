@@ -277,11 +277,7 @@ def test_threads_looking_up_at_once_get_consistent_answers(children):
         except BaseException as err:  # noqa: BLE001 - reported below, in the main thread
             errors.append(err)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    run_in_threads(work, 8)
     assert not errors and not wrong
     assert table.cache_size() <= 4
 
@@ -597,11 +593,7 @@ def test_threads_listing_at_once_get_consistent_answers(children):
         except BaseException as err:  # noqa: BLE001 - reported below, in the main thread
             errors.append(err)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    run_in_threads(work, 6)
     assert not errors and not wrong
     assert table.cache_size() <= 4
 
@@ -660,3 +652,12 @@ def test_the_forked_child_can_list_though_a_thread_held_the_lock_at_fork():
     finally:
         os.close(to_parent), os.close(from_child)
         os.waitpid(pid, 0)
+
+
+def run_in_threads(work, count: int) -> None:
+    """``work(i)`` on ``count`` threads at once; returns when all have ended (60 s at most each)."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
