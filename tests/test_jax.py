@@ -93,6 +93,7 @@ class StandInJax:
         self.gpus = [StandInDevice(k) for k in range(gpus)]
         self.cleared = 0
         self.default = None
+        self._in_first_devices = False
         bridge = types.SimpleNamespace(backends_are_initialized=lambda: self.started, backends=self._backends)
         xla_client = types.SimpleNamespace(generate_pjrt_gpu_plugin_options=self._options)
         self._src = types.SimpleNamespace(xla_bridge=bridge, lib=types.SimpleNamespace(xla_client=xla_client))
@@ -110,10 +111,22 @@ class StandInJax:
         if not self.started:
             self.read_env = self._options()
             self.started = True
-        return {"cuda": object()}
+        clients = {"cpu": types.SimpleNamespace(platform="cpu")}
+        if self.gpus:  # JAX 0.11's CUDA plugin: the client's platform is "gpu", its key "cuda"
+            clients["cuda"] = types.SimpleNamespace(platform="gpu")
+        return clients
 
     def devices(self) -> list:
-        self._src.xla_bridge.backends()  # as jax.devices() does: the first call starts the backends
+        # As JAX 0.11 on a GPU: jax.devices() goes through a cached get_backend(), which cannot be
+        # entered again while its first call is starting the backends (seen on an H100: an adapter
+        # asking jax.devices() from inside that start recorded "no GPU").
+        if self._in_first_devices:
+            raise RuntimeError("get_backend() re-entered while the backends start")
+        self._in_first_devices = not self.started
+        try:
+            self._src.xla_bridge.backends()  # as jax.devices() does: the first call starts the backends
+        finally:
+            self._in_first_devices = False
         return self.gpus
 
     def clear_caches(self) -> None:

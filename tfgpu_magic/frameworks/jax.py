@@ -112,12 +112,17 @@ class Jax:
         except Exception as err:  # JAX will fail the same way on a GPU; say so in %gpu
             self.plugin_error = f"{type(err).__name__}: {err}"
 
-    def _note_started(self) -> None:
-        """Right after the backends started: whether one is a GPU's, kept (clear_backends forgets it);
-        the session hears of a start on a GPU (a CPU-only JAX has no GPU settings to speak of)."""
+    def _note_started(self, backends: Any) -> None:
+        """Right after the backends started, with what ``backends()`` returned: whether one is a GPU's,
+        kept (clear_backends forgets it); the session hears of a start on a GPU (a CPU-only JAX has
+        no GPU settings to speak of).
+
+        JAX's own answer is read, never ``jax.devices()``: that goes through a cached
+        ``get_backend()`` which JAX 0.11 cannot enter again while its first call is still starting
+        the backends (on an H100 the adapter recorded "no GPU" that way)."""
         if self._gpu_seen is not None:
             return
-        self._gpu_seen = bool(self._gpu_devices())
+        self._gpu_seen = _has_gpu_backend(backends)
         if self._gpu_seen and self.on_start is not None and not getattr(self.started_with, "late", True):
             try:
                 self.on_start()
@@ -157,9 +162,13 @@ class Jax:
         )
 
     def _started_a_gpu(self) -> bool:
-        """Whether the backends started with a GPU: asked once they run, then kept."""
+        """Whether the backends started with a GPU: recorded at the start, or (JAX started before
+        tfgpu_magic was loaded) asked of the running backends once, then kept."""
         if self._gpu_seen is None and self._started():
-            self._gpu_seen = bool(self._gpu_devices())
+            try:
+                self._gpu_seen = _has_gpu_backend(self._bridge.backends())
+            except Exception:  # a start that failed: no GPU backend runs
+                self._gpu_seen = False
         return bool(self._gpu_seen)
 
     def platforms(self) -> list[str]:
@@ -175,7 +184,7 @@ class Jax:
         if not self._started():
             return []
         try:
-            return [d for d in self._jax.devices() if d.platform in ("gpu", "cuda", "rocm")]
+            return [d for d in self._jax.devices() if d.platform in GPU_PLATFORMS]
         except Exception:  # no GPU backend: the default backend is the CPU
             return []
 
@@ -235,13 +244,27 @@ def _attribute(obj: Any, path: str) -> Any:
     return obj
 
 
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")  # a client's or a device's platform, as JAX names it
+
+
+def _has_gpu_backend(backends: Any) -> bool:
+    """Whether ``xla_bridge.backends()``'s answer (platform name -> client) holds a GPU's client."""
+    try:
+        return any(
+            name in GPU_PLATFORMS or getattr(client, "platform", None) in GPU_PLATFORMS
+            for name, client in dict(backends).items()
+        )
+    except Exception:
+        return False
+
+
 def _int_or_none(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
 def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) -> None:
     """Call ``note()`` before ``owner.name()`` runs until ``done()``; then put the original back
-    and call ``after()``."""
+    and call ``after(result)`` with what that call returned."""
     original = getattr(owner, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -250,13 +273,15 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) 
                 note()
             except Exception:  # recording must never break JAX
                 pass
+        result = None
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            return result
         finally:
             if done() and getattr(owner, name) is wrapper:
                 setattr(owner, name, original)
                 try:
-                    after()
+                    after(result)  # None where the start raised: no GPU backend runs
                 except Exception:  # recording must never break JAX
                     pass
 
