@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
 __all__ = [
     "CUDA_ENV", "Capture", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
-    "Stage", "UnresettablePeakWindow", "capture", "too_late",
+    "Stage", "UnresettablePeakWindow", "attribute", "capture", "not_the_framework", "too_late",
 ]
 
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # read by CUDA when it starts in the process
@@ -107,6 +107,34 @@ class Framework(Protocol):
     def open_peak_window(self) -> PeakWindow: ...
 
     def oom_error_type(self) -> Optional[type]: ...
+
+
+def attribute(obj: Any, path: str) -> Any:
+    """``obj.a.b.c`` or None: a framework's private layout may move between releases."""
+    for name in path.split("."):
+        try:
+            obj = getattr(obj, name, None)
+        except Exception:  # a hostile or half-built object: its attribute is simply not there
+            return None
+    return obj
+
+
+def not_the_framework(module: Any, framework: str, imported_as: str, needs: tuple[str, ...]) -> Optional[str]:
+    """Why what ``import imported_as`` gave is not ``framework`` (None: it is).
+
+    ``sys.modules`` holds whatever the import found first: a ``torch.py`` in the notebook's folder,
+    a stand-in object.  An adapter that took it for the framework would fail on every `%gpu`, so it
+    checks the attributes it will use, and leaves anything else alone (one note says so).
+    """
+    missing = [path for path in needs if attribute(module, path) is None]
+    if not missing:
+        return None
+    where = getattr(module, "__file__", None) if isinstance(getattr(module, "__file__", None), str) else None
+    found = f"the module {where}" if where else f"a {type(module).__name__}"
+    return (
+        f"`import {imported_as}` gave {found}, which is not {framework} (it has no `{missing[0]}`): "
+        f"tfgpu_magic leaves it alone, and GPU settings reach no {framework} in this kernel"
+    )
 
 
 def too_late(framework: str, module: str, what: str, now: str) -> str:

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, Stage, UnresettablePeakWindow, capture
+from .base import CUDA_ENV, Capture, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, not_the_framework
 
 __all__ = [
     "ALLOCATOR_ENV",
@@ -41,6 +41,8 @@ MEM_FRACTION_ENV = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
 # "platform" allocates and frees on demand through CUDA: the only one that hands memory back, and slow.
 ALLOCATOR_NAMES = {"async": "cuda_async", "platform": "platform", "default": None}
 JAX_DEFAULT_FRACTION = 0.75  # of each GPU's total, taken at the first operation (JAX's documentation)
+# What the adapter uses of ``jax``: a module without them is not JAX (a planted jax.py).
+NEEDS = ("devices", "default_device", "clear_caches")
 JAX_START_ENV = CUDA_ENV + (PREALLOCATE_ENV, ALLOCATOR_ENV, *MEM_FRACTION_ENV, "JAX_PLATFORMS")
 
 
@@ -85,15 +87,19 @@ class Jax:
         self._gpu_seen: Optional[bool] = None
         self.memory_error: Optional[str] = None  # the last device whose statistics could not be read
         self.on_start: Optional[Callable[[], None]] = None  # the session's, called once JAX started on a GPU
+        self.refused: Optional[str] = None  # why what `import jax` gave is not JAX
 
     # -- the moment jax arrives ---------------------------------------------------------------------
     def on_import(self, module: Any) -> None:
         """Called on the importing thread once ``import jax`` has finished."""
         with self._lock:
-            if self._jax is not None:
+            if self._jax is not None or self.refused is not None:
+                return
+            self.refused = not_the_framework(module, self.name, self.module, NEEDS)
+            if self.refused is not None:
                 return
             self._jax = module
-            self._bridge = _attribute(module, "_src.xla_bridge")
+            self._bridge = attribute(module, "_src.xla_bridge")
             if self._started():
                 self._note_start(late=True)
             elif self._bridge is not None:
@@ -104,7 +110,7 @@ class Jax:
         if self.started_with is not None:
             return
         self.started_with = capture(JAX_START_ENV, late=late)
-        make_options = _attribute(self._jax, "_src.lib.xla_client.generate_pjrt_gpu_plugin_options")
+        make_options = attribute(self._jax, "_src.lib.xla_client.generate_pjrt_gpu_plugin_options")
         if make_options is None:
             return
         try:
@@ -236,12 +242,6 @@ class Jax:
             return None
         return getattr(getattr(self._jax, "errors", None), "JaxRuntimeError", None)
 
-
-def _attribute(obj: Any, path: str) -> Any:
-    """``obj.a.b.c`` or None: jax's private layout may move between releases."""
-    for name in path.split("."):
-        obj = getattr(obj, name, None)
-    return obj
 
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")  # a client's or a device's platform, as JAX names it

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, ResettingPeakWindow, Stage, capture
+from .base import CUDA_ENV, Capture, DeviceMemory, ResettingPeakWindow, Stage, capture, not_the_framework
 
 __all__ = ["ALLOC_CONF_ENV", "ASYNC_BACKEND", "PyTorch", "TorchMemory", "alloc_conf_with_backend"]
 
@@ -28,6 +28,8 @@ __all__ = ["ALLOC_CONF_ENV", "ASYNC_BACKEND", "PyTorch", "TorchMemory", "alloc_c
 # the one every release reads, so it is the one set unless the user chose the new one.
 ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 ASYNC_BACKEND = "cudaMallocAsync"
+# What the adapter uses of ``torch``: a module without them is not PyTorch (a planted torch.py).
+NEEDS = ("version", "cuda.is_initialized", "cuda._lazy_call", "cuda.device_count")
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,16 @@ class PyTorch:
         self.caps_set: dict[int, float] = {}  # CUDA index -> the fraction set when CUDA started
         self.cap_errors: list[str] = []
         self._open_windows: set[ResettingPeakWindow] = set()
+        self.refused: Optional[str] = None  # why what `import torch` gave is not PyTorch
 
     # -- the moment torch arrives -----------------------------------------------------------------
     def on_import(self, module: Any) -> None:
         """Called on the importing thread once ``import torch`` has finished."""
         with self._lock:
-            if self._torch is not None:
+            if self._torch is not None or self.refused is not None:
+                return
+            self.refused = not_the_framework(module, self.name, self.module, NEEDS)
+            if self.refused is not None:
                 return
             self._torch = module
             started = self._cuda_started()

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, PeakReading, Stage, capture
+from .base import CUDA_ENV, Capture, DeviceMemory, PeakReading, Stage, capture, not_the_framework
 from .import_hooks import run_after_import
 
 __all__ = [
@@ -43,6 +43,8 @@ __all__ = [
 
 START_ENV = ("TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")  # read by TensorFlow at its first op
 ASYNC_ALLOCATOR = "cuda_malloc_async"
+# What the adapter uses of ``tensorflow``: a module without them is not TensorFlow (a planted tensorflow.py).
+NEEDS = ("config.list_physical_devices", "config.experimental.get_memory_info", "sysconfig")
 CPU_STATS_ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # read when TensorFlow creates its CPU allocator
 CPU_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU BFC allocator's cap; TensorFlow's default below
 CPU_DEFAULT_LIMIT_MIB = 1 << 16
@@ -96,6 +98,7 @@ class TensorFlow:
         # allocator is made to keep statistics just before the runtime starts (see _note_start).
         self.cpu_stats_if_no_gpu = False
         self.cpu_stats_set_at_start = False  # True once _note_start set CPU_STATS_ENV for that
+        self.refused: Optional[str] = None  # why what `import tensorflow` gave is not TensorFlow
 
     def cpu_only_build(self) -> bool:
         """Whether the installed TensorFlow can never see a GPU, known without importing it.
@@ -109,7 +112,10 @@ class TensorFlow:
     def on_import(self, module: Any) -> None:
         """Called on the importing thread once ``import tensorflow`` has finished."""
         with self._lock:
-            if self._tf is not None:
+            if self._tf is not None or self.refused is not None:
+                return
+            self.refused = not_the_framework(module, self.name, self.module, NEEDS)
+            if self.refused is not None:
                 return
             from tensorflow.python.eager import (
                 context,  # loaded with tensorflow: no new import

@@ -63,6 +63,22 @@ class Machine:
             self.env[name] = value
         self._written[name] = value
 
+    def save_env(self, also: tuple[str, ...] = ()) -> tuple[dict[str, Optional[str]], dict[str, Optional[str]]]:
+        """The managed variables (and ``also``) as they are now, with what we wrote: for restore_env."""
+        names = dict.fromkeys((*MANAGED_ENV, *also))
+        return {name: self.env.get(name) for name in names}, dict(self._written)
+
+    def restore_env(self, saved: tuple[dict[str, Optional[str]], dict[str, Optional[str]]]) -> None:
+        """Put back what save_env saw: a command that failed half-way leaves no variable behind."""
+        values, written = saved
+        for name, value in values.items():
+            if self.env.get(name) != value:
+                if value is None:
+                    self.env.pop(name, None)
+                else:
+                    self.env[name] = value
+        self._written = written
+
     def unmanaged_value(self, name: str) -> Optional[str]:
         """The variable as the user or the environment left it: ours undone, a hand-made value kept."""
         if name in self._written and self.env.get(name) == self._written[name]:

@@ -11,11 +11,12 @@ the exact remedy.  Works without IPython; messages are plain strings.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
 import threading
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -45,7 +46,7 @@ from ..frameworks.tensorflow import (
 )
 from ..gpus import numbering
 from ..gpus.nvml import Nvml
-from .machine import MANAGED_ENV, Machine
+from .machine import Machine
 
 if TYPE_CHECKING:  # imported by no_gpu_diagnosis when TensorFlow found no GPU, not at `%load_ext`
     from ..frameworks.tensorflow_diagnosis import NoGpuDiagnosis
@@ -346,9 +347,22 @@ class Session:
         return self.tf.gpu_names(self.machine.cuda_map())
 
     # -- configuration ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _all_or_nothing(self) -> Iterator[None]:
+        """A command that raises, at any step, leaves the request, its record and the environment as
+        they were (claims released on the way stay released: that happened, and the record says so)."""
+        saved = (self._requested, self._accepted, self._accepted_blind, dict(self.applied))
+        environment = self.machine.save_env(ALLOC_CONF_ENV)  # PYTORCH_ALLOC_CONF is edited in place too
+        try:
+            yield
+        except BaseException:
+            self._requested, self._accepted, self._accepted_blind, self.applied = saved
+            self.machine.restore_env(environment)
+            raise
+
     def configure(self, command: Any, chosen_by_auto: bool = False) -> str:
         """Carry out a configuration command; returns what happened, raises SessionError."""
-        with self._lock:
+        with self._lock, self._all_or_nothing():
             try:
                 plan = self.requested.with_command(command)
             except PlanError as err:
@@ -458,6 +472,8 @@ class Session:
 
     def _on_torch_import(self, module: Any) -> None:
         self.torch.on_import(module)
+        if self._impostor(self.torch):
+            return
         with self._lock:
             plan = self.requested
             if not plan.gpu_settings:
@@ -549,6 +565,8 @@ class Session:
 
     def _on_jax_import(self, module: Any) -> None:
         self.jax.on_import(module)
+        if self._impostor(self.jax):
+            return
         with self._lock:
             plan = self.requested
             if not plan.gpu_settings or self.jax.stage() is Stage.STARTED:
@@ -595,19 +613,14 @@ class Session:
         return "Keras global policy set now"
 
     def _apply(self, resolution: Resolution, stage: Stage) -> None:
-        """Environment first (read at CUDA start-up), then tf.config once TensorFlow is here."""
-        saved = {name: self.env.get(name) for name in MANAGED_ENV}
-        users_torch_conf = self.env.get(ALLOC_CONF_ENV[1])  # edited in place, not a managed variable
+        """Environment first (read at CUDA start-up), then tf.config once TensorFlow is here.
+        Called inside _all_or_nothing: a refusal leaves the environment as it was."""
         try:
             self._set_environment(resolution, stage)
             if Stage.IMPORTED <= stage < Stage.STARTED:
                 self._apply_tf(resolution, stage)
                 self._record_applied(resolution)
         except (ApplyError, ValueError, RuntimeError) as err:
-            for name, value in saved.items():
-                self.machine.set_env(name, value)
-            if users_torch_conf is not None:
-                self.env[ALLOC_CONF_ENV[1]] = users_torch_conf
             if isinstance(err, ApplyError):
                 raise SessionError(str(err)) from None
             raise SessionError(f"TensorFlow refused it: {err}") from None
@@ -699,7 +712,7 @@ class Session:
     # -- reset, free ------------------------------------------------------------------------------
     def reset(self) -> str:
         """Back to the configured defaults; says what is requested now and what cannot be undone."""
-        with self._lock:
+        with self._lock, self._all_or_nothing():
             stage = self.tf.stage()
             before = self.requested
             target = self.defaults
@@ -811,8 +824,20 @@ class Session:
         run_after_import("torch", self._on_torch_import)
         run_after_import("jax", self._on_jax_import)
 
+    def _impostor(self, framework: Framework) -> bool:
+        """Whether what the import gave is not ``framework`` (a planted module): said once, in one note."""
+        refused = getattr(framework, "refused", None)
+        if refused is None:
+            return False
+        if refused not in self.notes:
+            self.notes.append(refused)
+            print(f"tfgpu_magic: {refused}", file=sys.stderr)
+        return True
+
     def _on_tensorflow_import(self, module: Any) -> None:
         self.tf.on_import(module)
+        if self._impostor(self.tf):
+            return
         with self._lock:
             stage = self.tf.stage()
             plan = self.requested
