@@ -274,3 +274,26 @@ def test_a_refused_window_leaves_nothing_behind():
     half_made = widget.MemoryPanel.__new__(widget.MemoryPanel)
     half_made.stop()
     half_made.close()
+
+
+@pytest.mark.parametrize("name", ["interval", "window"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_setting_from_the_front_end_is_refused_and_the_panel_keeps_its_own(name, value, monkeypatch):
+    """Issue 28, item 11: a comm update `interval: NaN` passed the trait's bounds (NaN compares
+    false to both), the sampler refused it with a traceback in the output area, and the panel kept
+    NaN.  Now the panel keeps its value, the front end is sent it back, and nothing raises."""
+    pytest.importorskip("tfgpu_magic.kernel.widget")
+    panel = monitor.open_panel(interval=0.2, window=60, nvml=Nvml(lib=shared_server()), display=False)
+    sent: list = []
+    monkeypatch.setattr(panel.comm, "send", lambda data=None, metadata=None, buffers=None: sent.append(data))
+    before = getattr(panel, name)
+    update = {"method": "update", "state": {name: value}, "buffer_paths": []}
+    panel._handle_msg({"content": {"data": update}, "buffers": []})  # what ipywidgets does with the message
+    assert getattr(panel, name) == before
+    assert panel._sampler.interval == 0.2
+    echoed = [d["state"][name] for d in sent if isinstance(d, dict) and name in d.get("state", {})]
+    assert echoed and echoed[-1] == before  # the front end is told the value that stands
+    import json
+
+    for data in sent:  # every message is strict JSON (jupyter_client warned of a non-JSON float)
+        json.dumps(data, allow_nan=False)

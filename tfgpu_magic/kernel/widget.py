@@ -29,6 +29,7 @@ screen until ``%gpu monitor off`` or ``close()``.
 
 from __future__ import annotations
 
+import math
 import operator
 import pathlib
 from typing import Any, Callable, Iterable, Optional
@@ -246,6 +247,21 @@ class MemoryPanel(anywidget.AnyWidget):
             self.send(batch(self._sampler.snapshot(), kind="history", keys=self._known))
 
     # -- browser -> kernel ------------------------------------------------------------------
+    def set_state(self, sync_data: dict[str, Any]) -> None:
+        """The front end's update: a setting outside its bounds (NaN passes a Float's own bounds)
+        is not taken, and the front end is sent the value that stands instead of a traceback."""
+        refused = [name for name in ("interval", "window") if name in sync_data and not self._acceptable(name, sync_data[name])]
+        super().set_state({name: value for name, value in sync_data.items() if name not in refused})
+        if refused:
+            self.send_state(refused)
+
+    def _acceptable(self, name: str, value: Any) -> bool:
+        trait = self.traits()[name]
+        return (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and trait.min <= value <= trait.max
+        )
+
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         kind = content.get("kind") if isinstance(content, dict) else None
         if kind == "history":
