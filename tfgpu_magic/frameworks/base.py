@@ -8,13 +8,15 @@ framework: it is handed the module by a post-import hook once the user's import 
 from __future__ import annotations
 
 import enum
+import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
 __all__ = [
     "CUDA_ENV", "Capture", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
-    "Stage", "UnresettablePeakWindow", "attribute", "capture", "not_the_framework", "too_late",
+    "Stage", "UnresettablePeakWindow", "attribute", "capture", "installed", "not_the_framework", "too_late",
 ]
 
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # read by CUDA when it starts in the process
@@ -98,6 +100,10 @@ class Framework(Protocol):
 
     def on_import(self, module: Any) -> None: ...
 
+    def installed(self) -> bool:
+        """Whether the framework can be imported in this kernel (imported, or found without importing)."""
+        ...
+
     def stage(self) -> Stage: ...
 
     def device_memory(self) -> dict[str, DeviceMemory]:
@@ -107,6 +113,16 @@ class Framework(Protocol):
     def open_peak_window(self) -> PeakWindow: ...
 
     def oom_error_type(self) -> Optional[type]: ...
+
+
+@functools.lru_cache(maxsize=None)
+def installed(module: str) -> bool:
+    """Whether ``import module`` would find something, found without importing it (kept for the
+    kernel's life: a framework installed while it runs is imported by a restarted kernel)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def attribute(obj: Any, path: str) -> Any:

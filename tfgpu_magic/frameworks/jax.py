@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, not_the_framework
+from .base import CUDA_ENV, Capture, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework
 
 __all__ = [
     "ALLOCATOR_ENV",
@@ -134,6 +134,9 @@ class Jax:
                 self.on_start()
             except Exception:  # a note that cannot be made must not stop JAX
                 pass
+
+    def installed(self) -> bool:
+        return self._jax is not None or installed(self.module)
 
     # -- the stage --------------------------------------------------------------------------------------
     def stage(self) -> Stage:

@@ -19,15 +19,24 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, ResettingPeakWindow, Stage, capture, not_the_framework
+from .base import CUDA_ENV, Capture, DeviceMemory, ResettingPeakWindow, Stage, capture, installed, not_the_framework
 
-__all__ = ["ALLOC_CONF_ENV", "ASYNC_BACKEND", "PyTorch", "TorchMemory", "alloc_conf_with_backend"]
+__all__ = [
+    "ALLOC_CONF_ENV", "ASYNC_BACKEND", "NATIVE_ONLY_OPTIONS", "PyTorch", "TorchMemory", "alloc_conf_with_backend",
+    "ignored_by_async",
+]
 
 # The allocator's settings.  From 2.8 the old name warns that it is deprecated in favour of
 # PYTORCH_ALLOC_CONF, but 2.9.1 ignores the new name for CUDA (pytorch#183387): the old name is
 # the one every release reads, so it is the one set unless the user chose the new one.
 ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 ASYNC_BACKEND = "cudaMallocAsync"
+# Options that tune PyTorch's own (native) caching allocator: PyTorch's "CUDA semantics" page says
+# they are specific to it, so under backend:cudaMallocAsync they do nothing.
+NATIVE_ONLY_OPTIONS = (
+    "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "expandable_segments",
+    "release_lock_on_cudamalloc",
+)
 # What the adapter uses of ``torch``: a module without them is not PyTorch (a planted torch.py).
 NEEDS = ("version", "cuda.is_initialized", "cuda._lazy_call", "cuda.device_count")
 
@@ -83,6 +92,9 @@ class PyTorch:
         if self.cuda_seen is None:
             self.cuda_seen = capture(CUDA_ENV)
         self._set_caps()
+
+    def installed(self) -> bool:
+        return self._torch is not None or installed(self.module)
 
     # -- the stage ----------------------------------------------------------------------------------
     def stage(self) -> Stage:
@@ -206,3 +218,13 @@ def alloc_conf_with_backend(current: Optional[str], backend: Optional[str]) -> O
     if backend is not None:
         options.append(f"backend:{backend}")
     return ",".join(options) or None
+
+
+def ignored_by_async(conf: Optional[str]) -> list[str]:
+    """The user's options in ``conf`` that backend:cudaMallocAsync ignores, as written.
+
+    >>> ignored_by_async("max_split_size_mb:128,garbage_collection_threshold:0.8,pinned_use_cuda_host_register:True")
+    ['max_split_size_mb:128', 'garbage_collection_threshold:0.8']
+    """
+    options = [o.strip() for o in (conf or "").split(",") if o.strip()]
+    return [o for o in options if o.split(":", 1)[0].strip() in NATIVE_ONLY_OPTIONS]

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, PeakReading, Stage, capture, not_the_framework
+from .base import CUDA_ENV, Capture, DeviceMemory, PeakReading, Stage, capture, installed, not_the_framework
 from .import_hooks import run_after_import
 
 __all__ = [
@@ -185,6 +185,9 @@ class TensorFlow:
             return dict(self._tf.sysconfig.get_build_info())
         except Exception:  # an old or unusual build: its facts are unknown, not an error
             return None
+
+    def installed(self) -> bool:
+        return self._tf is not None or installed(self.module)
 
     # -- the stage ------------------------------------------------------------------------------
     def stage(self) -> Stage:

@@ -34,7 +34,7 @@ from ..frameworks.jax import (
     Jax,
     mem_fraction_name,
 )
-from ..frameworks.pytorch import ALLOC_CONF_ENV, ASYNC_BACKEND, PyTorch, alloc_conf_with_backend
+from ..frameworks.pytorch import ALLOC_CONF_ENV, ASYNC_BACKEND, PyTorch, alloc_conf_with_backend, ignored_by_async
 from ..frameworks.tensorflow import (
     ASYNC_ALLOCATOR,
     AllocatorStats,
@@ -375,7 +375,7 @@ class Session:
             shown = what + _resolved_suffix(command, resolution)
             self._check_cuda_not_started_by_torch(command, plan, what)
             self._check_jax_fraction_names(command)
-            torch_said = self._torch_part(command, plan)
+            torch_said = self._torch_part(command, plan) + self._async_ignores(command)
             jax_said = self._jax_part(command, plan, resolution, what)
             torch_said += jax_said
             jax_only = isinstance(command, grammar.Allocator) and command.name == "platform"
@@ -427,6 +427,22 @@ class Session:
         raise SessionError(
             f"PyTorch has already started CUDA with {shown}, and CUDA reads it once per process. "
             f"Put `%gpu {what}` at the top of the notebook, before `import torch`, and restart the kernel"
+        )
+
+    def _async_ignores(self, command: Any) -> str:
+        """`allocator async` over the user's own PyTorch allocator options: the ones it ignores, named."""
+        if not (isinstance(command, grammar.Allocator) and command.name == "async" and self.torch.installed()):
+            return ""
+        for name in ALLOC_CONF_ENV:  # the one torch reads: the old name when both are set
+            conf = self.machine.unmanaged_value(name) if name in self.machine.inherited else self.env.get(name)
+            if conf:
+                break
+        ignored = ignored_by_async(conf)
+        if not ignored:
+            return ""
+        return (
+            f"; PyTorch: cudaMallocAsync ignores your {name} options {', '.join(ignored)} (they tune PyTorch's "
+            "own caching allocator, which `allocator async` replaces)"
         )
 
     def _torch_part(self, command: Any, plan: Plan) -> str:
@@ -498,11 +514,17 @@ class Session:
         util.py), so an imported JAX is no sign that the notebook uses it."""
         jax = self.jax
         stage = jax.stage()
+        if isinstance(command, grammar.Limit) and stage is Stage.NOT_IMPORTED and jax.installed():
+            rounded = _jax_rounded_up(resolution)
+            return "" if rounded is None else f"; {rounded}"
         if stage is Stage.NOT_IMPORTED or not isinstance(
             command, (grammar.Use, grammar.Grow, grammar.Limit, grammar.Allocator)
         ):
             return ""
         problem = _jax_limit_problem(resolution) if isinstance(command, grammar.Limit) else None
+        rounded = _jax_rounded_up(resolution) if isinstance(command, grammar.Limit) else None
+        if rounded is not None and stage is not Stage.STARTED:
+            return f"; {rounded}"
         if stage is Stage.STARTED:
             start = jax.start()
             if start is None or not start.gpu:
@@ -923,7 +945,22 @@ def _jax_fraction(resolution: Resolution) -> Optional[str]:
     # Sizes in MiB: the same share of two GPUs can differ in the fourth decimal, no more.
     if not fractions or max(fractions) - min(fractions) > 0.001:
         return None
-    return f"{math.floor(min(fractions) * 10_000) / 10_000:g}"
+    # Never 0, which JAX would take as "no memory at all": a cap below the smallest step gets
+    # that step (said in the reply, see _jax_rounded_up).
+    return f"{max(math.floor(min(fractions) / JAX_FRACTION_STEP), 1) * JAX_FRACTION_STEP:g}"
+
+
+JAX_FRACTION_STEP = 0.0001  # the fractions given to JAX are multiples of this
+
+
+def _jax_rounded_up(resolution: Resolution) -> Optional[str]:
+    """The note for caps below JAX's smallest fraction step (which JAX gets instead), or None."""
+    caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    fraction = _jax_fraction(resolution)
+    if not caps or fraction is None or any(g.cap_mib / g.total_mib >= JAX_FRACTION_STEP for g in caps):
+        return None
+    given = ", ".join(f"{format_bytes(int(g.total_mib * JAX_FRACTION_STEP * MIB))} of GPU {g.index}" for g in caps)
+    return f"JAX: gets a memory fraction of {fraction}, the smallest it is given ({given}), above this limit"
 
 
 def _jax_limit_problem(resolution: Resolution) -> Optional[str]:
