@@ -270,7 +270,7 @@ def test_interrupting_the_wait_stops_cleanly(fresh):
 def test_magic_prints_the_reason_then_the_setting(gpu, capsys):
     gpu("use auto")
     assert capsys.readouterr().out == (
-        f"{CHOSE_1}\nuse 1: takes effect when TensorFlow is imported (before its first op)\n"
+        f"{CHOSE_1}\nuse 1: takes effect when TensorFlow, PyTorch or JAX starts in this kernel\n"
     )
     assert gpu.session.env["CUDA_VISIBLE_DEVICES"] == "1"
 

@@ -63,17 +63,17 @@ def test_limits_that_are_different_shares_leave_jax_uncapped_and_say_so(jax_kern
         "JAX takes one memory fraction for all its GPUs, and these limits are 20% of GPU 0, 10% of GPU 1; "
         "for JAX, give one percentage for all (`%gpu limit 50%`) or sizes that are the same share of each GPU"
     )
-    assert r["limit_differing"].endswith(f"; JAX gets no memory fraction from it: {problem}")
+    assert r["limit_differing"].endswith(f": JAX gets no memory fraction from it: {problem}")
     assert r["fraction_differing"] is None
     assert f"  no memory fraction for JAX: {problem}" in r["status_differing"]
-    assert r["limit_same_share"] == "limit 4096MiB,8192MiB: takes effect when TensorFlow is imported (before its first op)"
+    assert r["limit_same_share"] == "limit 4096MiB,8192MiB: JAX: takes effect when its backends start (its first operation)"
     assert r["frameworks"]["jax"]["environment_at_start"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.1"
 
 
 @pytest.mark.slow
 def test_the_cpu_build_is_said_to_take_no_gpu_setting_and_free_keeps_the_users_arrays(jax_kernel):
     r = jax_kernel
-    assert r["grow_off_after"].endswith("; JAX: started without a GPU backend, so GPU settings do not reach it")
+    assert r["grow_off_after"].endswith(": JAX: started without a GPU backend, so GPU settings do not reach it")
     assert "Ran jax.clear_caches(): compiled functions are dropped. JAX's arrays are yours" in r["free"]
     assert r["x_still_there"] is True
     assert "JAX:        started on cpu: no GPU backend, so GPU settings do not reach it" in r["text"]
@@ -178,7 +178,7 @@ def test_the_start_is_recorded_as_jax_reads_it_and_a_different_setting_is_then_t
         session.configure(grammar.parse("grow off"))
     with pytest.raises(SessionError, match=r"^JAX has already started with CUDA_VISIBLE_DEVICES=0,1.*`%gpu use 2`"):
         session.configure(grammar.parse("use 2"))
-    assert session.configure(grammar.parse("grow")).endswith("; JAX: already started with it")
+    assert session.configure(grammar.parse("grow")) == "grow: JAX: already started with it"  # JAX alone is imported: its part is the reply
     with pytest.raises(SessionError, match=r"^JAX takes one memory fraction for all its GPUs, and these limits "
                                            r"are 20% of GPU 0, 10% of GPU 1"):
         session.configure(grammar.parse("limit 8G,8G"))

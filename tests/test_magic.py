@@ -25,7 +25,7 @@ USE = grammar.usage("use")
 
 def test_use_sets_cuda_variables_in_nvml_order(gpu, capsys):
     gpu("use 0,2")
-    assert capsys.readouterr().out == "use 0,2: takes effect when TensorFlow is imported (before its first op)\n"
+    assert capsys.readouterr().out == "use 0,2: takes effect when TensorFlow, PyTorch or JAX starts in this kernel\n"
     assert gpu.session.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,2"}
     gpu("use none")
     assert gpu.session.env["CUDA_VISIBLE_DEVICES"] == "-1"
@@ -117,11 +117,11 @@ def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
     assert session.reset() == "nothing to forget\nrequested now: nothing (TensorFlow's defaults)"
 
 
-def test_free_before_tensorflow_is_honest(gpu, capsys):
+def test_free_before_any_framework_is_honest_and_names_none(gpu, capsys):
     gpu("free")
     out = capsys.readouterr().out
-    assert out.startswith("Ran garbage collection (Keras is not imported: no Keras session to clear).\n")
-    assert "TensorFlow has not started, so it holds no memory to free." in out
+    assert out.startswith("Ran garbage collection.\nNo framework is imported in this kernel, so none holds GPU memory to free.\n")
+    assert "TensorFlow" not in out and "Keras" not in out
     assert "GPU 1  this process per the driver (NVML): 10.0 GiB -> 10.0 GiB (unchanged)" in out
     assert "went back" not in out
 

@@ -115,7 +115,7 @@ def test_a_percentage_is_shown_resolved_per_gpu():
     session = session_with()
     said(session, "use 3")
     assert said(session, "limit 50%") == (
-        "limit 50% (per GPU: GPU 3: 7,680 MiB): takes effect when TensorFlow is imported (before its first op)"
+        "limit 50% (per GPU: GPU 3: 7,680 MiB): takes effect when TensorFlow, PyTorch or JAX starts in this kernel"
     )
     assert status.render_text(status.build_report(session)).splitlines()[0] == (
         "Requested:  use 3; limit 50%; per GPU: GPU 3: 7,680 MiB"

@@ -33,7 +33,7 @@ def test_an_inherited_fastest_first_order_is_replaced_before_cuda_starts_and_sai
 def test_the_inherited_allocation_holds_through_use_and_tensorflow():
     r = run_scenario("truth", "allocation", env={"CUDA_VISIBLE_DEVICES": "2,3"})
     assert r["use_0"].startswith("UsageError: GPU 0 is outside this kernel's allocation: the environment allocated GPU 2, 3")
-    assert r["use_all"] == "use all: takes effect when TensorFlow is imported (before its first op)"
+    assert r["use_all"] == "use all: takes effect when TensorFlow, PyTorch or JAX starts in this kernel"
     assert r["env"] == "2,3"
     assert r["tensorflow_view"] == r["status_visible"] == [2, 3]
     assert r["use_3"] == "use 3: applied to TensorFlow now (imported, not started)"
@@ -51,7 +51,7 @@ def test_what_tensorflow_started_with_is_recorded_when_it_starts():
 
 def test_a_gpu_setting_that_cannot_take_effect_is_said_once_and_precision_still_works():
     r = run_scenario("truth", "no_gpu_note")
-    assert r["grow"] == "grow: takes effect when TensorFlow is imported (before its first op)"
+    assert r["grow"] == "grow: takes effect when TensorFlow, PyTorch or JAX starts in this kernel"
     assert r["stderr"] == [
         "tfgpu_magic: TensorFlow found no GPU (a CPU-only build, or no working NVIDIA driver), so these GPU "
         "settings cannot take effect: grow. Run `%gpu` for details."

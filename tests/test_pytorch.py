@@ -51,13 +51,13 @@ def test_after_import_a_different_allocator_is_too_late_with_the_line_to_put_fir
         "UsageError: PyTorch loaded with the async allocator and reads it only at `import torch`. Put "
         "`%gpu allocator default` at the top of the notebook, before `import torch`, and restart the kernel"
     )
-    assert r["allocator_same"].endswith("; PyTorch: already loaded with the async allocator")
+    assert r["allocator_same"].endswith(": PyTorch: already loaded with the async allocator")
 
 
 @pytest.mark.slow
 def test_grow_says_pytorch_already_allocates_on_demand_and_free_says_nothing_was_held(torch_kernel):
     r = torch_kernel
-    assert r["grow"].endswith("; PyTorch: allocates on demand already, so `grow` changes nothing for it")
+    assert r["grow"].endswith(": PyTorch: allocates on demand already, so `grow` changes nothing for it")
     assert "PyTorch has not started CUDA, so it holds no GPU memory to free." in r["free"]
     assert r["cuda_initialized"] is False
 
@@ -178,7 +178,7 @@ def test_a_limit_after_cuda_started_is_set_at_once():
     session._on_torch_import(torch)
     torch.cuda.start()
     said = session.configure(grammar.parse("limit 50%"))
-    assert said.endswith("; PyTorch: capped now")
+    assert said.endswith(": PyTorch: capped now")  # PyTorch alone is imported: its part is the reply
     assert torch.cuda.fractions[1] == pytest.approx(0.5)
 
 
@@ -197,7 +197,7 @@ def test_allocator_platform_with_pytorch_imported_names_pytorch_once():
     session = torch_session()
     session._on_torch_import(cuda_torch([80 * GIB] * 4))
     said = session.configure(grammar.parse("allocator platform"))
-    assert said.count("PyTorch") == 1 and "TensorFlow and PyTorch keep the allocators they have" in said
+    assert said.count("PyTorch") == 1 and said.endswith("; PyTorch keeps its allocator")
 
 
 def test_a_users_pytorch_alloc_conf_is_the_variable_edited():
@@ -342,3 +342,21 @@ def test_tracing_names_pytorch_once_it_is_imported(shell):
     finally:
         trace.set_tracing(shell, session, False)
     assert said.endswith("; also the allocator of PyTorch on each GPU, once started")
+
+
+def test_the_gpu_pytorch_started_cuda_on_is_named_after_the_variable_is_changed_by_hand():
+    """Issue 27: PyTorch started CUDA with CUDA_VISIBLE_DEVICES=1, the variable was then set to 3 by
+    hand: the out-of-memory text said GPU 3 and advised `%gpu use 1`, the GPU it was running on.
+    CUDA read the variable once, at its start in the process: that record is what every report reads."""
+    session, cuda = started_torch("use 1", "limit 8G")
+    session.env["CUDA_VISIBLE_DEVICES"] = "3"  # by hand, after CUDA started
+    cuda.allocate(0, 7 * GIB)
+    error = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    text = oom.explain(session, error)
+    assert text.startswith("tfgpu_magic: PyTorch ran out of memory on GPU 1 (PyTorch cuda:0, ")
+    assert "%gpu use 1" not in text
+    assert session.machine.cuda_env()["CUDA_VISIBLE_DEVICES"] == "1"
+    assert session.machine.cuda_record.by == "PyTorch"
+    tracer = trace.Tracer(shell=None, session=session)
+    tracer.pre_run_cell(None)
+    assert tracer.lines(0.1)[0].startswith("[gpu trace] GPU 1 (PyTorch cuda:0)")

@@ -22,10 +22,10 @@ def not_imported():
 
 def test_settings_wait_for_the_import_then_land_before_the_first_op(not_imported):
     r = not_imported
-    assert r["limit"] == "limit 4096MiB: takes effect when TensorFlow is imported (before its first op)"
+    assert r["limit"] == "limit 4096MiB: takes effect when TensorFlow, PyTorch or JAX starts in this kernel"
     assert r["stage_after_magic"] == "NOT_IMPORTED"  # the magic never imports TensorFlow
     # magic, import and first op in one cell
-    assert r["cell"] == "allocator async: takes effect when TensorFlow is imported (before its first op)\n16.0"
+    assert r["cell"] == "allocator async: takes effect when TensorFlow, PyTorch or JAX starts in this kernel\n16.0"
     assert r["stage_after_cell"] == "STARTED"
     assert r["env"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TF_GPU_ALLOCATOR": "cuda_malloc_async"}
 

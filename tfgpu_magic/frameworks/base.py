@@ -11,11 +11,12 @@ import enum
 import functools
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
 __all__ = [
-    "CUDA_ENV", "Capture", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
+    "CUDA_ENV", "Capture", "CudaRecord", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
     "Stage", "UnresettablePeakWindow", "attribute", "capture", "installed", "not_the_framework", "too_late",
 ]
 
@@ -52,8 +53,31 @@ class Capture:
         return self.env.get(name)
 
 
-def capture(names: tuple[str, ...], late: bool = False) -> Capture:
-    return Capture({name: os.environ.get(name) for name in names}, late)
+def capture(names: tuple[str, ...], late: bool = False, env: Optional[Mapping[str, str]] = None) -> Capture:
+    """The variables as ``env`` (the process environment unless the session gave its own) holds them now."""
+    source = os.environ if env is None else env
+    return Capture({name: source.get(name) for name in names}, late)
+
+
+class CudaRecord:
+    """What CUDA read when it started in this process: made once, by whichever framework started it
+    first (TensorFlow listing its devices, PyTorch's first CUDA call, JAX's backends on a GPU).
+
+    CUDA reads ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` once per process, so a later
+    framework (or a later change of the variables) sees the GPUs of this record, whatever it
+    captured itself.  One per kernel: the machine owns it and hands it to every adapter.
+    """
+
+    def __init__(self) -> None:
+        self.capture: Optional[Capture] = None
+        self.by: Optional[str] = None  # the framework that started CUDA ("PyTorch", ...)
+        self._lock = threading.Lock()
+
+    def note(self, seen: Capture, by: str) -> None:
+        """``by`` started CUDA with ``seen``: kept if it is the first; a later one changes nothing."""
+        with self._lock:
+            if self.capture is None:
+                self.capture, self.by = seen, by
 
 
 # -- what every adapter answers -----------------------------------------------------------------------

@@ -13,11 +13,12 @@ JAX itself read, not a copy of its rules.  After the start, nothing changes JAX'
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework
+from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework
 
 __all__ = [
     "ALLOCATOR_ENV",
@@ -88,6 +89,8 @@ class Jax:
         self.memory_error: Optional[str] = None  # the last device whose statistics could not be read
         self.on_start: Optional[Callable[[], None]] = None  # the session's, called once JAX started on a GPU
         self.refused: Optional[str] = None  # why what `import jax` gave is not JAX
+        self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
+        self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the session
 
     # -- the moment jax arrives ---------------------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -109,7 +112,7 @@ class Jax:
         """Just before JAX starts its backends: record the variables and JAX's reading of them."""
         if self.started_with is not None:
             return
-        self.started_with = capture(JAX_START_ENV, late=late)
+        self.started_with = capture(JAX_START_ENV, late=late, env=self.environ)
         make_options = attribute(self._jax, "_src.lib.xla_client.generate_pjrt_gpu_plugin_options")
         if make_options is None:
             return
@@ -129,6 +132,9 @@ class Jax:
         if self._gpu_seen is not None:
             return
         self._gpu_seen = _has_gpu_backend(backends)
+        if self._gpu_seen and self.cuda_record is not None and self.started_with is not None:
+            cuda = {name: self.started_with.get(name) for name in CUDA_ENV}  # as its plugin read them
+            self.cuda_record.note(Capture(cuda, self.started_with.late), self.name)
         if self._gpu_seen and self.on_start is not None and not getattr(self.started_with, "late", True):
             try:
                 self.on_start()

@@ -15,11 +15,12 @@ the environment CUDA read.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, ResettingPeakWindow, Stage, capture, installed, not_the_framework
+from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, ResettingPeakWindow, Stage, capture, installed, not_the_framework
 
 __all__ = [
     "ALLOC_CONF_ENV", "ASYNC_BACKEND", "NATIVE_ONLY_OPTIONS", "PyTorch", "TorchMemory", "alloc_conf_with_backend",
@@ -63,6 +64,8 @@ class PyTorch:
         self.loaded_with: Optional[Capture] = None  # the allocator variables at import
         self.settings_at_import: Optional[str] = None  # the allocator settings torch itself parsed then
         self.cuda_seen: Optional[Capture] = None  # CUDA's variables when PyTorch started CUDA
+        self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
+        self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the session
         self.caps_bytes: dict[int, int] = {}  # CUDA index -> the cap queued or set
         self.caps_set: dict[int, float] = {}  # CUDA index -> the fraction set when CUDA started
         self.cap_errors: list[str] = []
@@ -80,18 +83,24 @@ class PyTorch:
                 return
             self._torch = module
             started = self._cuda_started()
-            self.loaded_with = capture(ALLOC_CONF_ENV, late=started)
+            self.loaded_with = capture(ALLOC_CONF_ENV, late=started, env=self.environ)
             self.settings_at_import = _allocator_settings(module)
             if started:
-                self.cuda_seen = capture(CUDA_ENV, late=True)
+                self.cuda_seen = capture(CUDA_ENV, late=True, env=self.environ)
+                self._record_cuda()
         if not started:  # outside our lock: _lazy_call takes torch's initialisation lock
             module.cuda._lazy_call(self._note_cuda_start)
 
     def _note_cuda_start(self) -> None:
         """Run by PyTorch right after it started CUDA (its queued calls), on the starting thread."""
         if self.cuda_seen is None:
-            self.cuda_seen = capture(CUDA_ENV)
+            self.cuda_seen = capture(CUDA_ENV, env=self.environ)
+            self._record_cuda()
         self._set_caps()
+
+    def _record_cuda(self) -> None:
+        if self.cuda_record is not None and self.cuda_seen is not None:
+            self.cuda_record.note(self.cuda_seen, self.name)
 
     def installed(self) -> bool:
         return self._torch is not None or installed(self.module)

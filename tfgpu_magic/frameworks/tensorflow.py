@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, DeviceMemory, PeakReading, Stage, capture, installed, not_the_framework
+from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, PeakReading, Stage, capture, installed, not_the_framework
 from .import_hooks import run_after_import
 
 __all__ = [
@@ -89,6 +89,8 @@ class TensorFlow:
         self._context_module: Any = None
         self._lock = threading.Lock()
         self.cuda_seen: Optional[Capture] = None  # CUDA's variables at enumeration
+        self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
+        self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the machine
         self.started_with: Optional[Capture] = None  # TensorFlow's start variables at the first op
         self.owned_logical: set[int] = set()  # nvidia-smi indices whose logical devices we configured
         self.owned_visibility = False  # True once we called set_visible_devices
@@ -124,9 +126,10 @@ class TensorFlow:
             self._context_module = context
             ctx = context.context_safe()
             if ctx is not None and getattr(ctx, "_physical_devices", None) is not None:
-                self.cuda_seen = capture(CUDA_ENV, late=True)  # listed before we were loaded
+                self.cuda_seen = capture(CUDA_ENV, late=True, env=self.environ)  # listed before we were loaded
+                self._record_cuda()
             if ctx is not None and getattr(ctx, "_context_handle", None) is not None:
-                self.started_with = capture(START_ENV, late=True)
+                self.started_with = capture(START_ENV, late=True, env=self.environ)
             self._watch(context.Context)
             self._tf = module
         _watch_device_lib(self)
@@ -155,13 +158,18 @@ class TensorFlow:
 
     def _note_enumeration(self) -> None:
         if self.cuda_seen is None:
-            self.cuda_seen = capture(CUDA_ENV)
+            self.cuda_seen = capture(CUDA_ENV, env=self.environ)
+            self._record_cuda()
+
+    def _record_cuda(self) -> None:
+        if self.cuda_record is not None and self.cuda_seen is not None:
+            self.cuda_record.note(self.cuda_seen, self.name)
 
     def _note_start(self) -> None:
         self._note_enumeration()  # the runtime lists devices if nothing did before
         self._cpu_stats_when_no_gpu()
         if self.started_with is None:
-            self.started_with = capture(START_ENV)
+            self.started_with = capture(START_ENV, env=self.environ)
 
     def _cpu_stats_when_no_gpu(self) -> None:
         """Just before the runtime starts, the last moment the CPU allocator can still be chosen:

@@ -20,6 +20,7 @@ from typing import Optional
 
 from ..command.plan import MachineFacts
 from ..command.units import MIB
+from ..frameworks.base import CudaRecord
 from ..frameworks.tensorflow import CUDA_ENV, Stage, TensorFlow
 from ..gpus import numbering
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
@@ -50,6 +51,9 @@ class Machine:
         self.nvml = nvml if nvml is not None else Nvml()
         self.env: MutableMapping[str, str] = os.environ if env is None else env
         self.tf = tf if tf is not None else TensorFlow()
+        self.cuda_record = CudaRecord()  # what CUDA read at its start, whichever framework started it
+        self.tf.cuda_record, self.tf.environ = self.cuda_record, self.env
+        self._frozen_cuda_map: Optional[list[int]] = None  # CUDA's numbering, fixed once CUDA started
         self.inherited = {name: self.env.get(name) for name in MANAGED_ENV}
         self._written: dict[str, Optional[str]] = {}  # what we last set each variable to
         self._allocation: Optional[numbering.Allocation] = None
@@ -134,23 +138,31 @@ class Machine:
 
     # -- CUDA's numbering -----------------------------------------------------------------------
     def cuda_env(self) -> dict[str, Optional[str]]:
-        """CUDA's variables as CUDA read them at enumeration, or as it would read them now."""
-        seen = self.tf.cuda_seen
+        """CUDA's variables as CUDA read them at its start in this process (whichever framework
+        started it), or as it would read them now."""
+        seen = self.cuda_record.capture
         if seen is not None:
-            return dict(seen.env)
+            return {name: seen.get(name) for name in CUDA_ENV}
         return {name: self.env.get(name) for name in CUDA_ENV}
 
     def cuda_map(self) -> list[int]:
-        """nvidia-smi index of each CUDA device (TensorFlow's physical GPU k is entry k)."""
+        """nvidia-smi index of each CUDA device (TensorFlow's physical GPU k, PyTorch's cuda:k and
+        JAX's gpu:k are entry k); made once after CUDA started (its numbering never changes then)."""
+        if self._frozen_cuda_map is not None:
+            return list(self._frozen_cuda_map)
+        started = self.cuda_record.capture is not None
         uuids = self.uuids()
         env = self.cuda_env()
         if uuids is None:  # no NVML: trust the indices as written
             return numbering.cuda_to_nvml(env, [None] * 64)
-        return numbering.cuda_to_nvml(env, uuids, self._mig_for(env.get("CUDA_VISIBLE_DEVICES")))
+        found = numbering.cuda_to_nvml(env, uuids, self._mig_for(env.get("CUDA_VISIBLE_DEVICES")))
+        if started:
+            self._frozen_cuda_map = found
+        return list(found)
 
     def numbering_note(self) -> Optional[str]:
         """Why CUDA's numbers may differ from nvidia-smi's, when they may (once CUDA has numbered them)."""
-        if self.tf.cuda_seen is None:
+        if self.cuda_record.capture is None:
             return None
         env = self.cuda_env()
         if numbering.order_is_nvml(env):

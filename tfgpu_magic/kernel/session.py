@@ -70,6 +70,8 @@ class Session:
         self.machine = machine if machine is not None else Machine(nvml, env, tf)
         self.torch = torch if torch is not None else PyTorch()
         self.jax = jax if jax is not None else Jax()
+        for adapter in (self.torch, self.jax):  # one record of CUDA's start, one environment
+            adapter.cuda_record, adapter.environ = self.machine.cuda_record, self.machine.env
         self.jax.on_start = self._on_jax_start
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
         self._requested = Plan()
@@ -388,9 +390,7 @@ class Session:
                     else "already in force (TensorFlow has started); nothing changed"
                 )
                 if jax_only and plan != self.requested:
-                    answer = (
-                        "JAX only, read when its backends start; TensorFlow and PyTorch keep the allocators they have"
-                    )
+                    answer = "JAX only, read when its backends start; TensorFlow keeps the allocator it has"
                 self._settle(resolution, chosen_by_auto)
                 self._give_torch(resolution)
                 if self.jax.stage() is not Stage.STARTED:  # JAX reads its variables at its own start
@@ -401,17 +401,26 @@ class Session:
             self._settle(resolution, chosen_by_auto)
             self._give_torch(resolution)
             self._give_jax(resolution)
-            when = (
-                "takes effect when TensorFlow is imported (before its first op)"
-                if stage is Stage.NOT_IMPORTED
-                else "applied to TensorFlow now (imported, not started)"
-            )
             if jax_only:
+                others = [f.name for f in self.imported_frameworks() if f is not self.jax]
+                kept = "keeps its allocator" if len(others) == 1 else "keep their allocators"
+                keep = f"; {_either(others, 'and')} {kept}" if others else ""
                 when = (
                     "JAX only, read when its backends start: it allocates on demand and hands freed "
-                    "memory back, slowly; TensorFlow and PyTorch keep the allocators they have"
+                    f"memory back, slowly{keep}"
                 )
+            elif stage is not Stage.NOT_IMPORTED:
+                when = "applied to TensorFlow now (imported, not started)"
+            elif self.imported_frameworks():  # each imported framework's part says when
+                return f"{shown}: {torch_said[2:]}" if torch_said else f"{shown}: {self._waiting_for()}"
+            else:
+                when = self._waiting_for()
             return f"{shown}: {when}{torch_said}"
+
+    def _waiting_for(self) -> str:
+        """Before any framework is imported: the ones the setting will reach (those installed)."""
+        installed = [f.name for f in self.frameworks() if f.installed()] or [f.name for f in self.frameworks()]
+        return f"takes effect when {_either(installed)} starts in this kernel"
 
     # -- PyTorch ------------------------------------------------------------------------------------
     def _check_cuda_not_started_by_torch(self, command: Any, plan: Plan, what: str) -> None:
@@ -431,8 +440,10 @@ class Session:
 
     def _async_ignores(self, command: Any) -> str:
         """`allocator async` over the user's own PyTorch allocator options: the ones it ignores, named."""
-        if not (isinstance(command, grammar.Allocator) and command.name == "async" and self.torch.installed()):
+        if not (isinstance(command, grammar.Allocator) and command.name == "async"):
             return ""
+        if self.torch.stage() is not Stage.NOT_IMPORTED or not self.torch.installed():
+            return ""  # loaded already: its part says with which allocator
         for name in ALLOC_CONF_ENV:  # the one torch reads: the old name when both are set
             conf = self.machine.unmanaged_value(name) if name in self.machine.inherited else self.env.get(name)
             if conf:
@@ -464,7 +475,7 @@ class Session:
         if isinstance(command, grammar.Grow):
             return "; PyTorch: allocates on demand already, so `grow` changes nothing for it"
         if isinstance(command, grammar.Split):
-            return "; PyTorch: has no logical GPUs, so `split` applies to TensorFlow only"
+            return "; PyTorch: has no logical GPUs, so `split` does not reach it"
         if isinstance(command, (grammar.Limit, grammar.Use)) and plan.gpu_settings:
             if not torch.cuda_build():
                 return "; PyTorch: a CPU build (torch.version.cuda is None), so no GPU setting reaches it"
@@ -537,6 +548,8 @@ class Session:
             return "; JAX: already started with it"
         if problem is not None:  # accepted for the other frameworks; JAX starts uncapped
             return f"; JAX gets no memory fraction from it: {problem}"
+        if self.tf.stage() is Stage.NOT_IMPORTED:  # imported by the user (TensorFlow imports it itself)
+            return "; JAX: takes effect when its backends start (its first operation)"
         return ""
 
     def _jax_difference(self, command: Any, resolution: Resolution, start: Any) -> tuple[bool, str]:
@@ -803,7 +816,7 @@ class Session:
             after_jax = self.jax.device_memory()
             force = self.in_force() if started else None
             report = _free_report(
-                keras_cleared, started, force, policy, before_tf, after_tf, before_driver, after_driver
+                keras_cleared, tf.stage(), force, policy, before_tf, after_tf, before_driver, after_driver
             )
             lines = report.split("\n")
             extra = []
@@ -811,6 +824,8 @@ class Session:
                 extra += _torch_free_lines(torch_emptied, before_torch, after_torch)
             if jax_cleared:
                 extra += _jax_free_lines(self.jax.start(), before_jax, after_jax)
+            if not self.imported_frameworks():
+                extra.append("No framework is imported in this kernel, so none holds GPU memory to free.")
             lines[1:1] = extra
             return "\n".join(lines)
 
@@ -910,6 +925,11 @@ class DriverReading:
 
 
 # -- helpers ----------------------------------------------------------------------------------------
+def _either(names: list[str], last: str = "or") -> str:
+    """``A``, ``A or B``, ``A, B or C``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
 def _describe_command(command: Any) -> str:
     if isinstance(command, grammar.Use):
         plan = Plan(visible=command.gpus)  # type: ignore[arg-type]
@@ -1014,7 +1034,7 @@ def _logical_text(sizes: Optional[tuple[int, ...]]) -> str:
 
 def _free_report(
     keras_cleared: bool,
-    started: bool,
+    tf_stage: Stage,
     force: Optional[InForce],
     policy: Optional[str],
     before_tf: dict[str, AllocatorStats],
@@ -1022,14 +1042,16 @@ def _free_report(
     before: DriverReading,
     after: DriverReading,
 ) -> str:
-    lines = [
-        "Ran Keras clear_session and garbage collection."
-        if keras_cleared
-        else "Ran garbage collection (Keras is not imported: no Keras session to clear)."
-    ]
+    started = tf_stage is Stage.STARTED
+    if keras_cleared:
+        lines = ["Ran Keras clear_session and garbage collection."]
+    elif tf_stage is not Stage.NOT_IMPORTED:
+        lines = ["Ran garbage collection (Keras is not imported: no Keras session to clear)."]
+    else:
+        lines = ["Ran garbage collection."]
     if policy is not None and keras_cleared:
         lines[0] += f" Re-applied precision {policy} (clear_session resets it)."
-    if not started:
+    if tf_stage is not Stage.NOT_IMPORTED and not started:
         lines.append("TensorFlow has not started, so it holds no memory to free.")
     lines += _in_use_lines(
         "TensorFlow", {d: s.current_bytes for d, s in before_tf.items()}, {d: s.current_bytes for d, s in after_tf.items()}
