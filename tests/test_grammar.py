@@ -137,13 +137,14 @@ def test_every_declared_form_parses(verb):
 
 def test_the_manual_is_generated_from_the_table():
     manual = grammar.manual()
-    assert manual.startswith("TensorFlow GPU settings, memory and sharing, from inside the notebook.\n")
+    assert manual.startswith("GPU settings, memory and sharing for TensorFlow, PyTorch and JAX, from inside the notebook.\n")
     for verb in grammar.TABLE:
         for form, text in verb.manual:
             assert f"  {form}" in manual and text in manual
     assert "  %gpu limit 4096         cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)\n" in manual
     assert "  %gpu precision mixed_float16   the Keras global dtype policy (mixed_bfloat16 | float32)\n" in manual
-    assert "  %%gpu on 1              run the cell with TensorFlow's ops placed on GPU 1\n" in manual
+    assert "  %%gpu on 1              run the cell with new tensors and ops placed on GPU 1\n" in manual
+    assert "TensorFlow's stage" not in manual  # each framework's, not one's
     assert "Sizes are binary: 4G = 4GiB = 4096 MiB" in manual
     assert "Examples:\n  %gpu use 1\n" in manual
     assert manual.endswith('Defaults for every kernel (ipython_config.py):\n  c.GpuMagics.defaults = ["grow", "limit 50%"]\n')

@@ -103,7 +103,7 @@ def test_status_without_a_driver_is_one_line_about_it(shell, capsys):
     shell.run_line_magic("gpu", "")
     out = capsys.readouterr().out
     assert "GPUs:       no NVIDIA driver could be reached through NVML (Driver Not Loaded)" in out
-    assert "TensorFlow: not imported" in out
+    assert "Frameworks: none imported yet" in out and "TensorFlow: not imported" not in out
 
 
 def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
@@ -112,9 +112,9 @@ def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
     gpu.__dict__["session"] = session
     session.configure(grammar.Use((1,)))
     session.configure(grammar.Grow(True))
-    assert session.reset() == "forgot: use 1; grow\nrequested now: nothing (TensorFlow's defaults)"
+    assert session.reset() == "forgot: use 1; grow\nrequested now: nothing (each framework's defaults)"
     assert session.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,3"}
-    assert session.reset() == "nothing to forget\nrequested now: nothing (TensorFlow's defaults)"
+    assert session.reset() == "nothing to forget\nrequested now: nothing (each framework's defaults)"
 
 
 def test_free_before_any_framework_is_honest_and_names_none(gpu, capsys):

@@ -143,7 +143,7 @@ def test_reset_after_enumeration_says_what_cuda_already_read():
     session.tf.cuda_seen = Capture({"CUDA_VISIBLE_DEVICES": "-1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     session.requested = session.requested.with_command(grammar.Use("none"))
     assert session.reset() == (
-        "forgot: use none\nrequested now: nothing (TensorFlow's defaults)\n"
+        "forgot: use none\nrequested now: nothing (each framework's defaults)\n"
         "cannot undo: CUDA_VISIBLE_DEVICES=-1 was read by CUDA when TensorFlow listed its devices; "
         "GPUs hidden then stay hidden until the kernel restarts"
     )

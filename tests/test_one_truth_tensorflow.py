@@ -63,7 +63,7 @@ def test_reset_puts_the_policy_back_and_says_what_cuda_already_read():
     r = run_scenario("truth", "reset_precision")
     assert r["policy_before"] == "mixed_float16" and r["policy_after"] == "float32"
     assert r["reset"] == (
-        "forgot: use none; precision mixed_float16\nrequested now: nothing (TensorFlow's defaults)\n"
+        "forgot: use none; precision mixed_float16\nrequested now: nothing (each framework's defaults)\n"
         "cannot undo: CUDA_VISIBLE_DEVICES=-1 was read by CUDA when TensorFlow listed its devices; "
         "GPUs hidden then stay hidden until the kernel restarts"
     )

@@ -26,9 +26,9 @@ MIB = 1024 * 1024
 ME = 4242
 
 EXPECTED_TEXT = """\
-Requested:  nothing (TensorFlow's defaults)
-In force:   TensorFlow's defaults
-TensorFlow: not imported
+Requested:  nothing (each framework's defaults)
+In force:   each framework's defaults
+Frameworks: none imported yet; settings reach TensorFlow, PyTorch and JAX when they start
 This kernel: pid 4242, user me; sees GPU 0,1,2,3
 Bars:       # this kernel  = my other processes  x other users  : unattributed  . free
 GPU 0  NVIDIA A100-SXM4-40GB  30.3 GiB / 40.0 GiB used (driver)  util 97%  visible
@@ -260,7 +260,7 @@ def test_magic_displays_text_and_html(gpu):
     with capture_output() as captured:
         gpu("status")
     (output,) = captured.outputs
-    assert output.data["text/plain"].startswith("Requested:  nothing (TensorFlow's defaults)\n")
+    assert output.data["text/plain"].startswith("Requested:  nothing (each framework's defaults)\n")
     assert f"This kernel: pid {os.getpid()}, user me; sees GPU 0,1,2,3" in output.data["text/plain"]
     assert output.data["text/html"].startswith('<div class="tfgpu-status"')
 

@@ -84,7 +84,11 @@ def test_after_start_it_names_the_devices_and_off_stops_the_lines(kernel):
 
 # -- in-process: no TensorFlow here, its readings are simulated --------------------------------
 @pytest.fixture
-def tracing(shell, session):
+def tracing(shell, session, monkeypatch):
+    """A TensorFlow kernel on a machine where PyTorch and JAX are not installed (their part of the
+    reply is tests/test_frameworks_said.py's)."""
+    monkeypatch.setattr(session.torch, "installed", lambda: False)
+    monkeypatch.setattr(session.jax, "installed", lambda: False)
     yield lambda on: trace.set_tracing(shell, session, on)
     trace.set_tracing(shell, session, False)
 

@@ -500,7 +500,7 @@ TABLE: tuple[Verb, ...] = (
         _status,
         forms=("%gpu", "%gpu status", "%gpu status --json"),
         manual=(
-            ("%gpu, %gpu status", "what was asked, what is in force, TensorFlow's stage, the GPUs"),
+            ("%gpu, %gpu status", "what was asked, what is in force, each framework's stage, the GPUs"),
             ("%gpu status --json", "the same as JSON, for scripts"),
         ),
         flags=tuple(_STATUS_OPTIONS),
@@ -517,7 +517,7 @@ TABLE: tuple[Verb, ...] = (
             "%gpu use auto:2 --min-free 10G --wait 10m",
         ),
         manual=(
-            ("%gpu use 1", "show TensorFlow only GPU 1 (also: 0,2 | all | none)"),
+            ("%gpu use 1", "show the frameworks only GPU 1 (also: 0,2 | all | none)"),
             ("%gpu use auto", "pick the freest GPU and claim it (auto:2, --min-free 10G, --wait 10m)"),
         ),
         words=("all", "none", "auto", "auto:2"),
@@ -527,7 +527,7 @@ TABLE: tuple[Verb, ...] = (
         "grow",
         _grow,
         forms=("%gpu grow", "%gpu grow off"),
-        manual=(("%gpu grow [off]", "memory growth on every visible GPU"),),
+        manual=(("%gpu grow [off]", "memory growth on every visible GPU (JAX: no preallocation)"),),
         words=("on", "off"),
     ),
     Verb(
@@ -548,7 +548,7 @@ TABLE: tuple[Verb, ...] = (
         "split",
         _split,
         forms=("%gpu split 2", "%gpu split 4G,4G", "%gpu split off"),
-        manual=(("%gpu split 2", "two logical GPUs on each visible GPU (split 4G,4G | split off)"),),
+        manual=(("%gpu split 2", "TensorFlow: two logical GPUs on each visible GPU (split 4G,4G | off)"),),
         words=("2", "off"),
     ),
     Verb(
@@ -556,7 +556,7 @@ TABLE: tuple[Verb, ...] = (
         _allocator,
         forms=("%gpu allocator async", "%gpu allocator default", "%gpu allocator platform"),
         manual=(
-            ("%gpu allocator async", "TF_GPU_ALLOCATOR=cuda_malloc_async, which returns freed memory"),
+            ("%gpu allocator async", "CUDA's async allocator in each framework, which returns freed memory"),
             ("%gpu allocator platform", "JAX only: allocates on demand and hands memory back (slow)"),
         ),
         words=ALLOCATORS,
@@ -572,7 +572,7 @@ TABLE: tuple[Verb, ...] = (
         "free",
         _free,
         forms=("%gpu free",),
-        manual=(("%gpu free", "Keras clear_session + garbage collection, with an honest report"),),
+        manual=(("%gpu free", "empty the frameworks' caches (and Keras's session), with the driver's before/after"),),
     ),
     Verb(
         "monitor",
@@ -593,21 +593,21 @@ TABLE: tuple[Verb, ...] = (
         "budget",
         _budget,
         forms=("%%gpu budget 2G",),
-        manual=(("%%gpu budget 2G", "run the cell; fail it if TensorFlow's peak rose more than 2 GiB during it"),),
+        manual=(("%%gpu budget 2G", "run the cell; fail it if a framework's peak rose more than 2 GiB during it"),),
         cell=True,
     ),
     Verb(
         "on",
         _on,
         forms=("%%gpu on 1",),
-        manual=(("%%gpu on 1", "run the cell with TensorFlow's ops placed on GPU 1"),),
+        manual=(("%%gpu on 1", "run the cell with new tensors and ops placed on GPU 1"),),
         cell=True,
     ),
     Verb(
         "trace",
         _trace,
         forms=("%gpu trace", "%gpu trace off"),
-        manual=(("%gpu trace [off]", "after each cell: TensorFlow allocator peak and retained change"),),
+        manual=(("%gpu trace [off]", "after each cell: each framework's allocator peak and retained change"),),
         words=("on", "off"),
     ),
     Verb(
@@ -717,12 +717,12 @@ def parse_cell(line: str) -> dict[str, object]:
 
 
 # -- what the table shows ------------------------------------------------------------------------
-_INTRO = """TensorFlow GPU settings, memory and sharing, from inside the notebook.
+_INTRO = """GPU settings, memory and sharing for TensorFlow, PyTorch and JAX, from inside the notebook.
 
-GPU numbers are nvidia-smi's.  Settings land before TensorFlow's first op, even when
-`import tensorflow` comes later in the same cell; once TensorFlow has started, an identical
-setting is accepted quietly and a different one is refused with the line to put at the top
-of the notebook.
+GPU numbers are nvidia-smi's.  Settings land before each framework reads them (TensorFlow's and
+JAX's first operation, PyTorch's first CUDA call), even when the import comes later in the same
+cell; once a framework has started, an identical setting is accepted quietly and a different one
+is refused with the line to put at the top of the notebook.
 """
 
 _NOTES = """Sizes are binary: 4G = 4GiB = 4096 MiB; a bare number is MiB, like TensorFlow's memory_limit.
@@ -731,7 +731,7 @@ Examples:
   %gpu use 1
   %gpu grow
   %gpu limit 50%
-  import tensorflow as tf      # the settings above are applied here, before any op
+  import torch                 # or jax, or tensorflow: the settings above reach it as it starts
 
 Defaults for every kernel (ipython_config.py):
   c.GpuMagics.defaults = ["grow", "limit 50%"]

@@ -121,6 +121,7 @@ class Framework(Protocol):
     key: str  # "tensorflow", "pytorch", "jax": its key in `%gpu status --json` and `Session.applied`
     name: str  # as shown: "TensorFlow", "PyTorch", "JAX"
     module: str  # what the user imports: "tensorflow", "torch", "jax"
+    start_variables: tuple[str, ...]  # the environment variables it reads as it starts (CUDA's aside)
 
     def on_import(self, module: Any) -> None: ...
 

@@ -77,6 +77,7 @@ class Jax:
     key = "jax"
     name = "JAX"
     module = "jax"
+    start_variables = tuple(n for n in JAX_START_ENV if n not in CUDA_ENV)
 
     def __init__(self) -> None:
         self._jax: Any = None

@@ -57,6 +57,7 @@ class PyTorch:
     key = "pytorch"
     name = "PyTorch"
     module = "torch"
+    start_variables = ALLOC_CONF_ENV
 
     def __init__(self) -> None:
         self._torch: Any = None

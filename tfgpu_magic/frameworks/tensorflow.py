@@ -83,6 +83,7 @@ class TensorFlow:
     key = "tensorflow"
     name = "TensorFlow"
     module = "tensorflow"
+    start_variables = START_ENV
 
     def __init__(self) -> None:
         self._tf: Any = None  # the tensorflow module, once its import has finished

@@ -764,7 +764,7 @@ class Session:
             forgot = [line for line in before.describe() if line not in target.describe()]
             lines = ["forgot: " + "; ".join(forgot) if forgot else "nothing to forget"]
             now = target.describe()
-            lines.append("requested now: " + ("; ".join(now) if now else "nothing (TensorFlow's defaults)"))
+            lines.append("requested now: " + ("; ".join(now) if now else "nothing (each framework's defaults)"))
             lines.extend(f"cannot undo: {why}" for why in self._frozen(stage, kept))
             return "\n".join(lines)
 

@@ -86,10 +86,14 @@ def _frameworks(session: Session, report: dict[str, Any]) -> dict[str, Any]:
     """Each framework's stage and what it was given (read from the session's record), with
     PyTorch's allocator per device once it started CUDA.  TensorFlow's other keys stay where
     they were (``tensorflow``, ``in_force``): scripts read them there."""
-    frameworks: dict[str, Any] = {"tensorflow": {**report["tensorflow"], "applied": _applied(session, "tensorflow")}}
+    frameworks: dict[str, Any] = {"tensorflow": {
+        **report["tensorflow"], "applied": _applied(session, "tensorflow"), "installed": session.tf.installed(),
+    }}
     torch = session.torch
     stage = torch.stage()
-    entry: dict[str, Any] = {"stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED}
+    entry: dict[str, Any] = {
+        "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": torch.installed(),
+    }
     if stage is not Stage.NOT_IMPORTED:
         entry.update({
             "cuda_build": torch.cuda_build(),
@@ -114,7 +118,9 @@ def _jax(session: Session) -> dict[str, Any]:
     were then and the options its CUDA plugin made of them (JAX's own reading)."""
     jax = session.jax
     stage = jax.stage()
-    entry: dict[str, Any] = {"stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED}
+    entry: dict[str, Any] = {
+        "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": jax.installed(),
+    }
     if stage is Stage.NOT_IMPORTED:
         return entry
     start = jax.start()
@@ -275,15 +281,21 @@ def _in_force(session: Session, stage: Stage) -> list[str]:
                 if sizes:
                     lines.append(f"GPU {index}: logical GPUs of {', '.join(f'{s} MiB' for s in sizes)}")
             lines.append(f"allocator: {force.allocator}")
-    else:
+    elif stage is not Stage.NOT_IMPORTED:
         # The variables as TensorFlow will read them: CUDA's as CUDA read them once it listed devices.
         env = dict(session.tf.start_env(session.env))
         cuda = session.machine.cuda_env() if stage is Stage.ENUMERATED else session.env
         env["CUDA_VISIBLE_DEVICES"] = cuda.get("CUDA_VISIBLE_DEVICES")
-        env = {k: v for k, v in env.items() if v is not None}
-        if env:
-            # An inherited value may be megabytes of anything: shown escaped and cut.
-            lines.append("environment for TensorFlow's start: " + ", ".join(f"{k}={_cut(v, 80)}" for k, v in env.items()))
+        lines += _environment_line("environment for TensorFlow's start", env)
+    else:
+        # The frameworks imported (else those installed) read these as they start; CUDA's are
+        # read once per process, when the first of them starts it (the record, once made).
+        frameworks = session.imported_frameworks() or [f for f in session.frameworks() if f.installed()]
+        env = {"CUDA_VISIBLE_DEVICES": session.machine.cuda_env().get("CUDA_VISIBLE_DEVICES")}
+        for framework in frameworks:
+            env.update({name: session.env.get(name) for name in framework.start_variables})
+        names = [f.name for f in frameworks]
+        lines += _environment_line(f"environment read at start by {_joined(names) if names else 'CUDA'}", env)
     note = session.machine.numbering_note() if session.nvml.available() else None
     if note:
         lines.append(f"numbering: {note}")
@@ -291,6 +303,13 @@ def _in_force(session: Session, stage: Stage) -> list[str]:
     if policy is not None:
         lines.append(f"Keras precision: {policy}")
     return lines
+
+
+def _environment_line(label: str, env: dict[str, Optional[str]]) -> list[str]:
+    """``label: NAME=value, ...`` for the variables set; an inherited value may be megabytes of
+    anything: shown escaped and cut."""
+    shown = [f"{k}={_cut(v, 80)}" for k, v in env.items() if v is not None]
+    return [f"{label}: " + ", ".join(shown)] if shown else []
 
 
 def _tf_names(tf_gpus: dict[str, int]) -> dict[int, list[str]]:
@@ -398,26 +417,76 @@ def render_text(report: dict[str, Any], *, machine: bool = False) -> str:
 
 
 def _kernel_header(report: dict[str, Any]) -> list[str]:
-    """What this kernel asked for, what is in force, TensorFlow's stage and allocator, who it is."""
-    lines = [
-        "Requested:  " + ("; ".join(_requested(report)) or "nothing (TensorFlow's defaults)"),
-        "In force:   " + ("; ".join(report["in_force"]) or "TensorFlow's defaults"),
-        "TensorFlow: " + report["tensorflow"]["description"],
+    """The kernel's rows as text: a label padded to one column, continuations indented."""
+    return [f"{label + ':':<11} {value}" if label else f"  {value}" for label, value in header_rows(report)]
+
+
+FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "pytorch": "PyTorch", "jax": "JAX"}
+
+
+def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """What this kernel asked for, what is in force, each imported framework's stage and allocator,
+    who it is: ``(label, value)`` rows, a continuation's label empty.  The text and the HTML card
+    are both made from these rows, so they say the same.  A framework that is not imported has no
+    row (a PyTorch kernel reads nothing of TensorFlow); before any import one row names the
+    installed ones, which the settings will reach."""
+    frameworks = report.get("frameworks", {})
+    imported = [key for key, entry in frameworks.items() if entry.get("stage", "not_imported") != "not_imported"]
+    rows = [
+        ("Requested", "; ".join(_requested(report)) or "nothing (each framework's defaults)"),
+        ("In force", "; ".join(report["in_force"]) or "each framework's defaults"),
     ]
-    no_gpu = report["tensorflow"].get("found_no_gpu")
-    if no_gpu:
-        lines.append(f"  found no GPU: {no_gpu['why']}")
-        lines.append(f"  fix: {no_gpu['fix']}")
-    for device, stats in report["tensorflow"].get("allocator", {}).items():
-        lines.append(
-            f"  {device} TensorFlow allocator: {format_bytes(stats['current_bytes'])} in use, "
-            f"peak {format_bytes(stats['peak_bytes'])}"
+    if "tensorflow" in imported or not frameworks:  # a report without `frameworks` (an old script's)
+        rows += _tensorflow_rows(report["tensorflow"])
+    rows += _pytorch_rows(frameworks.get("pytorch"))
+    rows += _jax_rows(frameworks.get("jax"))
+    if frameworks and not imported:
+        names = [FRAMEWORK_NAMES[key] for key, entry in frameworks.items() if entry.get("installed")]
+        reach = f"settings reach {_joined(names)} when {'it starts' if len(names) == 1 else 'they start'}" if names else (
+            "none is installed in this kernel's environment"
         )
-    lines.extend(_pytorch_lines(report.get("frameworks", {}).get("pytorch")))
-    lines.extend(_jax_lines(report.get("frameworks", {}).get("jax")))
+        rows.append(("Frameworks", f"none imported yet; {reach}"))
     if "me" in report:
-        lines.append(_me_line(report))
-    return lines
+        label, _, rest = _me_line(report).partition(":")
+        rows.append((label, rest.strip()))
+    return rows
+
+
+def _joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _tensorflow_rows(tf: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [("TensorFlow", tf["description"])]
+    no_gpu = tf.get("found_no_gpu")
+    if no_gpu:
+        rows += [("", f"found no GPU: {no_gpu['why']}"), ("", f"fix: {no_gpu['fix']}")]
+    for device, stats in tf.get("allocator", {}).items():
+        rows.append((
+            "", f"{device} TensorFlow allocator: {format_bytes(stats['current_bytes'])} in use, "
+            f"peak {format_bytes(stats['peak_bytes'])}",
+        ))
+    return rows
+
+
+def _pytorch_rows(torch: Optional[dict[str, Any]]) -> list[tuple[str, str]]:
+    return _rows(_pytorch_lines(torch))
+
+
+def _jax_rows(jax: Optional[dict[str, Any]]) -> list[tuple[str, str]]:
+    return _rows(_jax_lines(jax))
+
+
+def _rows(lines: list[str]) -> list[tuple[str, str]]:
+    """``Label:    value`` and ``  continuation`` lines as rows."""
+    rows = []
+    for line in lines:
+        if line.startswith("  "):
+            rows.append(("", line[2:]))
+        else:
+            label, _, value = line.partition(":")
+            rows.append((label, value.strip()))
+    return rows
 
 
 def _pytorch_lines(torch: Optional[dict[str, Any]]) -> list[str]:
@@ -668,25 +737,9 @@ def render_html(report: dict[str, Any]) -> str:
 
 
 def _summary_html(report: dict[str, Any]) -> str:
-    rows = [
-        ("Requested", "; ".join(_requested(report)) or "nothing (TensorFlow's defaults)"),
-        ("In force", "; ".join(report["in_force"]) or "TensorFlow's defaults"),
-        ("TensorFlow", report["tensorflow"]["description"]),
-    ]
-    no_gpu = report["tensorflow"].get("found_no_gpu")
-    if no_gpu:
-        rows += [("Found no GPU", no_gpu["why"]), ("Fix", no_gpu["fix"])]
-    for device, stats in report["tensorflow"].get("allocator", {}).items():
-        rows.append((
-            f"{device} allocator",
-            f"{format_bytes(stats['current_bytes'])} in use, peak {format_bytes(stats['peak_bytes'])}",
-        ))
-    if "me" in report:
-        label, _, rest = _me_line(report).partition(":")
-        rows.append((label, rest.strip()))
     body = "".join(
         f'<tr><th style="{_CELL}; font-weight: 600">{_e(k)}</th><td style="{_CELL}">{_e(v)}</td></tr>'
-        for k, v in rows
+        for k, v in header_rows(report)
     )
     return f'<table style="border-collapse: collapse; margin: 0; color: inherit">{body}</table>'
 

@@ -68,6 +68,8 @@ def set_tracing(shell: Any, session: Any, on: bool) -> str:
 
 def _others_traced(session: Any) -> str:
     """PyTorch once imported, JAX once started (TensorFlow imports jax itself where it is installed)."""
+    if session.tf.stage() is Stage.NOT_IMPORTED:
+        return ""  # _what_is_traced named them
     names = [f.name for f in (session.torch,) if f.stage() is not Stage.NOT_IMPORTED]
     names += [f.name for f in (session.jax,) if f.stage() is Stage.STARTED]
     if not names:
@@ -77,6 +79,18 @@ def _others_traced(session: Any) -> str:
 
 def _what_is_traced(session: Any) -> str:
     """What the trace will show, and what the user must do if it cannot show anything."""
+    if session.tf.stage() is Stage.NOT_IMPORTED:
+        # Named: the frameworks imported, else those installed (a PyTorch kernel reads no TensorFlow).
+        frameworks = session.imported_frameworks() or [f for f in session.frameworks() if f.installed()]
+        others = [f.name for f in frameworks if f is not session.tf]
+        also = f"; also the allocator of {' and '.join(others)} on each GPU, once started" if others else ""
+        if session.tf in frameworks or not frameworks:
+            return _tensorflow_traced(session) + also
+        return f"after each cell, the allocator peak and retained change of {' and '.join(others)} on each GPU, once started"
+    return _tensorflow_traced(session)
+
+
+def _tensorflow_traced(session: Any) -> str:
     if session.tf.stage() is Stage.STARTED:
         devices = session.tf.memory_devices()
         if not devices:
