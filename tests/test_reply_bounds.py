@@ -114,10 +114,10 @@ def test_a_one_mebibyte_command_line_is_read_with_a_bounded_read(monkeypatch):
     import psutil
 
     args = ["B" * 100_000 for _ in range(11)]  # 1.1 MB in all (one argument may hold at most 128 KiB)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", *args], stdin=subprocess.PIPE,
-    )
+    code = "import sys; print('ready', flush=True); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout.readline() == b"ready\n"  # past its exec: the command line is in place
         asked: list[int] = []
         real_read = os.read
 
@@ -132,11 +132,12 @@ def test_a_one_mebibyte_command_line_is_read_with_a_bounded_read(monkeypatch):
         monkeypatch.setattr(psutil.Process, "cmdline", whole)
         for lookup in (owners.PsutilProcessTable(min_age_s=0).lookup, owners._proc_lookup):
             command = lookup(proc.pid).command
-            assert command is not None and command.startswith(f"{sys.executable} -c import sys; sys.stdin.read() BBB")
+            assert command is not None and command.startswith(f"{sys.executable} -c {code} BBB")
             assert len(command) <= COMMAND_BOUND and command.endswith("…")
         assert asked and max(asked) <= 8 * COMMAND_BOUND  # each read asks for a few KiB at most
     finally:
         proc.stdin.close()
+        proc.stdout.close()
         proc.wait(timeout=30)
 
 

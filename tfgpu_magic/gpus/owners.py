@@ -20,6 +20,13 @@ listings; ``LISTING_TRUST_S`` bounds how long even that could be answered wrongl
 a process that exits while NVML still lists it can show as alive.  A changed listing, a pid
 read longer ago, and a pid never remembered (exited, a note, too young, a failure) are read as
 on every other lookup.
+
+Other users choose their command lines and (through the administrator) their names, so both are
+bounded where they are read, whichever table reads them: a :class:`ProcessDetails` holds at most
+``MAX_COMMAND_CHARS`` characters of a command line and ``MAX_NAME_CHARS`` of a user name, control
+characters escaped (:func:`tfgpu_magic.safe_text.bounded`), a cut one ending with "…".  On Linux a
+command line is read from ``/proc/<pid>/cmdline`` with reads of at most ``CMDLINE_READ_BYTES`` in
+all, so a 1 MiB command line costs what a short one does; elsewhere psutil reads it whole.
 """
 
 from __future__ import annotations
@@ -31,11 +38,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
 
-from ..safe_text import safe
+from ..safe_text import bounded, safe
 from .nvml import Nvml
 
 __all__ = [
+    "CMDLINE_READ_BYTES",
     "EXITED_NOTE",
+    "MAX_COMMAND_CHARS",
+    "MAX_NAME_CHARS",
     "LISTING_TRUST_S",
     "OwnerLookupTable",
     "ProcessDetails",
@@ -48,14 +58,28 @@ __all__ = [
 ]
 
 
+MAX_COMMAND_CHARS = 1024  # characters of a command line kept, "…" included (escapes count as shown)
+MAX_NAME_CHARS = 64  # characters of a user name kept
+CMDLINE_READ_BYTES = 4 * MAX_COMMAND_CHARS  # bytes of /proc/<pid>/cmdline read: enough for the characters kept
+
+
 @dataclass(frozen=True)
 class ProcessDetails:
-    """What the operating system says about a pid.  None: not known or not allowed to see."""
+    """What the operating system says about a pid.  None: not known or not allowed to see.
+
+    ``user`` and ``command`` are bounded here, whoever built the details (see the module's docstring).
+    """
 
     user: Optional[str]
     command: Optional[str]
     alive: bool
     note: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.user is not None:
+            object.__setattr__(self, "user", bounded(str(self.user), MAX_NAME_CHARS))
+        if self.command is not None:
+            object.__setattr__(self, "command", bounded(str(self.command), MAX_COMMAND_CHARS))
 
 
 class ProcessTable(Protocol):
@@ -106,7 +130,7 @@ class _UserNames:
         import pwd
 
         try:
-            entry: tuple[str, Optional[float]] = (pwd.getpwuid(uid).pw_name, None)
+            entry: tuple[str, Optional[float]] = (bounded(pwd.getpwuid(uid).pw_name, MAX_NAME_CHARS), None)
         except KeyError:  # a uid without a passwd entry (containers): the number still says who
             entry = (str(uid), self._clock() + NAMELESS_RETRY_S)
         with self._lock:
@@ -334,7 +358,7 @@ class PsutilProcessTable:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 user, user_note = _guarded_read(lambda: self._user_of(proc), psutil)
-                command, command_note = _guarded_read(lambda: " ".join(proc.cmdline()) or proc.name(), psutil)
+                command, command_note = _guarded_read(lambda: _command_of(proc, psutil), psutil)
         except (psutil.NoSuchProcess, ProcessLookupError):  # ZombieProcess is a NoSuchProcess
             return EXITED
         except Exception as err:  # AccessDenied, or what psutil does not translate (EIO, EINVAL, ValueError...)
@@ -363,11 +387,46 @@ def _proc_lookup(pid: int, names: Optional[_UserNames] = None) -> ProcessDetails
     except OSError:
         return ProcessDetails(None, None, True, "psutil is not installed and /proc cannot be read")
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip() or None
+        command = _cmdline_text(*_read_cmdline(pid))
     except OSError:
         command = None
     return ProcessDetails((names or _USER_NAMES).name(uid), command, True)
+
+
+def _read_cmdline(pid: int) -> tuple[bytes, bool]:
+    """At most ``CMDLINE_READ_BYTES`` of ``/proc/<pid>/cmdline``, and whether it holds more."""
+    fd = os.open(f"/proc/{pid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while len(data) <= CMDLINE_READ_BYTES:  # one byte past the bound says whether there is more
+            chunk = os.read(fd, CMDLINE_READ_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return data[:CMDLINE_READ_BYTES], len(data) > CMDLINE_READ_BYTES
+
+
+def _cmdline_text(data: bytes, more: bool) -> Optional[str]:
+    """A command line as psutil joins it (arguments separated by spaces), bounded; None when empty."""
+    if not more and data.endswith(b"\0"):
+        data = data[:-1]
+    text = os.fsdecode(data.replace(b"\0", b" "))
+    return bounded(text, MAX_COMMAND_CHARS, cut=more) if text else None
+
+
+def _command_of(proc: Any, psutil: Any) -> str:
+    """A process's command line, read with a bounded cost on Linux; its name when it has none (a kernel thread)."""
+    if not _HAS_PROC:
+        return bounded(" ".join(proc.cmdline()), MAX_COMMAND_CHARS) or proc.name()
+    try:
+        command = _cmdline_text(*_read_cmdline(proc.pid))
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(proc.pid) from None
+    except PermissionError:
+        raise psutil.AccessDenied(proc.pid) from None
+    return command or proc.name()
 
 
 def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[Optional[str], Optional[str]]:
@@ -408,9 +467,9 @@ class OwnerLookupTable:
 
     def current_user(self) -> Optional[str]:
         if self._me is not None:
-            return self._me
-        found = self._owner_of(self._my_pid)
-        return getattr(found, "user", None)
+            return bounded(self._me, MAX_NAME_CHARS)  # as the details' names are: the same name compares equal
+        user = getattr(self._owner_of(self._my_pid), "user", None)
+        return None if user is None else bounded(str(user), MAX_NAME_CHARS)
 
 
 _SHARED = PsutilProcessTable(user_names=_USER_NAMES)  # cheap to build: psutil is imported on first lookup
