@@ -335,7 +335,7 @@ USED_MIB = st.one_of(st.none(), st.integers(0, 2**40), st.integers(-(2**20), -1)
 
 
 @st.composite
-def readings(draw: Any) -> tuple[SimulatedNvml, list[KernelDescription], float, float]:
+def readings(draw: Any) -> tuple[SimulatedNvml, list[KernelDescription], float, float, bool]:
     gpus = []
     pid = 60_000
     for _ in range(draw(st.integers(1, 2))):
@@ -355,13 +355,14 @@ def readings(draw: Any) -> tuple[SimulatedNvml, list[KernelDescription], float, 
                           pid=draw(st.one_of(st.none(), st.integers(60_001, pid + 2))))
         for _ in range(draw(st.integers(0, 2)))
     ]
-    return SimulatedNvml(gpus), kernels, draw(NUMBER), draw(NUMBER)
+    # hides_others: /proc mounted hidepid, so a process not shown is hidden rather than exited
+    return SimulatedNvml(gpus), kernels, draw(NUMBER), draw(NUMBER), draw(st.booleans())
 
 
 def reply_bound(reply: dict) -> int:
     """What a reply may weigh: a fixed part, and per listed process and per kernel a bounded part
     (kernel ids and paths are this server's own, counted as they are)."""
-    listed = sum(len(reply[key]) for key in ("my_other_processes", "other_users", "unattributed", "hidden_processes"))
+    listed = sum(len(reply.get(key, [])) for key in ("my_other_processes", "other_users", "unattributed", "hidden_processes"))
     kernels = sum(len(json.dumps([k["id"], k["name"], k["path"], k["execution_state"]])) + 2000 for k in reply["kernels"])
     gpus = sum(2000 + len(json.dumps(g["name"])) + 400 * len(g["notes"]) for g in reply["gpus"])
     return 4000 + gpus + kernels + listed * 2 * 6 * (COMMAND_BOUND + NAME_BOUND + 100)
@@ -370,9 +371,10 @@ def reply_bound(reply: dict) -> int:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(readings())
 def test_any_reading_gives_a_bounded_strict_reply_and_metrics_with_no_forged_series(reading):
-    server, kernels, now, interval = reading
+    server, kernels, now, interval, hides_others = reading
+    table = fake_process_table(server, hides_others=hides_others)
     reply = kernel_inventory.inventory(
-        Nvml(lib=server), kernels, fake_process_table(server), parents={}, clock=lambda: now, refresh_interval_s=interval,
+        Nvml(lib=server), kernels, table, parents={}, clock=lambda: now, refresh_interval_s=interval,
     )
     text = extension.reply_text(reply)
     parsed = strict_loads(text)

@@ -27,6 +27,12 @@ bounded where they are read, whichever table reads them: a :class:`ProcessDetail
 characters escaped (:func:`tfgpu_magic.safe_text.bounded`), a cut one ending with "…".  On Linux a
 command line is read from ``/proc/<pid>/cmdline`` with reads of at most ``CMDLINE_READ_BYTES`` in
 all, so a 1 MiB command line costs what a short one does; elsewhere psutil reads it whole.
+
+Where ``/proc`` hides other users' processes (mounted ``hidepid=1``/``2``, ``invisible``), a
+listed pid that ``/proc`` does not show is :data:`HIDDEN`, not exited: nobody can tell whose it
+is or whether it runs, so what it holds is unknown, never "exited" and never 0.  Whether
+``/proc`` hides them is read once per effective uid from the mount options of ``/proc``
+(``/proc/self/mountinfo``), and also assumed when pid 1 is not visible (:func:`_hides_others`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from .nvml import Nvml
 __all__ = [
     "CMDLINE_READ_BYTES",
     "EXITED_NOTE",
+    "HIDDEN",
+    "HIDDEN_NOTE",
     "MAX_COMMAND_CHARS",
     "MAX_NAME_CHARS",
     "LISTING_TRUST_S",
@@ -72,8 +80,9 @@ class ProcessDetails:
 
     user: Optional[str]
     command: Optional[str]
-    alive: bool
+    alive: bool  # False: exited; True: running, or (hidden) may be running
     note: Optional[str] = None
+    hidden: bool = False  # /proc hides it (hidepid): whose it is and whether it runs are unknown
 
     def __post_init__(self) -> None:
         if self.user is not None:
@@ -93,6 +102,8 @@ class ProcessTable(Protocol):
 
 EXITED_NOTE = "exited, but NVML still lists it (or it lives in another pid namespace)"
 EXITED = ProcessDetails(None, None, False, EXITED_NOTE)
+HIDDEN_NOTE = "not visible: /proc hides other users' processes here (hidepid), so whose it is is unknown"
+HIDDEN = ProcessDetails(None, None, True, HIDDEN_NOTE, hidden=True)
 
 MAX_PROCESSES = 1024  # remembered processes per table (least recently looked up goes first)
 MAX_USERS = 4096  # remembered uid -> name entries
@@ -148,6 +159,7 @@ _USER_NAMES = _UserNames()  # the process-wide uid -> name cache
 
 # What identifies a process beyond its pid: (start time, name) from /proc, or psutil's create time.
 _GONE = object()  # the pid has no live process (exited, or a zombie)
+_HIDDEN = object()  # /proc does not show the pid, and it hides other users' processes (hidepid)
 _UNKNOWN = object()  # cannot tell (not allowed to read, no /proc and no psutil): never cached
 
 
@@ -160,7 +172,7 @@ def _read_stat(pid: int) -> Any:
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except (FileNotFoundError, ProcessLookupError):
-        return _GONE
+        return _HIDDEN if _hides_others() else _GONE
     except OSError:  # hidepid, or /proc misbehaving: let psutil say what it can
         return _UNKNOWN
     try:
@@ -183,7 +195,7 @@ def _read_stat(pid: int) -> Any:
 def _stat_identity(pid: int) -> object:
     """(start time in clock ticks since boot, process name) from ``/proc/<pid>/stat``; a zombie is gone."""
     stat = _read_stat(pid)
-    if stat is _GONE or stat is _UNKNOWN:
+    if stat is _GONE or stat is _UNKNOWN or stat is _HIDDEN:
         return stat
     fields, comm = stat
     return (fields[19], comm)  # field 22, starttime; field 2, comm
@@ -192,7 +204,7 @@ def _stat_identity(pid: int) -> object:
 def parent_of(pid: int) -> Optional[int]:
     """The parent pid of a live process; None when it has exited, is a zombie, or cannot be read."""
     stat = _read_stat(pid) if _HAS_PROC else _UNKNOWN
-    if stat is _GONE:
+    if stat is _GONE or stat is _HIDDEN:
         return None
     if stat is not _UNKNOWN:
         return int(stat[0][1])  # field 4, ppid
@@ -209,6 +221,59 @@ def parent_of(pid: int) -> Optional[int]:
 
 
 _HAS_PROC = os.path.exists("/proc/self/stat")
+_MOUNTINFO_BYTES = 1 << 20  # /proc/self/mountinfo read at most (a host with thousands of mounts)
+_HIDES_OTHERS: dict[int, bool] = {}  # effective uid -> whether /proc hides other users' processes from it
+
+
+def _hides_others() -> bool:
+    """Whether ``/proc`` hides other users' processes from this process (``hidepid``), so that a
+    pid it does not show may still run.  Read once per effective uid; root sees every process."""
+    euid = os.geteuid() if hasattr(os, "geteuid") else 0
+    found = _HIDES_OTHERS.get(euid)
+    if found is None:
+        found = euid != 0 and _HAS_PROC and (_hidepid_in(_mountinfo()) or not os.path.exists("/proc/1"))
+        _HIDES_OTHERS[euid] = found
+    return found
+
+
+def _mountinfo() -> list[str]:
+    try:
+        fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        data = b""
+        while len(data) < _MOUNTINFO_BYTES:
+            chunk = os.read(fd, _MOUNTINFO_BYTES - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace").splitlines()
+
+
+def _hidepid_in(lines: Sequence[str]) -> bool:
+    """Whether the last ``proc`` mount on ``/proc`` in these ``mountinfo`` lines has ``hidepid`` set
+    (``1``, ``2``, ``noaccess``, ``invisible``, ``ptraceable``; ``0`` and ``off`` hide nothing)."""
+    hidepid = None
+    for line in lines:
+        before, _, after = line.partition(" - ")
+        fields, source = before.split(), after.split()
+        if len(fields) < 5 or len(source) < 3 or fields[4] != "/proc" or source[0] != "proc":
+            continue
+        hidepid = None  # a later mount on /proc covers the earlier ones
+        for option in source[2].split(","):
+            if option.startswith("hidepid="):
+                hidepid = option.partition("=")[2]
+    return hidepid not in (None, "0", "off")
+
+
+def _absent() -> ProcessDetails:
+    """A pid /proc does not show: exited, or hidden where /proc hides other users' processes."""
+    return HIDDEN if _hides_others() else EXITED
 
 
 def _stat_age_s(identity: Any) -> float:
@@ -280,6 +345,9 @@ class PsutilProcessTable:
         if identity is _GONE:
             self._forget(pid)
             return EXITED
+        if identity is _HIDDEN:
+            self._forget(pid)
+            return HIDDEN
         if identity is not _UNKNOWN:
             read_at = self._clock()
             with self._lock:
@@ -359,12 +427,14 @@ class PsutilProcessTable:
             with proc.oneshot():
                 user, user_note = _guarded_read(lambda: self._user_of(proc), psutil)
                 command, command_note = _guarded_read(lambda: _command_of(proc, psutil), psutil)
-        except (psutil.NoSuchProcess, ProcessLookupError):  # ZombieProcess is a NoSuchProcess
+        except psutil.ZombieProcess:
             return EXITED
+        except (psutil.NoSuchProcess, ProcessLookupError):  # not in /proc: exited, or hidden (hidepid)
+            return _absent()
         except Exception as err:  # AccessDenied, or what psutil does not translate (EIO, EINVAL, ValueError...)
             return ProcessDetails(None, None, True, _unreadable(err, psutil))
         if user_note == "exited" or command_note == "exited":
-            return EXITED
+            return _absent()
         note = user_note or command_note
         return ProcessDetails(user, command, True, note)
 
@@ -383,7 +453,7 @@ def _proc_lookup(pid: int, names: Optional[_UserNames] = None) -> ProcessDetails
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except FileNotFoundError:
-        return EXITED
+        return _absent()
     except OSError:
         return ProcessDetails(None, None, True, "psutil is not installed and /proc cannot be read")
     try:
@@ -451,18 +521,23 @@ class OwnerLookupTable:
     """A process table from a lookup function returning objects with ``user`` and ``command``.
 
     ``SimulatedNvml.owner_of`` is such a function: a device source may bring its own process
-    table, so a simulated server answers with simulated owners.
+    table, so a simulated server answers with simulated owners.  ``hides_others``: the lookup's
+    None means "not shown" (as a ``/proc`` mounted ``hidepid`` answers), not "exited".
     """
 
-    def __init__(self, owner_of: Callable[[int], Any], me: Optional[str] = None, my_pid: Optional[int] = None):
+    def __init__(
+        self, owner_of: Callable[[int], Any], me: Optional[str] = None, my_pid: Optional[int] = None,
+        hides_others: bool = False,
+    ):
         self._owner_of = owner_of
         self._me = me
         self._my_pid = os.getpid() if my_pid is None else my_pid
+        self._hides_others = hides_others
 
     def lookup(self, pid: int) -> ProcessDetails:
         found = self._owner_of(pid)
         if found is None:
-            return EXITED
+            return HIDDEN if self._hides_others else EXITED
         return ProcessDetails(getattr(found, "user", None), getattr(found, "command", None), True)
 
     def current_user(self) -> Optional[str]:
