@@ -202,6 +202,18 @@ def test_the_hidepid_option_is_read_from_the_proc_mount(tmp_path, monkeypatch):
     assert owners._hidepid_in([lines[1].replace("invisible", "2")]) is True
 
 
+def test_gpu_status_says_hidden_and_unknown_where_proc_hides_a_pid():
+    server = SimulatedNvml([SimulatedGpu(total_mib=40960, processes=[
+        SimulatedProcess(4242, 1024, user="me"), SimulatedProcess(41003, 8192, user="bob", alive=False),
+    ])])
+    table = fake_process_table(server, my_pid=4242, hides_others=True)
+    report = status.build_report(Session(nvml=Nvml(lib=server), env={}), my_pid=4242, process_table=table)
+    assert report["gpus"][0]["usage"]["others_bytes"] is None
+    text = status.render_text(report)
+    assert "  pid 41003    n/a           8.0 GiB  n/a  (hidden by /proc: hidepid)" in text.splitlines()
+    assert "other users n/a · unattributed n/a" in text and "(exited)" not in text
+
+
 def _libc_mount_hidepid() -> None:
     """In a forked root child: a private mount namespace with /proc mounted hidepid=2."""
     libc = ctypes.CDLL(None, use_errno=True)
