@@ -13,9 +13,12 @@ from tfgpu_magic.gpus.simulated import SimulatedNvml
 from tfgpu_magic.kernel.monitor import THREAD_NAME
 
 
-def fake_process_table(server: SimulatedNvml, me: str = "me", my_pid: Optional[int] = None) -> OwnerLookupTable:
-    """The simulated server's process table (``owner_of``) as an ``owners.ProcessTable``."""
-    return OwnerLookupTable(server.owner_of, me=me, my_pid=my_pid)
+def fake_process_table(
+    server: SimulatedNvml, me: str = "me", my_pid: Optional[int] = None, hides_others: bool = False
+) -> OwnerLookupTable:
+    """The simulated server's process table (``owner_of``) as an ``owners.ProcessTable``;
+    ``hides_others``: as with ``/proc`` mounted ``hidepid``, a process not alive is hidden, not exited."""
+    return OwnerLookupTable(server.owner_of, me=me, my_pid=my_pid, hides_others=hides_others)
 
 
 def wait_for(condition: Any, timeout: float = 5.0) -> None:

@@ -133,6 +133,7 @@ def test_the_reply_for_a_small_server_exactly():
         "unattributed": [
             {"gpu": 0, "pid": 4001, "used_memory_bytes": 512 * MIB, "note": owners.EXITED_NOTE}
         ],
+        "hidden_processes": [],  # /proc hides nothing here (no hidepid)
         "notes": [],
         "pids_visible": True,
     }

@@ -180,7 +180,8 @@ def test_access_denied_is_a_note_and_never_remembered(children, monkeypatch):
             assert (denied.user, denied.alive) == (None, True)
             assert denied.note == "owned by a user whose details this account may not read"
     with monkeypatch.context() as patch:
-        patch.setattr(psutil.Process, "cmdline", refuse)  # the owner is read, the command refused
+        patch.setattr(psutil.Process, "cmdline", refuse)  # the owner is read, the command refused:
+        patch.setattr(owners, "_read_cmdline", refuse)  # by psutil, or by the table's own bounded read (Linux)
         half = table.lookup(child.pid)
         assert (half.user, half.command, half.note) == (ME, None, "owned by a user whose details this account may not read")
     assert table.cache_size() == 0
@@ -375,6 +376,16 @@ def test_an_error_psutil_does_not_translate_is_a_note_on_that_process(children, 
         return _OddProcess(proc, where, error) if pid == child.pid else proc
 
     monkeypatch.setattr(psutil, "Process", odd_process)
+    if where == "cmdline":  # on Linux the table reads /proc/PID/cmdline itself (a bounded read), not psutil
+
+        real_read = owners._read_cmdline
+
+        def odd_read(pid):
+            if pid == child.pid:
+                raise error
+            return real_read(pid)
+
+        monkeypatch.setattr(owners, "_read_cmdline", odd_read)
     details = fresh_table().lookup(child.pid)
     assert details.alive and details.note, details
     assert "\x1b" not in details.note and "\n" not in details.note

@@ -332,6 +332,39 @@ def test_other_users_control_characters_come_out_escaped(hostile_config, get_sta
     assert all(s.isprintable() for s in all_strings(status))
 
 
+# -- what others plant cannot bloat or break the reply (issue 28, items 6 and 10) ---------------
+def strict_loads(text):
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("device_source", [lambda: SimulatedNvml([SimulatedGpu(total_mib=81920, processes=[
+    SimulatedProcess(50_000 + i, 1024, "bob", "python " + "A" * (1 << 20)) for i in range(20)
+])])])
+def test_twenty_one_mebibyte_command_lines_make_a_small_reply(jp_fetch, run):
+    response = run(jp_fetch(*serverext.ROUTE))
+    status = strict_loads(response.body)
+    assert len(status["other_users"]) == 20
+    assert all(len(p["command"]) <= 1024 and p["command"].endswith("…") for p in status["other_users"])
+    assert len(response.body) < 100_000  # was 21 MB
+
+
+def test_the_reply_is_strict_json_whatever_a_reading_holds(jp_fetch, run, monkeypatch):
+    real = kernel_inventory.inventory
+
+    def with_nan(*args, **kwargs):
+        reply = real(*args, **kwargs)
+        reply["gpus"][0]["utilization_percent"] = float("nan")
+        return reply
+
+    monkeypatch.setattr(kernel_inventory, "inventory", with_nan)
+    status = strict_loads(run(jp_fetch(*serverext.ROUTE)).body)
+    assert status["gpus"][0]["utilization_percent"] is None
+    assert "not a finite number, written as null: gpus[0].utilization_percent (nan)" in status["notes"]
+
+
 # -- many tabs, one reading ---------------------------------------------------------------------
 class CountingNvml(SimulatedNvml):
     """Counts the compute-process listings: one per GPU per reading."""

@@ -11,7 +11,6 @@ a terminal that cannot encode a character gets a ``\\x..`` escape rather than a 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Optional, Sequence
@@ -74,7 +73,9 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         table = OwnerLookupTable(lib.owner_of, me="me")
     report = status.build_report(Session(nvml=Nvml(lib=lib)), process_table=table, viewer="this process")
     if args.json:
-        print(json.dumps(report, indent=2))
+        from .safe_text import strict_json
+
+        print(strict_json(report, indent=2))  # JSON.parse reads it: no NaN, no Infinity
     else:
         print(status.render_text(report, machine=True))
     return 1 if report["nvml_error"] else 0

@@ -10,14 +10,24 @@ character as a visible escape instead, in the style of ``repr``: ``\\n``, ``\\r`
 ``\\xff``.  Printable text of any script stays as it is.  A backslash is left alone, so a
 shown ``\\x1b`` may also be those four characters typed; either way nothing acts on the
 terminal.
+
+:func:`bounded` is :func:`safe` cut to a number of characters, with a trailing "…" when cut: what
+other users' command lines and names are made at the source (``gpus.owners``).  :func:`strict_json`
+is how every JSON this product writes is written (the server's reply, ``%gpu status --json``,
+``tfgpu --json``): non-finite floats become null (said in the value's ``notes``), never the bare
+``NaN`` / ``Infinity`` that ``JSON.parse`` refuses.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import unicodedata
-from typing import Any
+from typing import Any, Optional
 
-__all__ = ["safe", "safe_tree"]
+__all__ = ["CUT", "bounded", "finite_tree", "safe", "safe_tree", "strict_json"]
+
+CUT = "…"  # ends a text that was cut
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -59,3 +69,50 @@ def safe_tree(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(safe_tree(v) for v in value)
     return value
+
+
+def bounded(text: str, most: int, cut: bool = False) -> str:
+    """``safe(text)`` in at most ``most`` characters: a longer one (or one already ``cut`` where it
+    was read) ends with "…".  Costs O(most), whatever the length of ``text``."""
+    head = text[: most + 1]  # escaping only lengthens: more than `most` characters stays more
+    shown = safe(head)
+    if cut or len(text) > len(head) or len(shown) > most:
+        return shown[: max(most - 1, 0)] + CUT
+    return shown
+
+
+def finite_tree(value: Any, path: str = "") -> tuple[Any, list[tuple[str, float]]]:
+    """A copy of JSON-like data with every NaN and infinity made None, and where each one was
+    (``"gpus[0].utilization_percent"``) with its value."""
+    found: list[tuple[str, float]] = []
+
+    def walk(item: Any, where: str) -> Any:
+        if isinstance(item, float):
+            if math.isfinite(item):
+                return item
+            found.append((where, item))
+            return None
+        if isinstance(item, dict):
+            return {k: walk(v, f"{where}.{k}" if where else str(k)) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(item)]
+        return item
+
+    return walk(value, path), found
+
+
+NOTED_PLACES = 8  # places named in the note about non-finite numbers; the rest counted
+
+
+def strict_json(value: Any, indent: Optional[int] = None) -> str:
+    """``value`` as JSON that a strict parser (``JSON.parse``) reads: NaN and infinities are null.
+
+    Where ``value`` is a dict with a ``notes`` list, a note says which figures were not finite
+    numbers.  Raises ValueError only for what JSON cannot hold at all (a float key that is NaN).
+    """
+    tree, found = finite_tree(value)
+    if found and isinstance(tree, dict) and isinstance(tree.get("notes"), list):
+        places = ", ".join(f"{bounded(where, 120)} ({number!r})" for where, number in found[:NOTED_PLACES])
+        more = f" and {len(found) - NOTED_PLACES} more" if len(found) > NOTED_PLACES else ""
+        tree["notes"] = [*tree["notes"], f"not a finite number, written as null: {places}{more}"]
+    return json.dumps(tree, indent=indent, allow_nan=False)

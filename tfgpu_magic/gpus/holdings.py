@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Optional
 
 from .nvml import GpuInfo, GpuLost, GpuProcess, MigDevice, Nvml, ReadingFailed
-from .owners import EXITED_NOTE, ProcessDetails, ProcessTable, lookup_listing
+from .owners import EXITED_NOTE, HIDDEN_NOTE, ProcessDetails, ProcessTable, lookup_listing
 
 __all__ = [
-    "GpuUsage", "MINE", "MigListing", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN",
+    "GpuUsage", "HIDDEN", "MINE", "MigListing", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN",
     "attribute", "entries", "gpu_listing_key", "mig_listing_key", "mig_listings", "tf_by_gpu",
 ]
 
 
 THIS_KERNEL, MINE, OTHERS, UNKNOWN = "this kernel", "mine", "others", "unknown"
+HIDDEN = "hidden"  # /proc hides it (hidepid): another user's, or exited; nobody can tell
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class ProcessEntry:
     user: Optional[str]
     command: Optional[str]
     alive: bool
-    whose: str  # THIS_KERNEL, MINE (my other processes), OTHERS, UNKNOWN (exited)
+    whose: str  # THIS_KERNEL, MINE (my other processes), OTHERS, UNKNOWN (exited), HIDDEN
     note: Optional[str] = None
 
 
@@ -100,6 +101,8 @@ def _entry(
 ) -> ProcessEntry:
     if pid == my_pid:
         whose = THIS_KERNEL
+    elif getattr(details, "hidden", False):
+        whose = HIDDEN
     elif not details.alive:
         whose = UNKNOWN
     elif me is not None and details.user == me:
@@ -128,16 +131,27 @@ def _split(gpu: GpuInfo, entries: tuple[ProcessEntry, ...], tf_in_use: Optional[
     exited = [e.pid for e in entries if not e.alive and e.whose != THIS_KERNEL]
     if exited:
         notes.append(f"pid {', '.join(map(str, exited))}: {EXITED_NOTE}; counted as unattributed")
+    others, rest = buckets[OTHERS], _rest(gpu, [mine, buckets[MINE], buckets[OTHERS]])
+    hidden = [e.pid for e in entries if e.whose == HIDDEN]
+    if hidden:  # another user's or exited: other users' share and the rest cannot be told apart
+        others = rest = None
+        notes.append(hidden_note(hidden))
     return GpuUsage(
         gpu.index,
         entries,
         mine,
         source if mine is not None else None,
         buckets[MINE],
-        buckets[OTHERS],
-        _rest(gpu, [mine, buckets[MINE], buckets[OTHERS]]),
+        others,
+        rest,
         tuple(notes),
     )
+
+
+def hidden_note(pids: list[int]) -> str:
+    """The note for listed pids that /proc hides: what they hold is nobody's known share."""
+    shown = ", ".join(map(str, pids[:8])) + (", ..." if len(pids) > 8 else "")
+    return f"pid {shown}: {HIDDEN_NOTE}; other users' memory and the unattributed rest are unknown"
 
 
 def _unlisted(gpu: GpuInfo, tf_in_use: Optional[int], why: str) -> GpuUsage:

@@ -20,6 +20,19 @@ listings; ``LISTING_TRUST_S`` bounds how long even that could be answered wrongl
 a process that exits while NVML still lists it can show as alive.  A changed listing, a pid
 read longer ago, and a pid never remembered (exited, a note, too young, a failure) are read as
 on every other lookup.
+
+Other users choose their command lines and (through the administrator) their names, so both are
+bounded where they are read, whichever table reads them: a :class:`ProcessDetails` holds at most
+``MAX_COMMAND_CHARS`` characters of a command line and ``MAX_NAME_CHARS`` of a user name, control
+characters escaped (:func:`tfgpu_magic.safe_text.bounded`), a cut one ending with "…".  On Linux a
+command line is read from ``/proc/<pid>/cmdline`` with reads of at most ``CMDLINE_READ_BYTES`` in
+all, so a 1 MiB command line costs what a short one does; elsewhere psutil reads it whole.
+
+Where ``/proc`` hides other users' processes (mounted ``hidepid=1``/``2``, ``invisible``), a
+listed pid that ``/proc`` does not show is :data:`HIDDEN`, not exited: nobody can tell whose it
+is or whether it runs, so what it holds is unknown, never "exited" and never 0.  Whether
+``/proc`` hides them is read once per effective uid from the mount options of ``/proc``
+(``/proc/self/mountinfo``), and also assumed when pid 1 is not visible (:func:`_hides_others`).
 """
 
 from __future__ import annotations
@@ -31,11 +44,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
 
-from ..safe_text import safe
+from ..safe_text import bounded, safe
 from .nvml import Nvml
 
 __all__ = [
+    "CMDLINE_READ_BYTES",
     "EXITED_NOTE",
+    "HIDDEN",
+    "HIDDEN_NOTE",
+    "MAX_COMMAND_CHARS",
+    "MAX_NAME_CHARS",
     "LISTING_TRUST_S",
     "OwnerLookupTable",
     "ProcessDetails",
@@ -48,14 +66,29 @@ __all__ = [
 ]
 
 
+MAX_COMMAND_CHARS = 1024  # characters of a command line kept, "…" included (escapes count as shown)
+MAX_NAME_CHARS = 64  # characters of a user name kept
+CMDLINE_READ_BYTES = 4 * MAX_COMMAND_CHARS  # bytes of /proc/<pid>/cmdline read: enough for the characters kept
+
+
 @dataclass(frozen=True)
 class ProcessDetails:
-    """What the operating system says about a pid.  None: not known or not allowed to see."""
+    """What the operating system says about a pid.  None: not known or not allowed to see.
+
+    ``user`` and ``command`` are bounded here, whoever built the details (see the module's docstring).
+    """
 
     user: Optional[str]
     command: Optional[str]
-    alive: bool
+    alive: bool  # False: exited; True: running, or (hidden) may be running
     note: Optional[str] = None
+    hidden: bool = False  # /proc hides it (hidepid): whose it is and whether it runs are unknown
+
+    def __post_init__(self) -> None:
+        if self.user is not None:
+            object.__setattr__(self, "user", bounded(str(self.user), MAX_NAME_CHARS))
+        if self.command is not None:
+            object.__setattr__(self, "command", bounded(str(self.command), MAX_COMMAND_CHARS))
 
 
 class ProcessTable(Protocol):
@@ -69,6 +102,8 @@ class ProcessTable(Protocol):
 
 EXITED_NOTE = "exited, but NVML still lists it (or it lives in another pid namespace)"
 EXITED = ProcessDetails(None, None, False, EXITED_NOTE)
+HIDDEN_NOTE = "not visible: /proc hides other users' processes here (hidepid), so whose it is is unknown"
+HIDDEN = ProcessDetails(None, None, True, HIDDEN_NOTE, hidden=True)
 
 MAX_PROCESSES = 1024  # remembered processes per table (least recently looked up goes first)
 MAX_USERS = 4096  # remembered uid -> name entries
@@ -106,7 +141,7 @@ class _UserNames:
         import pwd
 
         try:
-            entry: tuple[str, Optional[float]] = (pwd.getpwuid(uid).pw_name, None)
+            entry: tuple[str, Optional[float]] = (bounded(pwd.getpwuid(uid).pw_name, MAX_NAME_CHARS), None)
         except KeyError:  # a uid without a passwd entry (containers): the number still says who
             entry = (str(uid), self._clock() + NAMELESS_RETRY_S)
         with self._lock:
@@ -124,6 +159,7 @@ _USER_NAMES = _UserNames()  # the process-wide uid -> name cache
 
 # What identifies a process beyond its pid: (start time, name) from /proc, or psutil's create time.
 _GONE = object()  # the pid has no live process (exited, or a zombie)
+_HIDDEN = object()  # /proc does not show the pid, and it hides other users' processes (hidepid)
 _UNKNOWN = object()  # cannot tell (not allowed to read, no /proc and no psutil): never cached
 
 
@@ -136,7 +172,7 @@ def _read_stat(pid: int) -> Any:
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except (FileNotFoundError, ProcessLookupError):
-        return _GONE
+        return _HIDDEN if _hides_others() else _GONE
     except OSError:  # hidepid, or /proc misbehaving: let psutil say what it can
         return _UNKNOWN
     try:
@@ -159,7 +195,7 @@ def _read_stat(pid: int) -> Any:
 def _stat_identity(pid: int) -> object:
     """(start time in clock ticks since boot, process name) from ``/proc/<pid>/stat``; a zombie is gone."""
     stat = _read_stat(pid)
-    if stat is _GONE or stat is _UNKNOWN:
+    if stat is _GONE or stat is _UNKNOWN or stat is _HIDDEN:
         return stat
     fields, comm = stat
     return (fields[19], comm)  # field 22, starttime; field 2, comm
@@ -168,7 +204,7 @@ def _stat_identity(pid: int) -> object:
 def parent_of(pid: int) -> Optional[int]:
     """The parent pid of a live process; None when it has exited, is a zombie, or cannot be read."""
     stat = _read_stat(pid) if _HAS_PROC else _UNKNOWN
-    if stat is _GONE:
+    if stat is _GONE or stat is _HIDDEN:
         return None
     if stat is not _UNKNOWN:
         return int(stat[0][1])  # field 4, ppid
@@ -185,6 +221,59 @@ def parent_of(pid: int) -> Optional[int]:
 
 
 _HAS_PROC = os.path.exists("/proc/self/stat")
+_MOUNTINFO_BYTES = 1 << 20  # /proc/self/mountinfo read at most (a host with thousands of mounts)
+_HIDES_OTHERS: dict[int, bool] = {}  # effective uid -> whether /proc hides other users' processes from it
+
+
+def _hides_others() -> bool:
+    """Whether ``/proc`` hides other users' processes from this process (``hidepid``), so that a
+    pid it does not show may still run.  Read once per effective uid; root sees every process."""
+    euid = os.geteuid() if hasattr(os, "geteuid") else 0
+    found = _HIDES_OTHERS.get(euid)
+    if found is None:
+        found = euid != 0 and _HAS_PROC and (_hidepid_in(_mountinfo()) or not os.path.exists("/proc/1"))
+        _HIDES_OTHERS[euid] = found
+    return found
+
+
+def _mountinfo() -> list[str]:
+    try:
+        fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        data = b""
+        while len(data) < _MOUNTINFO_BYTES:
+            chunk = os.read(fd, _MOUNTINFO_BYTES - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace").splitlines()
+
+
+def _hidepid_in(lines: Sequence[str]) -> bool:
+    """Whether the last ``proc`` mount on ``/proc`` in these ``mountinfo`` lines has ``hidepid`` set
+    (``1``, ``2``, ``noaccess``, ``invisible``, ``ptraceable``; ``0`` and ``off`` hide nothing)."""
+    hidepid = None
+    for line in lines:
+        before, _, after = line.partition(" - ")
+        fields, source = before.split(), after.split()
+        if len(fields) < 5 or len(source) < 3 or fields[4] != "/proc" or source[0] != "proc":
+            continue
+        hidepid = None  # a later mount on /proc covers the earlier ones
+        for option in source[2].split(","):
+            if option.startswith("hidepid="):
+                hidepid = option.partition("=")[2]
+    return hidepid not in (None, "0", "off")
+
+
+def _absent() -> ProcessDetails:
+    """A pid /proc does not show: exited, or hidden where /proc hides other users' processes."""
+    return HIDDEN if _hides_others() else EXITED
 
 
 def _stat_age_s(identity: Any) -> float:
@@ -256,6 +345,9 @@ class PsutilProcessTable:
         if identity is _GONE:
             self._forget(pid)
             return EXITED
+        if identity is _HIDDEN:
+            self._forget(pid)
+            return HIDDEN
         if identity is not _UNKNOWN:
             read_at = self._clock()
             with self._lock:
@@ -334,13 +426,15 @@ class PsutilProcessTable:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 user, user_note = _guarded_read(lambda: self._user_of(proc), psutil)
-                command, command_note = _guarded_read(lambda: " ".join(proc.cmdline()) or proc.name(), psutil)
-        except (psutil.NoSuchProcess, ProcessLookupError):  # ZombieProcess is a NoSuchProcess
+                command, command_note = _guarded_read(lambda: _command_of(proc, psutil), psutil)
+        except psutil.ZombieProcess:
             return EXITED
+        except (psutil.NoSuchProcess, ProcessLookupError):  # not in /proc: exited, or hidden (hidepid)
+            return _absent()
         except Exception as err:  # AccessDenied, or what psutil does not translate (EIO, EINVAL, ValueError...)
             return ProcessDetails(None, None, True, _unreadable(err, psutil))
         if user_note == "exited" or command_note == "exited":
-            return EXITED
+            return _absent()
         note = user_note or command_note
         return ProcessDetails(user, command, True, note)
 
@@ -359,15 +453,50 @@ def _proc_lookup(pid: int, names: Optional[_UserNames] = None) -> ProcessDetails
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except FileNotFoundError:
-        return EXITED
+        return _absent()
     except OSError:
         return ProcessDetails(None, None, True, "psutil is not installed and /proc cannot be read")
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip() or None
+        command = _cmdline_text(*_read_cmdline(pid))
     except OSError:
         command = None
     return ProcessDetails((names or _USER_NAMES).name(uid), command, True)
+
+
+def _read_cmdline(pid: int) -> tuple[bytes, bool]:
+    """At most ``CMDLINE_READ_BYTES`` of ``/proc/<pid>/cmdline``, and whether it holds more."""
+    fd = os.open(f"/proc/{pid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while len(data) <= CMDLINE_READ_BYTES:  # one byte past the bound says whether there is more
+            chunk = os.read(fd, CMDLINE_READ_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return data[:CMDLINE_READ_BYTES], len(data) > CMDLINE_READ_BYTES
+
+
+def _cmdline_text(data: bytes, more: bool) -> Optional[str]:
+    """A command line as psutil joins it (arguments separated by spaces), bounded; None when empty."""
+    if not more and data.endswith(b"\0"):
+        data = data[:-1]
+    text = os.fsdecode(data.replace(b"\0", b" "))
+    return bounded(text, MAX_COMMAND_CHARS, cut=more) if text else None
+
+
+def _command_of(proc: Any, psutil: Any) -> str:
+    """A process's command line, read with a bounded cost on Linux; its name when it has none (a kernel thread)."""
+    if not _HAS_PROC:
+        return bounded(" ".join(proc.cmdline()), MAX_COMMAND_CHARS) or proc.name()
+    try:
+        command = _cmdline_text(*_read_cmdline(proc.pid))
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(proc.pid) from None
+    except PermissionError:
+        raise psutil.AccessDenied(proc.pid) from None
+    return command or proc.name()
 
 
 def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[Optional[str], Optional[str]]:
@@ -392,25 +521,30 @@ class OwnerLookupTable:
     """A process table from a lookup function returning objects with ``user`` and ``command``.
 
     ``SimulatedNvml.owner_of`` is such a function: a device source may bring its own process
-    table, so a simulated server answers with simulated owners.
+    table, so a simulated server answers with simulated owners.  ``hides_others``: the lookup's
+    None means "not shown" (as a ``/proc`` mounted ``hidepid`` answers), not "exited".
     """
 
-    def __init__(self, owner_of: Callable[[int], Any], me: Optional[str] = None, my_pid: Optional[int] = None):
+    def __init__(
+        self, owner_of: Callable[[int], Any], me: Optional[str] = None, my_pid: Optional[int] = None,
+        hides_others: bool = False,
+    ):
         self._owner_of = owner_of
         self._me = me
         self._my_pid = os.getpid() if my_pid is None else my_pid
+        self._hides_others = hides_others
 
     def lookup(self, pid: int) -> ProcessDetails:
         found = self._owner_of(pid)
         if found is None:
-            return EXITED
+            return HIDDEN if self._hides_others else EXITED
         return ProcessDetails(getattr(found, "user", None), getattr(found, "command", None), True)
 
     def current_user(self) -> Optional[str]:
         if self._me is not None:
-            return self._me
-        found = self._owner_of(self._my_pid)
-        return getattr(found, "user", None)
+            return bounded(self._me, MAX_NAME_CHARS)  # as the details' names are: the same name compares equal
+        user = getattr(self._owner_of(self._my_pid), "user", None)
+        return None if user is None else bounded(str(user), MAX_NAME_CHARS)
 
 
 _SHARED = PsutilProcessTable(user_names=_USER_NAMES)  # cheap to build: psutil is imported on first lookup

@@ -103,9 +103,9 @@ class GpuMagics(Magics):
 
         report = status.build_report(self.session)
         if command.json:
-            import json
+            from ..safe_text import strict_json
 
-            print(json.dumps(report, indent=2))
+            print(strict_json(report, indent=2))  # JSON.parse reads it: no NaN, no Infinity
             return
         from IPython.display import display
 

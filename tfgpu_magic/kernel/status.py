@@ -683,8 +683,9 @@ def _text_bar(usage: dict[str, Any], total: Optional[int]) -> str:
 
 
 def _process_line(proc: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str]) -> str:
-    tag = {"this kernel": f"  ({label or 'this process'})", "unknown": "  (exited)"}.get(proc["whose"], "")
-    if proc["note"] and proc["whose"] != "unknown":
+    tag = {"this kernel": f"  ({label or 'this process'})", "unknown": "  (exited)",
+           "hidden": "  (hidden by /proc: hidepid)"}.get(proc["whose"], "")
+    if proc["note"] and proc["whose"] not in ("unknown", "hidden"):  # the GPU's note says it in full
         tag += f"  ({proc['note']})"
     command = _short(proc["command"] or "n/a", 48)
     return (
@@ -811,8 +812,8 @@ def _processes_html(processes: Optional[list[dict[str, Any]]], label: str, size:
     head = "".join(f'<th style="{_CELL}; font-weight: 600">{h}</th>' for h in ("pid", "user", "memory", "command", ""))
     rows = []
     for proc in processes:
-        tag = {"this kernel": label, "unknown": "exited"}.get(proc["whose"], "")
-        if proc["note"] and proc["whose"] != "unknown":
+        tag = {"this kernel": label, "unknown": "exited", "hidden": "hidden by /proc: hidepid"}.get(proc["whose"], "")
+        if proc["note"] and proc["whose"] not in ("unknown", "hidden"):
             tag = f"{tag}; {proc['note']}" if tag else proc["note"]
         cells = (
             str(proc["pid"]),

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import math
 import os
 import time
@@ -50,6 +49,7 @@ from ..command import grammar
 from ..command.units import MIB
 from ..gpus import owners
 from ..gpus.nvml import Nvml
+from ..safe_text import strict_json
 from . import kernel_inventory, metrics
 from .culler import Culler, CullPolicy, epoch
 from .kernel_inventory import KernelDescription
@@ -62,6 +62,7 @@ __all__ = [
     "StatusSource",
     "TfgpuMagic",
     "load_device_source",
+    "reply_text",
 ]
 
 ROUTE = ("tfgpu", "api", "status")  # under the server's base_url
@@ -220,6 +221,11 @@ class SharedRefresh(Generic[T]):
         return value
 
 
+def reply_text(reply: dict[str, Any]) -> str:
+    """The endpoint's JSON text of a reply: strict JSON (a NaN or infinity is null, and a note says where)."""
+    return strict_json(reply)
+
+
 @dataclass(frozen=True)
 class Reading:
     """One reading: the reply (for /metrics and the culler) and its JSON text (for the endpoint), made once."""
@@ -254,7 +260,7 @@ class StatusSource:
             self._log.exception("tfgpu_magic: reading the GPUs failed")
             reply = self._unavailable(kernels, f"reading the GPUs failed ({_reason(err)}); see the server's log", notes)
         self._policy.annotate(reply)
-        return Reading(reply, json.dumps(reply))
+        return Reading(reply, reply_text(reply))
 
     async def _kernels(self) -> tuple[list[KernelDescription], list[str]]:
         """The kernels, read on the event loop where the managers live; a failure is a note."""

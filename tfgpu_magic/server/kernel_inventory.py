@@ -121,9 +121,12 @@ def inventory(
     foreign = _only_foreign_pids(usages)
     if foreign:
         notes.append(_foreign_note(usages))
+    hidden = sorted({e.pid for u in usages for e in (u.processes or ()) if e.whose == holdings.HIDDEN})
+    if hidden:
+        notes.append(holdings.hidden_note(hidden))
     unlisted = [gpu.index for gpu, usage in zip(gpus, usages) if usage.processes is None and not gpu.lost]
     reply = _reply(user, generated_at, refresh_interval_s, available=True, reason=None, notes=notes)
-    reply["pids_visible"] = not foreign
+    reply["pids_visible"] = not foreign and not hidden
     reply["gpus"] = [_gpu(gpu, usage, owner_of) for gpu, usage in zip(gpus, usages)]
     for entry, gpu in zip(reply["gpus"], gpus):
         entry["mig_instances"] = _mig_instances(nvml, gpu, owner_of) if gpu.mig_enabled else None
@@ -163,9 +166,11 @@ def _reply(
         "other_users": [],
         "unattributed": [],
         "notes": notes,
-        # False: NVML lists only pids this server cannot see (another pid namespace), so nobody's
-        # share (kernels', other users') can be told; None: no driver reading at all.
+        # False: NVML lists pids this server cannot see: only such pids (another pid namespace), so
+        # nobody's share (kernels', other users') can be told, or some that /proc hides (hidepid),
+        # so other users' share cannot; None: no driver reading at all.
         "pids_visible": None,
+        "hidden_processes": [],  # listed pids /proc hides (hidepid): another user's or exited, unknown which
     }
 
 
@@ -249,6 +254,7 @@ def _split(usage: holdings.GpuUsage, owner_of: Mapping[int, str], free: Optional
     if usage.processes is None:  # lost, or NVML could not list them: nobody's share is known
         return {"kernels_bytes": None, "my_other_bytes": None, "others_bytes": None,
                 "unattributed_bytes": usage.unattributed_bytes, "free_bytes": free}
+    hidden = any(e.whose == holdings.HIDDEN for e in usage.processes)
     kernels, mine, others = [], [], []
     for entry in usage.processes:
         if _kernels_entry(entry, owner_of) is not None:
@@ -260,7 +266,8 @@ def _split(usage: holdings.GpuUsage, owner_of: Mapping[int, str], free: Optional
     return {
         "kernels_bytes": _known_sum(e.used_memory_bytes for e in kernels),
         "my_other_bytes": _known_sum(e.used_memory_bytes for e in mine),
-        "others_bytes": _known_sum(e.used_memory_bytes for e in others),
+        # /proc hides some listed pids (hidepid): other users' share is unknown, as holdings says
+        "others_bytes": None if hidden else _known_sum(e.used_memory_bytes for e in others),
         # Regrouping moves bytes between shares, never in or out: holdings' rest stays right.
         "unattributed_bytes": usage.unattributed_bytes,
         "free_bytes": free,
@@ -339,8 +346,11 @@ def _sorted(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # -- everyone else ----------------------------------------------------------------------------
 def _everyone_else(usages: list[holdings.GpuUsage], owner_of: Mapping[int, str]) -> dict[str, list[dict[str, Any]]]:
-    """Processes no kernel accounts for: mine, other users', and exited ones NVML still lists."""
-    lists: dict[str, list[dict[str, Any]]] = {"my_other_processes": [], "other_users": [], "unattributed": []}
+    """Processes no kernel accounts for: mine, other users', exited ones NVML still lists, and
+    those /proc hides (hidepid)."""
+    lists: dict[str, list[dict[str, Any]]] = {
+        "my_other_processes": [], "other_users": [], "unattributed": [], "hidden_processes": [],
+    }
     for usage in usages:
         for entry in usage.processes or ():
             if _kernels_entry(entry, owner_of) is not None:
@@ -350,6 +360,8 @@ def _everyone_else(usages: list[holdings.GpuUsage], owner_of: Mapping[int, str])
                 lists["my_other_processes"].append({**base, "command": entry.command})
             elif entry.whose == holdings.OTHERS:
                 lists["other_users"].append({**base, "user": entry.user, "command": entry.command})
+            elif entry.whose == holdings.HIDDEN:
+                lists["hidden_processes"].append({**base, "note": entry.note or owners.HIDDEN_NOTE})
             else:
                 lists["unattributed"].append({**base, "note": entry.note or owners.EXITED_NOTE})
     return lists
