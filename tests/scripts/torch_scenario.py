@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 result["torch_read"] = torch._C._accelerator_getAllocatorSettings()
 result["cuda_initialized"] = torch.cuda.is_initialized()
+result["torch_version_cuda"] = torch.version.cuda  # None on the CPU build; a CUDA build runs here too, with no GPU
 result["allocator_after"] = run_gpu(ip, "allocator default")
 result["allocator_same"] = run_gpu(ip, "allocator async")
 result["grow"] = run_gpu(ip, "grow")
