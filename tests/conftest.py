@@ -163,3 +163,25 @@ def no_leaked_sampler():
     yield
     monitor._hub.stop_all()
     assert monitor_threads() == [], "a sampler thread outlived its test"
+
+
+def run_in_fresh_kernel(cells: list[str], cwd: Path) -> list[list[dict]]:
+    """Run ``cells`` as one notebook in a fresh python3 kernel (nbclient); each cell's outputs.
+    Use with the ``kernel_env`` fixture, and mark the test `slow`."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return [cell["outputs"] for cell in nb.cells]
+
+
+@pytest.fixture
+def kernel_env(monkeypatch):
+    """For a fresh kernel: this checkout on its path; no TensorFlow or CUDA setting from the shell."""
+    for name in list(os.environ):
+        if name.startswith(START_UP_PREFIXES):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

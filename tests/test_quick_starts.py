@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, START_UP_PREFIXES
+from conftest import ROOT, run_in_fresh_kernel
 
 SETUP = (
     "import tfgpu_magic\n"
@@ -35,16 +33,6 @@ def quick_start(framework: str) -> str:
     return found.group(1)
 
 
-def run(cells: list[str], cwd: Path) -> list[list[dict]]:
-    import nbformat
-    from nbclient import NotebookClient
-
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(cwd)}}).execute()
-    return [cell["outputs"] for cell in nb.cells]
-
-
 def texts(outputs: list[dict]) -> list[str]:
     found = []
     for output in outputs:
@@ -56,22 +44,13 @@ def texts(outputs: list[dict]) -> list[str]:
     return [t for t in found if t]
 
 
-@pytest.fixture
-def kernel_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith(START_UP_PREFIXES):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("framework", ["PyTorch", "JAX"])
 def test_a_user_of_one_framework_never_reads_tensorflow(framework, kernel_env, tmp_path):
     block = quick_start(framework)
     cells = [SETUP, *block.strip().split("\n"), *THEN, "import sys; print('tensorflow' in sys.modules)"]
-    outputs = run(cells, tmp_path)
+    outputs = run_in_fresh_kernel(cells, tmp_path)
     assert texts(outputs[-1]) == ["False\n"]  # nobody imported TensorFlow behind the user's back
     said = [(cell, text) for cell, out in zip(cells[1:-2], outputs[1:-2]) for text in texts(out)]
     assert said, "the quick start printed nothing"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, START_UP_PREFIXES
+from conftest import ROOT, START_UP_PREFIXES, run_in_fresh_kernel
 
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -154,26 +154,6 @@ def _failure_text(outputs: list[dict]) -> str | None:
         if output.get("name") == "stderr" and "UsageError:" in text:
             return text[text.index("UsageError:"):].splitlines()[0]
     return None
-
-
-def run_in_fresh_kernel(cells: list[str], cwd: Path) -> list[dict]:
-    import nbformat
-    from nbclient import NotebookClient
-
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(cwd)}}).execute()
-    return [cell["outputs"] for cell in nb.cells]
-
-
-@pytest.fixture
-def kernel_env(monkeypatch):
-    """This checkout on the kernel's path; no TensorFlow or CUDA setting from the shell."""
-    for name in list(os.environ):
-        if name.startswith(START_UP_PREFIXES):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.slow
