@@ -72,6 +72,16 @@ def test_with_a_free_memory_threshold_only_a_kernel_on_a_short_gpu_is_due():
     assert policy.due_at(kernel(), {"1": None}) is None  # no reading: not short
 
 
+@pytest.mark.parametrize("after_s", [2.6e11, 1e308])
+def test_an_idle_limit_past_any_date_is_never_due_and_never_raises(after_s):
+    """Issue 28, 5: beyond year 9999 a due time is no date; such a limit means "never"."""
+    reply = {"gpus": [], "kernels": [kernel()]}
+    CullPolicy(after_s=after_s).annotate(reply)
+    assert reply["culler"]["idle_after_s"] == after_s
+    assert reply["kernels"][0]["cull_due_at"] is None
+    assert CullPolicy(after_s=after_s).due_at(kernel(), {}) is None
+
+
 def test_the_reply_says_the_policy_and_when_each_kernel_is_due():
     reply = {"gpus": [], "kernels": [kernel(id="a"), kernel(id="b", execution_state="busy")]}
     CullPolicy(after_s=1800, min_memory_bytes=GIB).annotate(reply)
@@ -146,12 +156,17 @@ def chosen():
 
 
 @pytest.fixture
-def jp_server_config(chosen):
+def refresh_interval():
+    return 0.0  # every reading afresh, unless a test says otherwise
+
+
+@pytest.fixture
+def jp_server_config(chosen, refresh_interval):
     return {
         "ServerApp": {"jpserver_extensions": {"tfgpu_magic": True}},
         "TfgpuMagic": {
             "device_source": lambda: chosen,
-            "refresh_interval": 0.0,
+            "refresh_interval": refresh_interval,
             "cull_idle_gpu_kernels_after": 1.0,
             "cull_min_gpu_memory": "2G",
             "cull_interval": 3600.0,  # this test runs the passes itself
@@ -211,6 +226,142 @@ def test_only_an_idle_kernel_holding_enough_memory_is_culled(jp_serverapp, jp_fe
         assert sorted(manager.list_kernel_ids()) == sorted(v for p, v in ids.items() if p != "idle_big.ipynb")
         assert f"shut down kernel {ids['idle_big.ipynb']} (idle_big.ipynb, python3)" in caplog.text
         assert "GPU 0: 4,096 MiB, the driver's reading before the shutdown" in caplog.text
+    finally:
+        for client in clients:
+            client.stop_channels()
+
+
+def status_of(jp_fetch, run, kernel_id: str) -> dict[str, Any]:
+    status = json.loads(run(jp_fetch(*serverext.ROUTE)).body)
+    return next(k for k in status["kernels"] if k["id"] == kernel_id)
+
+
+def warnings_about(caplog, kernel_id: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING and kernel_id in r.getMessage()]
+
+
+def test_a_kernel_running_a_long_silent_cell_is_never_culled_whatever_control_requests_say(
+    jp_serverapp, jp_fetch, run, chosen, caplog
+):
+    """Issue 28, 1: jupyter-resource-usage's ``usage_request`` (or a ``list_subshell_request``),
+    answered on the control channel while a cell runs, makes jupyter_server record "idle"."""
+    manager = jp_serverapp.kernel_manager
+    kernel_id = start_kernel(jp_fetch, run, "training.ipynb")
+    chosen.held_mib = {manager.get_kernel(kernel_id).provisioner.pid: 4096}
+    client = run(connect(jp_serverapp, kernel_id))
+    try:
+        client.execute("import time; time.sleep(300)")  # a training step that prints nothing
+        wait_for(run, lambda: manager.get_kernel(kernel_id).execution_state == "busy")
+        for request in ("usage_request", "list_subshell_request"):
+            client.control_channel.send(client.session.msg(request, {}))
+        # What the attack relies on: the server now takes the kernel for idle.
+        wait_for(run, lambda: manager.get_kernel(kernel_id).execution_state == "idle")
+        run(asyncio.sleep(1.5))  # past the one-second limit, and nothing on IOPub since
+        entry = status_of(jp_fetch, run, kernel_id)
+        assert entry["total_gpu_memory_bytes"] == 4096 * 1024**2
+        assert (entry["execution_state"], entry["cull_due_at"]) == ("busy", None)
+        with caplog.at_level(logging.WARNING):
+            for _ in range(2):
+                assert run(jp_serverapp.tfgpu_culler.check()) == []
+                client.control_channel.send(client.session.msg("usage_request", {}))
+                run(asyncio.sleep(0.5))
+        assert kernel_id in manager.list_kernel_ids()
+        assert "shut down kernel" not in caplog.text
+    finally:
+        client.stop_channels()
+
+
+PANEL_CELL = (
+    "import tfgpu_magic\n"
+    "from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml\n"
+    "tfgpu_magic.set_device_source(SimulatedNvml([SimulatedGpu(total_mib=1024)]))\n"
+    "get_ipython().run_line_magic('load_ext', 'tfgpu_magic')\n"
+    "get_ipython().run_line_magic('gpu', 'monitor')"
+)
+
+
+def test_an_open_monitor_whose_browser_is_gone_does_not_keep_a_kernel_alive(jp_serverapp, jp_fetch, run, chosen, caplog):
+    """Issue 28, 2: the panel's messages (a heartbeat a second) are its own traffic, not the user's."""
+    manager = jp_serverapp.kernel_manager
+    kernel_id = start_kernel(jp_fetch, run, "left_open.ipynb")
+    chosen.held_mib = {manager.get_kernel(kernel_id).provisioner.pid: 4096}
+    client = run(connect(jp_serverapp, kernel_id))
+    try:
+        reply = run(client.execute_interactive(PANEL_CELL, timeout=60, output_hook=lambda msg: None))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        finished = time.time()
+        client.stop_channels()  # the browser is gone; the panel's sampler goes on sending
+        # What the attack relies on: to jupyter_server the panel's messages are activity.
+        wait_for(run, lambda: serverext.epoch(manager.get_kernel(kernel_id).last_activity) > finished + 2.0)
+        with caplog.at_level(logging.WARNING):
+            culled = run(jp_serverapp.tfgpu_culler.check())
+        assert culled == [kernel_id]
+        assert kernel_id not in manager.list_kernel_ids()
+        assert f"shut down kernel {kernel_id} (left_open.ipynb, python3)" in caplog.text
+    finally:
+        client.stop_channels()
+
+
+@pytest.mark.parametrize("refresh_interval", [30.0])
+def test_a_kernel_whose_memory_is_gone_is_not_culled_and_no_gain_is_claimed(jp_serverapp, jp_fetch, run, chosen, caplog):
+    """Issue 28, 3: the culler decides from a reading made just before the shutdown, and says
+    memory came back only where the driver's readings before and after show it."""
+    manager = jp_serverapp.kernel_manager
+    kernel_id = start_kernel(jp_fetch, run, "released.ipynb")
+    pid = manager.get_kernel(kernel_id).provisioner.pid
+    chosen.held_mib = {pid: 4096}
+    client = run(connect(jp_serverapp, kernel_id))
+    try:
+        wait_for(run, lambda: manager.get_kernel(kernel_id).execution_state == "idle")
+        run(asyncio.sleep(1.5))  # idle past the limit
+        assert status_of(jp_fetch, run, kernel_id)["cull_due_at"] is not None  # the shared reading, kept 30 s
+        chosen.held_mib = {}  # the kernel released its memory: the driver no longer lists it
+        with caplog.at_level(logging.WARNING):
+            assert run(jp_serverapp.tfgpu_culler.check()) == []
+        assert kernel_id in manager.list_kernel_ids()
+        assert caplog.text == ""
+
+        # Holding memory again: culled, but the simulated driver still lists the exited process.
+        chosen.held_mib = {pid: 4096}
+        with caplog.at_level(logging.WARNING):
+            assert run(jp_serverapp.tfgpu_culler.check()) == [kernel_id]
+        assert "GPU 0: 4,096 MiB, the driver's reading before the shutdown" in caplog.text
+        assert "back" not in caplog.text
+        assert f"GPU 0: 4,096 MiB in use before the culling, 4,096 MiB after" in caplog.text
+        assert f"the driver still lists pid {pid}" in caplog.text
+    finally:
+        client.stop_channels()
+
+
+def test_a_hung_or_failing_shutdown_never_stops_the_culler(jp_serverapp, jp_fetch, run, chosen, caplog, monkeypatch):
+    """Issue 28, 4: each shutdown has a timeout; a hung one is one note and the other due kernels
+    are still culled; a failing one is one warning, not a traceback every pass."""
+    manager = jp_serverapp.kernel_manager
+    ids = {path: start_kernel(jp_fetch, run, path) for path in ("a_hangs.ipynb", "b_fails.ipynb", "c_goes.ipynb")}
+    chosen.held_mib = {manager.get_kernel(k).provisioner.pid: 4096 for k in ids.values()}
+    clients = [run(connect(jp_serverapp, k)) for k in ids.values()]
+    original = manager.shutdown_kernel
+
+    async def shutdown(kernel_id, *args, **kwargs):
+        if kernel_id == ids["a_hangs.ipynb"]:
+            await asyncio.Event().wait()  # never returns
+        if kernel_id == ids["b_fails.ipynb"]:
+            raise RuntimeError("the provisioner refused")
+        return await original(kernel_id, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "shutdown_kernel", shutdown)
+    culler = jp_serverapp.tfgpu_culler
+    culler.shutdown_timeout_s = 2.0
+    try:
+        wait_for(run, lambda: all(manager.get_kernel(k).execution_state == "idle" for k in ids.values()))
+        run(asyncio.sleep(1.5))
+        with caplog.at_level(logging.WARNING):
+            culled = [run(asyncio.wait_for(culler.check(), 60)) for _ in range(3)]  # a bound, not a timing
+        assert culled == [[ids["c_goes.ipynb"]], [], []]
+        assert len(warnings_about(caplog, ids["a_hangs.ipynb"])) == 1
+        assert "did not finish in 2 s" in warnings_about(caplog, ids["a_hangs.ipynb"])[0].getMessage()
+        [failed] = warnings_about(caplog, ids["b_fails.ipynb"])
+        assert "RuntimeError: the provisioner refused" in failed.getMessage() and failed.exc_info is None
     finally:
         for client in clients:
             client.stop_channels()
