@@ -20,7 +20,7 @@ from traitlets import TraitError
 
 from tfgpu_magic.gpus.simulated import LiveKernelsNvml, SimulatedGpu, SimulatedProcess
 from tfgpu_magic.server import extension as serverext
-from tfgpu_magic.server.culler import Culler, CullPolicy, memory_change_lines, parse_iso_utc
+from tfgpu_magic.server.culler import Culler, CullPolicy, LiveState, memory_change_lines, parse_iso_utc
 
 GIB = 1024**3
 NOW = 1_795_000_000.0  # 2026-11-18T11:06:40Z
@@ -104,14 +104,18 @@ def one_pass(entries: list[dict[str, Any]], live: dict[str, tuple[str, Optional[
     server = Server(live)
     before = {"gpus": [{"index": 1, "memory_used_bytes": 30 * GIB, "split": {}}], "kernels": entries}
     after = {"gpus": [{"index": 1, "memory_used_bytes": 22 * GIB, "split": {}}], "kernels": []}
+    fresh_readings = iter([before, after])  # just before the shutdowns, then after them
 
     async def reading():
         return before
 
     async def fresh():
-        return after
+        return next(fresh_readings)
 
-    culler = Culler(CullPolicy(after_s=60), reading, fresh, server.live.get, server.shutdown,
+    def state(kernel_id: str) -> Optional[LiveState]:
+        return LiveState(*server.live[kernel_id]) if kernel_id in server.live else None
+
+    culler = Culler(CullPolicy(after_s=60), reading, fresh, state, server.shutdown,
                     logging.getLogger("culler-test"), clock=lambda: NOW)
     with caplog.at_level(logging.WARNING, "culler-test"):
         return asyncio.run(culler.check())
@@ -133,8 +137,19 @@ def test_a_kernel_that_ran_a_cell_since_the_reading_is_spared(caplog):
 
 def test_memory_change_lines_without_a_reading_say_so():
     before = {"gpus": [{"index": 1, "memory_used_bytes": None}]}
-    assert memory_change_lines(before, before, ["1"]) == [
+    assert memory_change_lines(before, before, [kernel()]) == [
         "tfgpu_magic: GPU 1: no driver reading to show what the culling gave back"
+    ]
+
+
+def test_no_memory_is_said_to_come_back_unless_the_driver_shows_less_in_use():
+    """Issue 28, 3: the same use before and after (or more) is no gain, and a listed pid is said."""
+    before = {"pids_visible": True, "gpus": [{"index": 1, "memory_used_bytes": 30 * GIB}]}
+    after = {"pids_visible": True, "gpus": [{"index": 1, "memory_used_bytes": 31 * GIB}],
+             "unattributed": [{"gpu": 1, "pid": 42, "used_memory_bytes": 8 * GIB}]}
+    assert memory_change_lines(before, after, [kernel(pid=42, child_pids=[])]) == [
+        "tfgpu_magic: GPU 1: 30.0 GiB in use before the culling, 31.0 GiB after: the driver shows no memory freed yet",
+        "tfgpu_magic: the driver still lists pid 42 of the culled kernels",
     ]
 
 
@@ -187,9 +202,16 @@ def start_kernel(jp_fetch, run, path: str) -> str:
 async def connect(serverapp, kernel_id: str) -> Any:
     """A client that has had the kernel's first reply, as a notebook opened in a browser has: until
     a client asks something, jupyter_server keeps a kernel "starting"."""
-    client = serverapp.kernel_manager.get_kernel(kernel_id).client()
+    kernel = serverapp.kernel_manager.get_kernel(kernel_id)
+    client = kernel.client()
     client.start_channels()
     await client.wait_for_ready(timeout=60)
+    deadline = time.monotonic() + 60
+    while kernel.execution_state == "starting" and time.monotonic() < deadline:
+        # The server's IOPub subscription may have joined after that reply: ask again, as
+        # jupyter_server's own "nudge" does for a browser's connection.
+        client.kernel_info()
+        await asyncio.sleep(0.2)
     return client
 
 
@@ -316,18 +338,29 @@ def test_a_kernel_whose_memory_is_gone_is_not_culled_and_no_gain_is_claimed(jp_s
         run(asyncio.sleep(1.5))  # idle past the limit
         assert status_of(jp_fetch, run, kernel_id)["cull_due_at"] is not None  # the shared reading, kept 30 s
         chosen.held_mib = {}  # the kernel released its memory: the driver no longer lists it
+        caplog.clear()
         with caplog.at_level(logging.WARNING):
             assert run(jp_serverapp.tfgpu_culler.check()) == []
         assert kernel_id in manager.list_kernel_ids()
-        assert caplog.text == ""
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "tfgpu" in r.getMessage()]
+    finally:
+        client.stop_channels()
 
-        # Holding memory again: culled, but the simulated driver still lists the exited process.
-        chosen.held_mib = {pid: 4096}
+
+def test_no_gain_is_claimed_while_the_driver_still_lists_the_culled_kernel(jp_serverapp, jp_fetch, run, chosen, caplog):
+    manager = jp_serverapp.kernel_manager
+    kernel_id = start_kernel(jp_fetch, run, "released.ipynb")
+    pid = manager.get_kernel(kernel_id).provisioner.pid
+    chosen.held_mib = {pid: 4096}  # and the simulated driver lists it after the kernel exits, too
+    client = run(connect(jp_serverapp, kernel_id))
+    try:
+        wait_for(run, lambda: manager.get_kernel(kernel_id).execution_state == "idle")
+        run(asyncio.sleep(1.5))  # idle past the limit
         with caplog.at_level(logging.WARNING):
             assert run(jp_serverapp.tfgpu_culler.check()) == [kernel_id]
         assert "GPU 0: 4,096 MiB, the driver's reading before the shutdown" in caplog.text
         assert "back" not in caplog.text
-        assert f"GPU 0: 4,096 MiB in use before the culling, 4,096 MiB after" in caplog.text
+        assert "GPU 0: 4,396 MiB in use before the culling, 4,396 MiB after: the driver shows no memory freed yet" in caplog.text
         assert f"the driver still lists pid {pid}" in caplog.text
     finally:
         client.stop_channels()
