@@ -400,6 +400,14 @@ def test_a_hung_or_failing_shutdown_never_stops_the_culler(jp_serverapp, jp_fetc
             client.stop_channels()
 
 
+def test_the_culler_and_the_watch_stop_with_the_server(jp_serverapp, run):
+    manager = jp_serverapp.kernel_manager
+    started = jp_serverapp.tfgpu_extension
+    assert started.callback.is_running() and "start_watching_activity" in vars(manager)  # wrapped
+    run(jp_serverapp.cleanup_extensions())
+    assert not started.callback.is_running() and "start_watching_activity" not in vars(manager)
+
+
 def test_a_naive_kernel_manager_time_is_utc_whatever_the_local_zone(monkeypatch):
     """The live check and the reading must agree on a naive time, or a kernel that just ran a cell
     could look idle for hours on a host east of UTC."""

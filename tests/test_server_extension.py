@@ -26,6 +26,7 @@ import pytest
 from jupyter_server.auth import Authorizer
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
 from tornado.httpclient import HTTPClientError
+from traitlets.config.loader import DeferredConfigString
 
 from tfgpu_magic.gpus import owners
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, kernels_server, shared_server
@@ -258,7 +259,8 @@ def hanging():
 
 @pytest.fixture
 def hanging_config(jp_server_config, hanging):
-    jp_server_config["TfgpuMagic"].update(device_source=lambda: hanging, reading_timeout=1.0)
+    jp_server_config["TfgpuMagic"].update(device_source=lambda: hanging, reading_timeout=1.0,
+                                          cull_idle_gpu_kernels_after=1.0, cull_interval=3600.0)
     return jp_server_config
 
 
@@ -267,7 +269,7 @@ def get_within(jp_fetch, run, bound_s: float = 15.0) -> dict[str, Any]:
     return json.loads(run(asyncio.wait_for(jp_fetch(*serverext.ROUTE), bound_s)).body)
 
 
-def test_a_hung_driver_gives_the_last_good_reading_with_a_note(hanging_config, hanging, get_status, jp_fetch, run):
+def test_a_hung_driver_gives_the_last_good_reading_with_a_note(hanging_config, hanging, jp_serverapp, get_status, jp_fetch, run):
     """Issue 28, 4: a reading has a timeout; the handler never waits for a stuck driver."""
     good = get_status()
     assert good["driver"]["available"] and not good["notes"]
@@ -276,6 +278,8 @@ def test_a_hung_driver_gives_the_last_good_reading_with_a_note(hanging_config, h
         reply = get_within(jp_fetch, run)
         assert reply["gpus"] == good["gpus"] and reply["generated_at"] == good["generated_at"]
         assert any("did not answer within 1 s" in note for note in reply["notes"]), reply["notes"]
+    # The culler's pass does not wait for the driver either, and culls nothing without a fresh reading.
+    assert run(asyncio.wait_for(jp_serverapp.tfgpu_culler.check(), 15)) == []
 
 
 def test_a_driver_hung_from_the_start_is_unavailable_timed_out(hanging_config, hanging, jp_fetch, run):
@@ -293,8 +297,10 @@ def bad_culler_config(jp_server_config, bad_setting):
 @pytest.mark.parametrize(
     "bad_setting",
     [{"cull_interval": 0.5}, {"cull_idle_gpu_kernels_after": -1.0}, {"cull_idle_gpu_kernels_after": float("nan")},
-     {"cull_idle_gpu_kernels_after": 60.0, "cull_min_gpu_memory": "lots"}],
-    ids=["interval 0.5", "after -1", "after nan", "size lots"],
+     {"cull_idle_gpu_kernels_after": 60.0, "cull_min_gpu_memory": "lots"},
+     # as the command line gives them (--TfgpuMagic.cull_interval=0.5): text a trait reads
+     {"cull_idle_gpu_kernels_after": DeferredConfigString("60"), "cull_interval": DeferredConfigString("0.5")}],
+    ids=["interval 0.5", "after -1", "after nan", "size lots", "command line"],
 )
 def test_a_bad_culler_setting_turns_only_the_culler_off(bad_culler_config, bad_setting, jp_serverapp, get_status, jp_fetch, run):
     """Issue 28, 5: the panel's endpoint and the metrics stay on (the log line: the test below)."""
@@ -310,13 +316,15 @@ def test_a_bad_culler_setting_turns_only_the_culler_off(bad_culler_config, bad_s
 def test_settings_are_checked_together_one_line_each_and_only_the_culler_goes_off(caplog):
     from traitlets.config import Config
 
-    config = Config({"TfgpuMagic": {"cull_interval": 0.5, "cull_idle_gpu_kernels_after": float("nan"),
-                                    "cull_min_gpu_memory": "lots", "refresh_interval": -1.0, "device_source": "x:y"}})
+    config = Config({"TfgpuMagic": {"cull_interval": 0.5, "cull_idle_gpu_kernels_after": DeferredConfigString("nan"),
+                                    "cull_min_gpu_memory": "lots", "refresh_interval": -1.0, "device_source": "x:y",
+                                    "reading_timeout": DeferredConfigString("3")}})
     log = logging.getLogger("settings-test")
     with caplog.at_level(logging.WARNING, "settings-test"):
         settings, policy = serverext.load_settings(config, log)
     assert not policy.enabled
     assert settings.refresh_interval == kernel_inventory.REFRESH_INTERVAL_S and settings.device_source == "x:y"
+    assert settings.reading_timeout == 3.0
     lines = caplog.messages
     assert len(lines) == 4, lines
     for name in ("cull_interval", "cull_idle_gpu_kernels_after", "cull_min_gpu_memory"):
@@ -324,6 +332,15 @@ def test_settings_are_checked_together_one_line_each_and_only_the_culler_goes_of
         assert line.endswith("; the GPU idle culler is off"), line
     [line] = [line for line in lines if "TfgpuMagic.refresh_interval" in line]
     assert line.endswith(f"; {kernel_inventory.REFRESH_INTERVAL_S} s is used instead"), line
+
+
+def test_command_line_settings_turn_the_culler_on():
+    from traitlets.config import Config
+
+    config = Config({"TfgpuMagic": {"cull_idle_gpu_kernels_after": DeferredConfigString("3600"),
+                                    "cull_interval": DeferredConfigString("5")}})
+    settings, policy = serverext.load_settings(config, logging.getLogger("settings-test"))
+    assert policy.enabled and policy.after_s == 3600.0 and settings.cull_interval == 5.0
 
 
 def test_polling_does_not_count_as_activity(jp_serverapp, get_status):

@@ -75,7 +75,7 @@ class ActivityWatcher:
         """Watch every kernel from now on, from its start, and the ones already running from now."""
         manager = self._manager
         start, stop = manager.start_watching_activity, manager.stop_watching_activity
-        self._originals = {"start_watching_activity": start, "stop_watching_activity": stop}
+        self._originals = {name: vars(manager).get(name) for name in ("start_watching_activity", "stop_watching_activity")}
 
         def start_watching_activity(kernel_id: str) -> Any:
             result = start(kernel_id)
@@ -94,7 +94,10 @@ class ActivityWatcher:
     def uninstall(self) -> None:
         """Stop watching: close every stream and give the kernel manager its own methods back."""
         for name, original in self._originals.items():
-            setattr(self._manager, name, original)
+            if original is None:
+                vars(self._manager).pop(name, None)  # the class's own method again
+            else:
+                setattr(self._manager, name, original)
         self._originals = {}
         for kernel_id in list(self._streams):
             self.forget(kernel_id)

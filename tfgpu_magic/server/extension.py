@@ -49,6 +49,7 @@ from jupyter_server.utils import ensure_async, url_path_join
 from traitlets import Callable as CallableTrait
 from traitlets import Float, TraitError, Unicode, Union, validate
 from traitlets.config import Configurable
+from traitlets.config.loader import DeferredConfigString, LazyConfigValue
 
 from .. import __version__
 from ..command import grammar
@@ -189,8 +190,8 @@ def load_settings(config: Any, log: logging.Logger) -> tuple[TfgpuMagic, CullPol
             log.warning("tfgpu_magic: TfgpuMagic.%s is not a setting (ignored)", name)
             continue
         try:
-            setattr(settings, name, value)
-        except TraitError as err:
+            setattr(settings, name, _resolved(settings, name, value))
+        except (TraitError, ValueError) as err:
             said = _one_line(err)
             if f"TfgpuMagic.{name}" not in said:  # traitlets' own words ("expected a float, not the str ...")
                 said = f"TfgpuMagic.{name}: {said}"
@@ -209,6 +210,16 @@ def load_settings(config: Any, log: logging.Logger) -> tuple[TfgpuMagic, CullPol
             log.error("tfgpu_magic: %s; the GPU idle culler is off", line)
         policy = CullPolicy()
     return settings, (CullPolicy() if culler_off else policy)
+
+
+def _resolved(settings: TfgpuMagic, name: str, value: Any) -> Any:
+    """A value from the command line (``--TfgpuMagic.cull_interval=60``: text until a trait reads
+    it) or a lazy one (``c.TfgpuMagic.x.append``), as traitlets' own config loading reads it."""
+    if isinstance(value, DeferredConfigString):
+        return value.get_value(settings.traits()[name])
+    if isinstance(value, LazyConfigValue):
+        return value.get_value(getattr(settings, name))
+    return value
 
 
 def _one_line(err: BaseException) -> str:
@@ -426,15 +437,19 @@ def live_state(kernel: Any, activity: Optional[Activity]) -> LiveState:
 
 
 def _describe(kernel_id: str, kernel: Any, session: dict[str, Any], activity: Optional[Activity] = None) -> KernelDescription:
-    live = live_state(kernel, activity)
-    last = None if live.last_activity is None else datetime.fromtimestamp(live.last_activity, tz=timezone.utc)
+    if activity is None:  # the culler is off: jupyter_server's own figures, as they are
+        state, last = getattr(kernel, "execution_state", None), getattr(kernel, "last_activity", None)
+    else:
+        live = live_state(kernel, activity)
+        state = live.execution_state
+        last = None if live.last_activity is None else datetime.fromtimestamp(live.last_activity, tz=timezone.utc)
     return KernelDescription(
         id=kernel_id,
         name=getattr(kernel, "kernel_name", None),
         path=session.get("path"),
         session_name=session.get("name"),
         session_type=session.get("type"),
-        execution_state=live.execution_state,
+        execution_state=state,
         last_activity=kernel_inventory.iso_utc(last),
         pid=_local_pid(kernel),
     )
@@ -516,7 +531,7 @@ class _Extension:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     """Register the status handler under the server's base URL, the metrics, and the culler if asked."""
     settings, policy = load_settings(serverapp.config, serverapp.log)
-    started = _Extension()
+    serverapp.tfgpu_extension = started = _Extension()
     _stop_with(serverapp, started)
     if policy.enabled:
         started.watcher = ActivityWatcher(serverapp.kernel_manager, serverapp.log)
