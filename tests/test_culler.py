@@ -16,10 +16,12 @@ from typing import Any, Optional
 
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
+from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 from traitlets import TraitError
 
 from tfgpu_magic.gpus.simulated import LiveKernelsNvml, SimulatedGpu, SimulatedProcess
 from tfgpu_magic.server import extension as serverext
+from tfgpu_magic.server.activity import Activity, ActivityWatcher
 from tfgpu_magic.server.culler import Culler, CullPolicy, LiveState, memory_change_lines, parse_iso_utc
 
 GIB = 1024**3
@@ -151,6 +153,72 @@ def test_no_memory_is_said_to_come_back_unless_the_driver_shows_less_in_use():
         "tfgpu_magic: GPU 1: 30.0 GiB in use before the culling, 31.0 GiB after: the driver shows no memory freed yet",
         "tfgpu_magic: the driver still lists pid 42 of the culled kernels",
     ]
+
+
+# -- what a kernel is doing, from its IOPub messages -----------------------------------------------
+class Manager:
+    """A kernel manager's message rule, as jupyter_server's (its default untracked types)."""
+
+    untracked = set(MappingKernelManager.class_traits()["untracked_message_types"].default())
+
+    def track_message_type(self, message_type):
+        return message_type not in self.untracked
+
+
+def iopub(msg_type: str, parent_type: Optional[str] = None, parent_id: str = "", subshell: Optional[str] = None,
+          **content: Any) -> dict[str, Any]:
+    parent = {} if parent_type is None else {"msg_type": parent_type, "msg_id": parent_id, "subshell_id": subshell}
+    return {"header": {"msg_type": msg_type}, "parent_header": parent, "content": content}
+
+
+def watching(now: list[float]) -> tuple[ActivityWatcher, Activity]:
+    return ActivityWatcher(Manager(), logging.getLogger("t"), clock=lambda: now[0]), Activity(0.0, True, 0.0)
+
+
+def test_a_cell_is_under_way_from_its_busy_to_its_idle_whatever_other_statuses_say():
+    watcher, activity = watching([10.0])
+    watcher.record(activity, iopub("status", "execute_request", "e1", execution_state="busy"))
+    for poll in ("usage_request", "list_subshell_request", "kernel_info_request", "comm_info_request"):
+        for state in ("busy", "idle"):
+            watcher.record(activity, iopub("status", poll, "p", execution_state=state))
+    assert activity.busy
+    watcher.record(activity, iopub("status", "execute_request", "e1", execution_state="idle"))
+    assert not activity.busy
+
+
+def test_a_lost_idle_is_healed_by_the_next_cell_of_the_same_shell_only():
+    watcher, activity = watching([10.0])
+    watcher.record(activity, iopub("status", "execute_request", "e1", execution_state="busy"))
+    watcher.record(activity, iopub("execute_input", "execute_request", "s1", subshell="sub"))
+    watcher.record(activity, iopub("status", "execute_request", "e2", execution_state="busy"))  # e1's idle was lost
+    watcher.record(activity, iopub("status", "execute_request", "e2", execution_state="idle"))
+    assert activity.executing == {"sub": "s1"}  # the subshell's cell still runs
+    watcher.record(activity, iopub("status", "execute_request", "s1", subshell="sub", execution_state="idle"))
+    assert not activity.busy
+    watcher.record(activity, iopub("status", "execute_request", "e3", execution_state="busy"))
+    watcher.record(activity, iopub("status", None, execution_state="starting"))  # restarted
+    assert not activity.busy
+
+
+def test_the_panels_messages_are_not_activity_and_the_users_are():
+    now = [10.0]
+    watcher, activity = watching(now)
+    state = {"_anywidget_id": "tfgpu_magic.kernel.widget.MemoryPanel"}
+    watcher.record(activity, iopub("comm_open", "execute_request", "e1", comm_id="panel", target_name="jupyter.widget",
+                                   data={"state": state}))
+    watcher.record(activity, iopub("status", "execute_request", "e1", execution_state="idle"))
+    assert activity.last_activity == 10.0
+    now[0] = 20.0
+    watcher.record(activity, iopub("comm_msg", "execute_request", "e1", comm_id="panel", data={"kind": "samples"}))
+    watcher.record(activity, iopub("status", "usage_request", "u", execution_state="idle"))
+    assert activity.last_activity == 10.0
+    now[0] = 30.0
+    watcher.record(activity, iopub("comm_msg", "execute_request", "e1", comm_id="someone-elses-widget", data={}))
+    assert activity.last_activity == 30.0
+    now[0] = 40.0
+    watcher.record(activity, iopub("comm_close", "execute_request", "e1", comm_id="panel"))
+    watcher.record(activity, iopub("comm_msg", "execute_request", "e1", comm_id="panel", data={}))  # closed: not a panel now
+    assert activity.last_activity == 40.0 and not activity.panels
 
 
 # -- real kernels on a real server ----------------------------------------------------------------

@@ -10,10 +10,13 @@ decide whether to shut a kernel down.
 :class:`ActivityWatcher` subscribes to each kernel's IOPub from the moment jupyter_server starts
 watching it (it wraps the kernel manager's ``start_watching_activity``) and keeps, per kernel:
 
-- ``executing``: the ``execute_request`` ids the kernel has started (its ``busy`` status, or its
-  ``execute_input``, with that request as parent) and not finished (its ``idle`` status with
-  that parent).  While one is outstanding the kernel is busy, whatever any other status says.
-  A kernel that starts again (a ``starting`` status: a restart) has none.
+- ``executing``: per shell (the main one, and each subshell of ipykernel 7), the
+  ``execute_request`` the kernel has started (its ``busy`` status, or its ``execute_input``,
+  with that request as parent) and not finished (its ``idle`` status with that parent).  While
+  one is outstanding the kernel is busy, whatever any other status says.  A shell runs one
+  cell at a time, so a cell started on a shell ends the one recorded there (an "idle" lost on
+  the way heals at the next cell); a kernel that starts again (a ``starting`` status: a
+  restart) has none.
 - ``last_activity``: when the kernel last published something a user's request caused, counted
   as jupyter_server counts it (its ``untracked_message_types``, and the control-channel polls
   above, are not activity), except the ``%gpu monitor`` panel's own traffic: the comm messages
@@ -51,7 +54,7 @@ class Activity:
     since: float  # when watching began (epoch seconds)
     from_start: bool  # watched since jupyter_server started watching it (else: first seen running)
     last_activity: float
-    executing: set[str] = field(default_factory=set)  # execute_request msg_ids started, not finished
+    executing: dict[Optional[str], str] = field(default_factory=dict)  # shell (subshell id) -> execute_request id
     panels: set[str] = field(default_factory=set)  # comm ids of this kernel's tfgpu panels
 
     @property
@@ -161,11 +164,12 @@ class ActivityWatcher:
                 activity.executing.clear()
             elif parent_type == "execute_request" and parent_id:
                 if state == "busy":
-                    activity.executing.add(parent_id)
+                    activity.executing[parent.get("subshell_id")] = parent_id
                 elif state == "idle":
-                    activity.executing.discard(parent_id)
+                    for shell in [s for s, running in activity.executing.items() if running == parent_id]:
+                        del activity.executing[shell]
         elif msg_type == "execute_input" and parent_type == "execute_request" and parent_id:
-            activity.executing.add(parent_id)
+            activity.executing[parent.get("subshell_id")] = parent_id
         if self._panel_traffic(activity, msg_type, content):
             return
         if activity.busy or self._counts(msg_type) or self._counts(parent_type):

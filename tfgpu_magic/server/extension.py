@@ -489,8 +489,6 @@ class MetricsHandler(PrometheusMetricsHandler):
     difference: tfgpu's per-kernel series (a kernel's id and notebook path) are served only to a
     login that may read kernels, the status endpoint's permission.  Everything else is as before."""
 
-    _track_activity = False
-
     @allow_unauthenticated
     async def get(self) -> None:
         allowed = False
