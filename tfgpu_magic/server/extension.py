@@ -532,8 +532,14 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     serverapp.tfgpu_extension = started = _Extension()
     _stop_with(serverapp, started)
     if policy.enabled:
-        started.watcher = ActivityWatcher(serverapp.kernel_manager, serverapp.log)
-        started.watcher.install()
+        try:
+            watcher = ActivityWatcher(serverapp.kernel_manager, serverapp.log)
+            watcher.install()
+            started.watcher = watcher
+        except Exception as err:  # a kernel manager whose kernels cannot be watched (a gateway's?)
+            serverapp.log.error("tfgpu_magic: the kernels of %s cannot be watched (%s); the GPU idle culler is off",
+                                type(serverapp.kernel_manager).__name__, _reason(err))
+            policy = CullPolicy()
     source = StatusSource(serverapp, settings, policy, started.watcher)
     status: SharedRefresh[Reading] = SharedRefresh(source.read, settings.refresh_interval)
     base_url = serverapp.web_app.settings["base_url"]
