@@ -28,7 +28,6 @@ Configuration (traitlets, section ``TfgpuMagic``)::
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import copy
 import importlib
 import json
