@@ -21,6 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
+from jupyter_server.auth import Authorizer
 from tornado.httpclient import HTTPClientError
 
 from tfgpu_magic import __version__
@@ -150,6 +151,43 @@ def test_unauthenticated_metrics_carry_no_per_kernel_series(open_metrics_config,
     parsed = scrape_until(jp_fetch, run, "tfgpu_gpu_memory_used_bytes")
     assert "tfgpu_gpu_memory_used_bytes" in parsed
     assert not [name for name in parsed if name.startswith("tfgpu_kernel_")]
+
+
+class NoKernelsForYou(Authorizer):
+    """An authorizer that lets a user do anything but read kernels."""
+
+    def is_authorized(self, handler, user, action, resource):
+        return not (resource == "kernels" and action == "read")
+
+
+@pytest.fixture
+def barred_config(jp_server_config):
+    jp_server_config["ServerApp"]["authorizer_class"] = NoKernelsForYou
+    return jp_server_config
+
+
+@pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
+def test_a_user_who_may_not_read_kernels_gets_no_per_kernel_series(barred_config, jp_serverapp, jp_fetch, run):
+    """Issue 28, 8: /metrics asks for the status endpoint's permission before it shows a kernel."""
+    body = json.dumps({"path": "secret/alice-thesis.ipynb", "name": "t", "type": "notebook", "kernel": {"name": "python3"}})
+    run(jp_fetch("api", "sessions", method="POST", body=body))
+    with pytest.raises(HTTPClientError) as refused:
+        run(jp_fetch(*serverext.ROUTE))
+    assert refused.value.code == 403
+    scrape_until(jp_fetch, run, "tfgpu_gpu_memory_used_bytes")
+    deadline = time.monotonic() + 60
+    while True:  # until the reading the scrape serves has the kernel's memory: then it would show it
+        latest = metrics._installed._latest() or {}
+        if any(k.get("total_gpu_memory_bytes") for k in latest.get("kernels", [])):
+            break
+        assert time.monotonic() < deadline, latest
+        run(jp_fetch("metrics"))
+        run(asyncio.sleep(0.2))
+    text = run(jp_fetch("metrics")).body.decode()
+    parsed = samples(text)
+    assert "tfgpu_gpu_memory_used_bytes" in parsed
+    assert not [name for name in parsed if name.startswith("tfgpu_kernel_")]
+    assert "alice-thesis" not in text
 
 
 def test_under_jupyterhub_the_user_is_the_hubs_name():

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
 from jupyter_server.auth import Authorizer
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
 from tornado.httpclient import HTTPClientError
+from traitlets.config.loader import DeferredConfigString
 
 from tfgpu_magic.gpus import owners
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, kernels_server, shared_server
@@ -231,6 +234,113 @@ def test_a_user_who_may_not_read_kernels_may_not_read_the_reply(authorizer_confi
     with pytest.raises(HTTPClientError) as refused:
         run(jp_fetch(*serverext.ROUTE))
     assert refused.value.code == 403
+
+
+class HangingListing(SimulatedNvml):
+    """One GPU whose process listing, once ``hang`` is set, waits up to 40 s (as a stuck driver)."""
+
+    def __init__(self) -> None:
+        super().__init__([SimulatedGpu(total_mib=1024)])
+        self.hang = threading.Event()
+        self.release = threading.Event()
+
+    def _processes(self, handle, kind):
+        if self.hang.is_set():
+            self.release.wait(40)
+        return super()._processes(handle, kind)
+
+
+@pytest.fixture
+def hanging():
+    driver = HangingListing()
+    yield driver
+    driver.release.set()
+
+
+@pytest.fixture
+def hanging_config(jp_server_config, hanging):
+    jp_server_config["TfgpuMagic"].update(device_source=lambda: hanging, reading_timeout=1.0,
+                                          cull_idle_gpu_kernels_after=1.0, cull_interval=3600.0)
+    return jp_server_config
+
+
+def get_within(jp_fetch, run, bound_s: float = 15.0) -> dict[str, Any]:
+    """The reply, failing if it takes longer than a generous bound (the client's own is 20 s)."""
+    return json.loads(run(asyncio.wait_for(jp_fetch(*serverext.ROUTE), bound_s)).body)
+
+
+def test_a_hung_driver_gives_the_last_good_reading_with_a_note(hanging_config, hanging, jp_serverapp, get_status, jp_fetch, run):
+    """Issue 28, 4: a reading has a timeout; the handler never waits for a stuck driver."""
+    good = get_status()
+    assert good["driver"]["available"] and not good["notes"]
+    hanging.hang.set()
+    for _ in range(2):  # the second request comes while the first reading still hangs
+        reply = get_within(jp_fetch, run)
+        assert reply["gpus"] == good["gpus"] and reply["generated_at"] == good["generated_at"]
+        assert any("did not answer within 1 s" in note for note in reply["notes"]), reply["notes"]
+    # The culler's pass does not wait for the driver either, and culls nothing without a fresh reading.
+    assert run(asyncio.wait_for(jp_serverapp.tfgpu_culler.check(), 15)) == []
+
+
+def test_a_driver_hung_from_the_start_is_unavailable_timed_out(hanging_config, hanging, jp_fetch, run):
+    hanging.hang.set()
+    reply = get_within(jp_fetch, run)
+    assert not reply["driver"]["available"] and "timed out" in reply["driver"]["reason"]
+
+
+@pytest.fixture
+def bad_culler_config(jp_server_config, bad_setting):
+    jp_server_config["TfgpuMagic"].update({"cull_min_gpu_memory": "1G", **bad_setting})
+    return jp_server_config
+
+
+@pytest.mark.parametrize(
+    "bad_setting",
+    [{"cull_interval": 0.5}, {"cull_idle_gpu_kernels_after": -1.0}, {"cull_idle_gpu_kernels_after": float("nan")},
+     {"cull_idle_gpu_kernels_after": 60.0, "cull_min_gpu_memory": "lots"},
+     # as the command line gives them (--TfgpuMagic.cull_interval=0.5): text a trait reads
+     {"cull_idle_gpu_kernels_after": DeferredConfigString("60"), "cull_interval": DeferredConfigString("0.5")}],
+    ids=["interval 0.5", "after -1", "after nan", "size lots", "command line"],
+)
+def test_a_bad_culler_setting_turns_only_the_culler_off(bad_culler_config, bad_setting, jp_serverapp, get_status, jp_fetch, run):
+    """Issue 28, 5: the panel's endpoint and the metrics stay on (the log line: the test below)."""
+    status = get_status()
+    assert status["culler"] is None and status["driver"]["available"]
+    assert not hasattr(jp_serverapp, "tfgpu_culler")
+    deadline = time.monotonic() + 20
+    while b"tfgpu_gpu_memory_used_bytes{" not in (body := run(jp_fetch("metrics")).body):
+        assert time.monotonic() < deadline, body.decode()[-2000:]
+        run(asyncio.sleep(0.1))
+
+
+def test_settings_are_checked_together_one_line_each_and_only_the_culler_goes_off(caplog):
+    from traitlets.config import Config
+
+    config = Config({"TfgpuMagic": {"cull_interval": 0.5, "cull_idle_gpu_kernels_after": DeferredConfigString("nan"),
+                                    "cull_min_gpu_memory": "lots", "refresh_interval": -1.0, "device_source": "x:y",
+                                    "reading_timeout": DeferredConfigString("3")}})
+    log = logging.getLogger("settings-test")
+    with caplog.at_level(logging.WARNING, "settings-test"):
+        settings, policy = serverext.load_settings(config, log)
+    assert not policy.enabled
+    assert settings.refresh_interval == kernel_inventory.REFRESH_INTERVAL_S and settings.device_source == "x:y"
+    assert settings.reading_timeout == 3.0
+    lines = caplog.messages
+    assert len(lines) == 4, lines
+    for name in ("cull_interval", "cull_idle_gpu_kernels_after", "cull_min_gpu_memory"):
+        [line] = [line for line in lines if f"TfgpuMagic.{name}" in line]
+        assert line.endswith("; the GPU idle culler is off"), line
+    [line] = [line for line in lines if "TfgpuMagic.refresh_interval" in line]
+    assert line.endswith(f"; {kernel_inventory.REFRESH_INTERVAL_S} s is used instead"), line
+
+
+def test_command_line_settings_turn_the_culler_on():
+    from traitlets.config import Config
+
+    config = Config({"TfgpuMagic": {"cull_idle_gpu_kernels_after": DeferredConfigString("3600"),
+                                    "cull_interval": DeferredConfigString("5")}})
+    settings, policy = serverext.load_settings(config, logging.getLogger("settings-test"))
+    assert policy.enabled and policy.after_s == 3600.0 and settings.cull_interval == 5.0
 
 
 def test_polling_does_not_count_as_activity(jp_serverapp, get_status):

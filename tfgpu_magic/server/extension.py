@@ -19,6 +19,7 @@ Configuration (traitlets, section ``TfgpuMagic``)::
 
     c.TfgpuMagic.device_source = "tfgpu_magic.simulated:kernels_server"   # default: the real driver
     c.TfgpuMagic.refresh_interval = 2.0                                     # seconds
+    c.TfgpuMagic.reading_timeout = 10.0                                     # seconds
     c.TfgpuMagic.cull_idle_gpu_kernels_after = 3600                         # seconds; 0 (default): off
     c.TfgpuMagic.cull_min_gpu_memory = "1G"                                 # default: any GPU memory
     c.TfgpuMagic.cull_only_when_free_below = "8G"                           # default: whatever is free
@@ -27,22 +28,26 @@ Configuration (traitlets, section ``TfgpuMagic``)::
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
+import logging
 import math
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Generic, Optional, TypeVar
 
 import tornado.ioloop
 import tornado.web
 from jupyter_client.provisioning import LocalProvisioner
-from jupyter_server.auth.decorator import authorized
-from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import url_path_join
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from jupyter_server.base.handlers import APIHandler, PrometheusMetricsHandler
+from jupyter_server.utils import ensure_async, url_path_join
 from traitlets import Callable as CallableTrait
 from traitlets import Float, TraitError, Unicode, Union, validate
 from traitlets.config import Configurable
+from traitlets.config.loader import DeferredConfigString, LazyConfigValue
 
 from .. import __version__
 from ..command import grammar
@@ -51,17 +56,20 @@ from ..gpus import owners
 from ..gpus.nvml import Nvml
 from ..safe_text import strict_json
 from . import kernel_inventory, metrics
-from .culler import Culler, CullPolicy, epoch
+from .activity import Activity, ActivityWatcher
+from .culler import Culler, CullPolicy, LiveState, StaleReading, epoch
 from .kernel_inventory import KernelDescription
 
 __all__ = [
     "ROUTE",
+    "MetricsHandler",
     "Reading",
     "SharedRefresh",
     "StatusHandler",
     "StatusSource",
     "TfgpuMagic",
     "load_device_source",
+    "load_settings",
     "reply_text",
 ]
 
@@ -85,19 +93,26 @@ class TfgpuMagic(Configurable):
 
     refresh_interval = Float(
         kernel_inventory.REFRESH_INTERVAL_S,
-        min=0.0,
         help="""Seconds between two readings of NVML and the process table, however many
         browser tabs poll: replies within this interval repeat the last reading (its
         generated_at says when it was made).  0 reads on every request, though requests
         arriving during a reading still share it.""",
     ).tag(config=True)
 
+    reading_timeout = Float(
+        10.0,
+        help="""Seconds a reading of the driver may take.  A driver that does not answer in time
+        gives the last good reading with a note saying so (or, before any, "unavailable ...
+        timed out"); no request waits longer, and the culler culls nothing from such a reply.""",
+    ).tag(config=True)
+
     cull_idle_gpu_kernels_after = Float(
         0.0,
-        min=0.0,
         help="""Shut down kernels that hold GPU memory and have been idle this many seconds
-        (e.g. 3600).  0 (the default): never.  Kernels without GPU memory and busy kernels are
-        never touched; each shutdown is logged with the notebook and the memory it held.""",
+        (e.g. 3600).  0 (the default): never.  Kernels without GPU memory and busy kernels (a
+        cell running, whatever status messages say) are never touched; the %gpu monitor panel's
+        own messages are not activity; each shutdown is logged with the notebook and the memory
+        it held.""",
     ).tag(config=True)
 
     cull_min_gpu_memory = Unicode(
@@ -114,25 +129,39 @@ class TfgpuMagic(Configurable):
 
     cull_interval = Float(
         60.0,
-        min=1.0,
-        help="""Seconds between two checks of the GPU idle culler.""",
+        help="""Seconds between two checks of the GPU idle culler (at least 1).""",
     ).tag(config=True)
 
-    @validate("refresh_interval", "cull_idle_gpu_kernels_after", "cull_interval")
+    @validate("refresh_interval", "reading_timeout", "cull_idle_gpu_kernels_after", "cull_interval")
     def _finite(self, proposal: Any) -> float:
-        value = proposal["value"]
+        value, name = proposal["value"], proposal["trait"].name
         if not math.isfinite(value):  # Float(min=...) lets NaN through, and NaN is never stale
-            raise TraitError(f"TfgpuMagic.{proposal['trait'].name} must be a number of seconds, not {value}")
+            raise TraitError(f"TfgpuMagic.{name} must be a number of seconds, not {value}")
+        least = _LEAST_SECONDS[name]
+        if value < least:
+            raise TraitError(f"TfgpuMagic.{name} must be at least {least:g} s, not {value:g}")
         return value
 
     def cull_policy(self) -> CullPolicy:
         """The culler's settings as one value (the reply, /metrics and the culler read it);
-        raises TraitError, one line, for a size that is not one."""
+        raises TraitError, one line per size that is not one."""
+        sizes, wrong = {}, []
+        for name in ("cull_min_gpu_memory", "cull_only_when_free_below"):
+            try:
+                sizes[name] = _size_bytes(getattr(self, name), name)
+            except TraitError as err:
+                wrong.append(str(err))
+        if wrong:
+            raise TraitError("\n".join(wrong))
         return CullPolicy(
             after_s=self.cull_idle_gpu_kernels_after,
-            min_memory_bytes=_size_bytes(self.cull_min_gpu_memory, "cull_min_gpu_memory") or 1,
-            free_below_bytes=_size_bytes(self.cull_only_when_free_below, "cull_only_when_free_below"),
+            min_memory_bytes=sizes["cull_min_gpu_memory"] or 1,
+            free_below_bytes=sizes["cull_only_when_free_below"],
         )
+
+
+# The least each number of seconds may be (Float's own min= would let NaN through, and word it as traitlets does).
+_LEAST_SECONDS = {"refresh_interval": 0.0, "reading_timeout": 0.1, "cull_idle_gpu_kernels_after": 0.0, "cull_interval": 1.0}
 
 
 def _size_bytes(text: str, name: str) -> Optional[int]:
@@ -144,6 +173,57 @@ def _size_bytes(text: str, name: str) -> Optional[int]:
         raise TraitError(
             f"TfgpuMagic.{name} {text!r} is not a size (like \"1G\", \"512M\", or a bare number of MiB)"
         ) from None
+
+
+_CULLER_SETTINGS = ("cull_idle_gpu_kernels_after", "cull_min_gpu_memory", "cull_only_when_free_below", "cull_interval")
+
+
+def load_settings(config: Any, log: logging.Logger) -> tuple[TfgpuMagic, CullPolicy]:
+    """The settings, checked together: each wrong one is one line in the log.  A wrong culler
+    setting turns the culler off; any other wrong one keeps its default; the GPU status and the
+    metrics stay on whatever is wrong."""
+    settings = TfgpuMagic()
+    culler_off = False
+    given = dict(config.get("TfgpuMagic", {})) if hasattr(config, "get") else {}
+    for name, value in given.items():
+        if not settings.has_trait(name):
+            log.warning("tfgpu_magic: TfgpuMagic.%s is not a setting (ignored)", name)
+            continue
+        try:
+            setattr(settings, name, _resolved(settings, name, value))
+        except (TraitError, ValueError) as err:
+            said = _one_line(err)
+            if f"TfgpuMagic.{name}" not in said:  # traitlets' own words ("expected a float, not the str ...")
+                said = f"TfgpuMagic.{name}: {said}"
+            if name in _CULLER_SETTINGS:
+                culler_off = True
+                log.error("tfgpu_magic: %s; the GPU idle culler is off", said)
+            else:
+                default = settings.trait_defaults(name)
+                log.error("tfgpu_magic: %s; %s is used instead", said,
+                          f"{default} s" if isinstance(default, float) else repr(default))
+    try:
+        policy = settings.cull_policy()
+    except TraitError as err:  # sizes: one line each
+        culler_off = True
+        for line in str(err).split("\n"):
+            log.error("tfgpu_magic: %s; the GPU idle culler is off", line)
+        policy = CullPolicy()
+    return settings, (CullPolicy() if culler_off else policy)
+
+
+def _resolved(settings: TfgpuMagic, name: str, value: Any) -> Any:
+    """A value from the command line (``--TfgpuMagic.cull_interval=60``: text until a trait reads
+    it) or a lazy one (``c.TfgpuMagic.x.append``), as traitlets' own config loading reads it."""
+    if isinstance(value, DeferredConfigString):
+        return value.get_value(settings.traits()[name])
+    if isinstance(value, LazyConfigValue):
+        return value.get_value(getattr(settings, name))
+    return value
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
 
 
 def load_device_source(spec: Any) -> Any:
@@ -228,23 +308,31 @@ def reply_text(reply: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Reading:
-    """One reading: the reply (for /metrics and the culler) and its JSON text (for the endpoint), made once."""
+    """One reading: the reply (for /metrics and the culler) and its JSON text (for the endpoint), made once.
+    ``complete`` False: the driver did not answer in time, and the reply repeats the last good one (or none)."""
 
     reply: dict[str, Any]
     text: str
+    complete: bool = True
 
 
 class StatusSource:
-    """One reading of the server's kernels and GPUs; never raises."""
+    """One reading of the server's kernels and GPUs; never raises, never waits past ``reading_timeout``."""
 
-    def __init__(self, serverapp: Any, settings: TfgpuMagic, policy: CullPolicy) -> None:
+    def __init__(self, serverapp: Any, settings: TfgpuMagic, policy: CullPolicy,
+                 watcher: Optional[ActivityWatcher] = None) -> None:
         self._serverapp = serverapp
         self._log = serverapp.log
         self._interval = settings.refresh_interval
+        self._timeout = settings.reading_timeout
         self._policy = policy
+        self._watcher = watcher
         self._load_error: Optional[str] = None
         self._nvml: Optional[Nvml] = None
         self._table: Optional[owners.ProcessTable] = None
+        self._device_read: Optional[asyncio.Future[dict[str, Any]]] = None  # the driver's reading under way
+        self._device_read_since = 0.0
+        self._last_good: Optional[Reading] = None
         try:
             self._nvml = Nvml(lib=load_device_source(settings.device_source))
             self._table = owners.process_table_for(self._nvml, os.getpid())
@@ -254,18 +342,54 @@ class StatusSource:
 
     async def read(self) -> Reading:
         kernels, notes = await self._kernels()
+        if self._device_read is not None and not self._device_read.done():
+            return self._late(kernels, notes)  # a reading still hangs in its thread: never a second one
+        self._device_read_since = time.time()
+        self._device_read = asyncio.ensure_future(asyncio.to_thread(self._read_devices, kernels, notes))
+        self._device_read.add_done_callback(_retrieve)
         try:
-            reply = await asyncio.to_thread(self._read_devices, kernels, notes)
+            reply = await asyncio.wait_for(asyncio.shield(self._device_read), self._timeout)
+        except asyncio.TimeoutError:
+            self._log.warning("tfgpu_magic: the GPU driver did not answer within %s s", f"{self._timeout:g}")
+            return self._late(kernels, notes)
         except Exception as err:  # a bug of ours or a device source's: logged, and said in the reply
             self._log.exception("tfgpu_magic: reading the GPUs failed")
             reply = self._unavailable(kernels, f"reading the GPUs failed ({_reason(err)}); see the server's log", notes)
-        self._policy.annotate(reply)
-        return Reading(reply, reply_text(reply))
+        self._annotate(reply)
+        reading = Reading(reply, reply_text(reply))
+        self._last_good = reading
+        return reading
+
+    def _late(self, kernels: list[KernelDescription], notes: list[str]) -> Reading:
+        """The driver has not answered: the last good reading with a note, or "unavailable ... timed out"."""
+        since = kernel_inventory.iso_utc(datetime.fromtimestamp(self._device_read_since, tz=timezone.utc))
+        if self._last_good is not None:
+            reply = copy.deepcopy(self._last_good.reply)
+            reply["notes"] = [*reply.get("notes", []), *notes, (
+                f"the GPU driver did not answer within {self._timeout:g} s (a reading under way since {since}): "
+                "these are the figures of the last reading (generated_at)"
+            )]
+        else:
+            reply = self._unavailable(kernels, (
+                f"reading the GPUs timed out: the driver did not answer within {self._timeout:g} s "
+                f"(a reading under way since {since})"
+            ), notes)
+            self._annotate(reply)
+        return Reading(reply, reply_text(reply), complete=False)
+
+    def _annotate(self, reply: dict[str, Any]) -> None:
+        try:
+            self._policy.annotate(reply)
+        except Exception as err:  # a bug of ours: the reply still goes out, without due times
+            self._log.exception("tfgpu_magic: the culler's due times could not be added")
+            reply["notes"] = [*reply.get("notes", []), f"the culler's due times could not be worked out ({_reason(err)})"]
+            for kernel in reply.get("kernels", []):
+                kernel["cull_due_at"] = None
 
     async def _kernels(self) -> tuple[list[KernelDescription], list[str]]:
         """The kernels, read on the event loop where the managers live; a failure is a note."""
         try:
-            return await describe_kernels(self._serverapp), []
+            return await describe_kernels(self._serverapp, self._watcher), []
         except Exception as err:
             self._log.exception("tfgpu_magic: listing the kernels failed")
             return [], [f"the kernels could not be listed ({_reason(err)})"]
@@ -280,7 +404,13 @@ class StatusSource:
         return kernel_inventory.unavailable(kernels, reason, refresh_interval_s=self._interval, notes=notes)
 
 
-async def describe_kernels(serverapp: Any) -> list[KernelDescription]:
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """A reading finished after everyone stopped waiting: its error is not "never retrieved"."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def describe_kernels(serverapp: Any, watcher: Optional[ActivityWatcher] = None) -> list[KernelDescription]:
     """Every kernel the server runs, with its session (if any) and its local process (if any)."""
     sessions: dict[str, dict[str, Any]] = {}
     for session in await serverapp.session_manager.list_sessions():
@@ -294,19 +424,38 @@ async def describe_kernels(serverapp: Any) -> list[KernelDescription]:
             kernel = manager.get_kernel(kernel_id)
         except KeyError:  # shut down since it was listed: simply not there
             continue
-        described.append(_describe(kernel_id, kernel, sessions.get(kernel_id, {})))
+        activity = watcher.activity(kernel_id) if watcher is not None else None
+        described.append(_describe(kernel_id, kernel, sessions.get(kernel_id, {}), activity))
     return described
 
 
-def _describe(kernel_id: str, kernel: Any, session: dict[str, Any]) -> KernelDescription:
+def live_state(kernel: Any, activity: Optional[Activity]) -> LiveState:
+    """What a kernel is doing: busy while an execution it started is under way (the watcher's),
+    whatever its last status said; its last activity without the monitor panel's messages.
+    Not watched: jupyter_server's own figures, and ``watched`` False (the culler leaves it alone)."""
+    state = getattr(kernel, "execution_state", None)
+    if activity is None:
+        return LiveState(state, epoch(getattr(kernel, "last_activity", None)), watched=False)
+    if state not in ("starting", "restarting", "dead", "autorestarting") and (activity.busy or state == "busy"):
+        state = "busy"
+    return LiveState(state, activity.last_activity, watched=activity.from_start)
+
+
+def _describe(kernel_id: str, kernel: Any, session: dict[str, Any], activity: Optional[Activity] = None) -> KernelDescription:
+    if activity is None:  # the culler is off: jupyter_server's own figures, as they are
+        state, last = getattr(kernel, "execution_state", None), getattr(kernel, "last_activity", None)
+    else:
+        live = live_state(kernel, activity)
+        state = live.execution_state
+        last = None if live.last_activity is None else datetime.fromtimestamp(live.last_activity, tz=timezone.utc)
     return KernelDescription(
         id=kernel_id,
         name=getattr(kernel, "kernel_name", None),
         path=session.get("path"),
         session_name=session.get("name"),
         session_type=session.get("type"),
-        execution_state=getattr(kernel, "execution_state", None),
-        last_activity=kernel_inventory.iso_utc(getattr(kernel, "last_activity", None)),
+        execution_state=state,
+        last_activity=kernel_inventory.iso_utc(last),
         pid=_local_pid(kernel),
     )
 
@@ -340,66 +489,137 @@ class StatusHandler(APIHandler):
         self.finish((await self._status.get()).text)
 
 
+class MetricsHandler(PrometheusMetricsHandler):
+    """The server's own ``{base_url}metrics`` (this route comes before jupyter_server's), with one
+    difference: tfgpu's per-kernel series (a kernel's id and notebook path) are served only to a
+    login that may read kernels, the status endpoint's permission.  Everything else is as before."""
+
+    @allow_unauthenticated
+    async def get(self) -> None:
+        allowed = False
+        if self.settings.get("authenticate_prometheus", True) and self.logged_in:
+            try:
+                allowed = bool(await ensure_async(
+                    self.authorizer.is_authorized(self, self.current_user, "read", "kernels")  # type: ignore[arg-type]
+                ))
+            except Exception:  # an authorizer that fails says no
+                self.log.exception("tfgpu_magic: the authorizer failed; /metrics leaves out per-kernel series")
+        token = metrics.PER_KERNEL_ALLOWED.set(allowed)
+        try:
+            super().get()
+        finally:
+            metrics.PER_KERNEL_ALLOWED.reset(token)
+
+
+class _Extension:
+    """What the extension started on one server, stopped by :meth:`stop` when the server stops."""
+
+    def __init__(self) -> None:
+        self.callback: Optional[tornado.ioloop.PeriodicCallback] = None
+        self.culler: Optional[Culler] = None
+        self.watcher: Optional[ActivityWatcher] = None
+        self.metrics: Optional[metrics.GpuMetrics] = None
+
+    def stop(self) -> None:
+        if self.callback is not None:
+            self.callback.stop()
+        if self.culler is not None:
+            self.culler.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self.watcher is not None:
+            self.watcher.uninstall()
+
+
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     """Register the status handler under the server's base URL, the metrics, and the culler if asked."""
-    try:
-        settings = TfgpuMagic(parent=serverapp, config=serverapp.config)
-    except TraitError as err:  # one line, not jupyter_server's traceback
-        serverapp.log.error("tfgpu_magic: %s; the GPU status, metrics and culler are off", err)
-        return
-    try:
-        policy = settings.cull_policy()
-    except TraitError as err:  # a wrong culler setting leaves the panel and the metrics working
-        serverapp.log.error("tfgpu_magic: %s; the GPU idle culler is off", err)
-        policy = CullPolicy()
-    source = StatusSource(serverapp, settings, policy)
+    settings, policy = load_settings(serverapp.config, serverapp.log)
+    serverapp.tfgpu_extension = started = _Extension()
+    _stop_with(serverapp, started)
+    if policy.enabled:
+        try:
+            watcher = ActivityWatcher(serverapp.kernel_manager, serverapp.log)
+            watcher.install()
+            started.watcher = watcher
+        except Exception as err:  # a kernel manager whose kernels cannot be watched (a gateway's?)
+            serverapp.log.error("tfgpu_magic: the kernels of %s cannot be watched (%s); the GPU idle culler is off",
+                                type(serverapp.kernel_manager).__name__, _reason(err))
+            policy = CullPolicy()
+    source = StatusSource(serverapp, settings, policy, started.watcher)
     status: SharedRefresh[Reading] = SharedRefresh(source.read, settings.refresh_interval)
-    route = url_path_join(serverapp.web_app.settings["base_url"], *ROUTE)
-    serverapp.web_app.add_handlers(".*$", [(route, StatusHandler, {"status": status})])
+    base_url = serverapp.web_app.settings["base_url"]
+    route = url_path_join(base_url, *ROUTE)
+    serverapp.web_app.add_handlers(".*$", [
+        (route, StatusHandler, {"status": status}),
+        (url_path_join(base_url, "metrics"), MetricsHandler),
+    ])
     serverapp.log.info("tfgpu_magic: GPU status at %s (refresh every %s s)", route, settings.refresh_interval)
     # /metrics asks only for a login (none at all with authenticate_prometheus off), where the
-    # status endpoint asks for the right to read kernels: without a login, no kernel's path or id.
+    # status endpoint asks for the right to read kernels: per-kernel series only for a login
+    # that may read kernels (MetricsHandler), none at all without a login.
     per_kernel = bool(getattr(serverapp, "authenticate_prometheus", True))
     if not per_kernel:
         serverapp.log.warning("tfgpu_magic: /metrics is not authenticated, so it carries no per-kernel series")
-    metrics.install(
-        metrics.GpuMetrics(
-            latest=lambda: status.latest.reply if status.latest is not None else None,
-            refresh=status.get,
-            interval=settings.refresh_interval,
-            version=__version__,
-            log=serverapp.log,
-            # Under JupyterHub the hub's user name; every server of a KubeSpawner runs as jovyan.
-            user=os.environ.get("JUPYTERHUB_USER") or None,
-            per_kernel=per_kernel,
-        )
+    started.metrics = metrics.GpuMetrics(
+        latest=lambda: status.latest.reply if status.latest is not None else None,
+        refresh=status.get,
+        interval=settings.refresh_interval,
+        version=__version__,
+        log=serverapp.log,
+        # Under JupyterHub the hub's user name; every server of a KubeSpawner runs as jovyan.
+        user=os.environ.get("JUPYTERHUB_USER") or None,
+        per_kernel=per_kernel,
     )
+    metrics.install(started.metrics)
     if policy.enabled:
-        serverapp.tfgpu_culler = culler = _culler(serverapp, policy, status)
-        tornado.ioloop.PeriodicCallback(culler.check, settings.cull_interval * 1000).start()
+        assert started.watcher is not None
+        serverapp.tfgpu_culler = started.culler = _culler(serverapp, policy, status, started.watcher, settings)
+        started.callback = tornado.ioloop.PeriodicCallback(started.culler.check, settings.cull_interval * 1000)
+        started.callback.start()
         serverapp.log.info("tfgpu_magic: culling kernels idle %s s while they hold GPU memory", policy.after_s)
 
 
-def _culler(serverapp: Any, policy: CullPolicy, status: SharedRefresh[Reading]) -> Culler:
+def _stop_with(serverapp: Any, started: _Extension) -> None:
+    """Stop what the extension started when the server cleans up its extensions (before its
+    kernels): jupyter_server has no unload hook for a module extension."""
+    cleanup = serverapp.cleanup_extensions
+
+    async def cleanup_extensions() -> None:
+        started.stop()
+        await cleanup()
+
+    serverapp.cleanup_extensions = cleanup_extensions
+
+
+def _culler(
+    serverapp: Any, policy: CullPolicy, status: SharedRefresh[Reading], watcher: ActivityWatcher, settings: TfgpuMagic
+) -> Culler:
     manager = serverapp.kernel_manager
 
+    def complete(reading: Reading) -> dict[str, Any]:
+        if not reading.complete:
+            raise StaleReading(f"the driver did not answer within {settings.reading_timeout:g} s")
+        return reading.reply
+
     async def reading() -> dict[str, Any]:
-        return (await status.get()).reply
+        return complete(await status.get())
 
     async def fresh_reading() -> dict[str, Any]:
-        return (await status.fresh()).reply
+        return complete(await status.fresh())
 
-    def live(kernel_id: str) -> Optional[tuple[Optional[str], Optional[float]]]:
+    def live(kernel_id: str) -> Optional[LiveState]:
         try:
             kernel = manager.get_kernel(kernel_id)
         except KeyError:
             return None
-        return getattr(kernel, "execution_state", None), epoch(getattr(kernel, "last_activity", None))
+        return live_state(kernel, watcher.activity(kernel_id))
 
     async def shutdown(kernel_id: str) -> None:
         await manager.shutdown_kernel(kernel_id)
 
-    return Culler(policy, reading, fresh_reading, live, shutdown, serverapp.log)
+    # A reading waits at most reading_timeout in StatusSource; the culler's own bound covers the rest.
+    return Culler(policy, reading, fresh_reading, live, shutdown, serverapp.log,
+                  reading_timeout_s=settings.reading_timeout * 2 + 5)
 
 
 def _reason(err: BaseException) -> str:

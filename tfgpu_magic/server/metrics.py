@@ -15,11 +15,17 @@ with the panel's polls, however many scrapers there are.  ``tfgpu_reading_timest
 says when the figures were read.  Labels are the reply's strings, already made safe
 (``safe_text``), and prometheus_client escapes them: another user's process name never forges
 a label or a line.
+
+Series labelled with a kernel's id and notebook path are served only to a login that may read
+kernels (the status endpoint's permission): the server extension's ``/metrics`` handler asks the
+server's authorizer and says so in :data:`PER_KERNEL_ALLOWED` for the scrape; a scrape that did
+not come through it (that context variable unset) gets none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
@@ -29,7 +35,10 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from .culler import parse_iso_utc
 
-__all__ = ["KEEP_WARM_S", "GpuMetrics", "families", "install"]
+__all__ = ["KEEP_WARM_S", "PER_KERNEL_ALLOWED", "GpuMetrics", "families", "install"]
+
+# Set by the /metrics handler for one scrape: whether its login may read kernels.
+PER_KERNEL_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("tfgpu_per_kernel_allowed", default=False)
 
 KEEP_WARM_S = 300.0  # keep reading this long after the last scrape (longer than any scrape interval)
 
@@ -145,7 +154,7 @@ class GpuMetrics(Collector):
         self._keep_warm()
         reply = self._latest()
         if reply is not None:
-            yield from families(reply, self._version, self._user, self._per_kernel)
+            yield from families(reply, self._version, self._user, self._per_kernel and PER_KERNEL_ALLOWED.get())
 
     def _keep_warm(self) -> None:
         """Start the refresh task, from the server's loop only (a scrape from another thread just reads)."""
@@ -156,6 +165,12 @@ class GpuMetrics(Collector):
         except RuntimeError:
             return
         self._warmer = loop.create_task(self._warm())
+
+    def stop(self) -> None:
+        """Stop keeping the reading warm (the server is stopping)."""
+        self._last_scrape = None
+        if self._warmer is not None and not self._warmer.done():
+            self._warmer.cancel()
 
     async def _warm(self) -> None:
         while self._last_scrape is not None and self._clock() - self._last_scrape < KEEP_WARM_S:
