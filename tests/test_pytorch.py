@@ -76,7 +76,7 @@ def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
     cuda_build = r["torch_version_cuda"] is not None
     assert torch["stage"] == "imported" and torch["cuda_build"] is cuda_build
     if cuda_build:  # the limit reached PyTorch, queued until CUDA starts (it never does here)
-        assert torch["applied"] == ["limit 4096MiB"] and torch["cuda_started"] is False
+        assert "limit 4096MiB" in torch["applied"] and torch["cuda_started"] is False
         assert "PyTorch:    imported, CUDA not started; the async allocator" in r["text"]
         assert not any("PyTorch is a CPU build" in e for e in r["hook_errors"])
     else:
