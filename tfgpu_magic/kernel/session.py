@@ -377,9 +377,11 @@ class Session:
             shown = what + _resolved_suffix(command, resolution)
             self._check_cuda_not_started_by_torch(command, plan, what)
             self._check_jax_fraction_names(command)
-            torch_said = self._torch_part(command, plan) + self._async_ignores(command)
-            jax_said = self._jax_part(command, plan, resolution, what)
-            torch_said += jax_said
+            # One "; Framework: ..." part per framework the command means something to.
+            parts = (
+                self._torch_part(command, plan) + self._async_ignores(command)
+                + self._jax_part(command, plan, resolution, what)
+            )
             jax_only = isinstance(command, grammar.Allocator) and command.name == "platform"
             if stage is Stage.STARTED:
                 if plan != self.requested and not jax_only:
@@ -396,7 +398,7 @@ class Session:
                 if self.jax.stage() is not Stage.STARTED:  # JAX reads its variables at its own start
                     self._set_jax_environment(resolution)
                 self._give_jax(resolution)
-                return f"{shown}: {answer}{torch_said}"
+                return f"{shown}: {answer}{parts}"
             self._apply(resolution, stage)
             self._settle(resolution, chosen_by_auto)
             self._give_torch(resolution)
@@ -412,10 +414,10 @@ class Session:
             elif stage is not Stage.NOT_IMPORTED:
                 when = "applied to TensorFlow now (imported, not started)"
             elif self.imported_frameworks():  # each imported framework's part says when
-                return f"{shown}: {torch_said[2:]}" if torch_said else f"{shown}: {self._waiting_for()}"
+                return f"{shown}: {parts.removeprefix('; ')}" if parts else f"{shown}: {self._waiting_for()}"
             else:
                 when = self._waiting_for()
-            return f"{shown}: {when}{torch_said}"
+            return f"{shown}: {when}{parts}"
 
     def _waiting_for(self) -> str:
         """Before any framework is imported: the ones the setting will reach (those installed)."""
