@@ -80,3 +80,12 @@ def test_a_documented_old_path_is_the_same_module(old, new):
     import importlib
 
     assert importlib.import_module(f"tfgpu_magic.{old}") is importlib.import_module(f"tfgpu_magic.{new}")
+
+
+def test_the_stage_comes_from_the_protocol_not_from_an_adapter():
+    """`Stage` is every framework's (frameworks/base.py): no kernel module takes it from one adapter."""
+    for path in sorted((PACKAGE / "kernel").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(("tensorflow", "pytorch", "jax")):
+                names = {alias.name for alias in node.names}
+                assert not names & {"Stage", "CUDA_ENV"}, f"{path.name} takes {names & {'Stage', 'CUDA_ENV'}} from {node.module}"

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 from ..command import grammar
 from ..command.units import format_size
 from ..frameworks import tensorflow as tf_adapter
-from ..frameworks.tensorflow import Stage
+from ..frameworks.base import Stage
 from . import trace
 from .session import SessionError
 

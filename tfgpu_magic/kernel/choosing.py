@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from ..command import grammar
 from ..command.units import format_bytes
-from ..frameworks.tensorflow import Stage
+from ..frameworks.base import Stage
 from ..gpus import claims
 from ..gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 

@@ -20,8 +20,8 @@ from typing import Optional
 
 from ..command.plan import MachineFacts
 from ..command.units import MIB
-from ..frameworks.base import CudaRecord
-from ..frameworks.tensorflow import CUDA_ENV, Stage, TensorFlow
+from ..frameworks.base import CUDA_ENV, CudaRecord, Stage
+from ..frameworks.tensorflow import TensorFlow
 from ..gpus import numbering
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 

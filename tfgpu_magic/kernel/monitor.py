@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from ..frameworks.tensorflow import Stage
+from ..frameworks.base import Stage
 from ..gpus.holdings import tf_by_gpu
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from ..command import grammar
 from ..command.plan import Plan, PlanError, Resolution, resolve
 from ..command.units import MIB, format_bytes, format_change
-from ..frameworks.base import Framework, too_late
+from ..frameworks.base import Framework, Stage, too_late
 from ..frameworks.import_hooks import run_after_import
 from ..frameworks.jax import (
     ALLOCATOR_ENV,
@@ -40,7 +40,6 @@ from ..frameworks.tensorflow import (
     AllocatorStats,
     ApplyError,
     InForce,
-    Stage,
     TensorFlow,
     distribution_installed,
 )

@@ -14,7 +14,7 @@ import os
 from typing import Any, Callable, Optional
 
 from ..command.units import format_bytes, sizes_for
-from ..frameworks.tensorflow import Stage
+from ..frameworks.base import Stage
 from ..gpus import claims, holdings, owners
 from ..gpus.numbering import shown as _cut
 from ..gpus.nvml import GpuInfo, GpuLost, NvmlUnavailable, ReadingFailed

@@ -25,7 +25,8 @@ from typing import Any, Optional
 from ..command.units import format_change, format_size
 from ..frameworks import tensorflow as tf_adapter
 from ..frameworks.base import PeakReading, PeakWindow
-from ..frameworks.tensorflow import AllocatorStats, Stage
+from ..frameworks.base import Stage
+from ..frameworks.tensorflow import AllocatorStats
 
 __all__ = [
     "NO_STATS",
