@@ -119,3 +119,12 @@ def test_a_front_end_without_widgets_is_told_where_the_panel_went():
 def test_sidecar_is_gone():
     assert not any(d.startswith("sidecar") for d in PYPROJECT["project"]["dependencies"])
     assert "sidecar" not in (REPO / "tfgpu_magic" / "monitor.py").read_text()
+
+
+def test_the_typescript_build_keeps_its_state_inside_its_output_folder():
+    """Without tsBuildInfoFile, tsc (composite, rootDir js/lab) wrote tsconfig.tsbuildinfo into the
+    checkout's parent folder: a second clone in the same folder found it, took itself for up to date,
+    emitted no lib/, and `make setup` failed ("Cannot find module .../lib/index.js")."""
+    config = json.loads((REPO / "tsconfig.json").read_text())["compilerOptions"]
+    info = Path(config["tsBuildInfoFile"])
+    assert info.parts[0] == config["outDir"] and ".." not in info.parts
