@@ -43,6 +43,14 @@ def test_off_by_default():
     assert CullPolicy().describe() is None
 
 
+def test_a_kernel_the_culler_will_never_shut_down_shows_no_due_time():
+    """Not watched since its start (running before the extension loaded, or its messages cannot be
+    read): the culler leaves it alone, so the panel and /metrics must not say it is due (review)."""
+    reply = {"kernels": [kernel(id="watched"), kernel(id="unwatched")], "gpus": []}
+    CullPolicy(after_s=1800).annotate(reply, cullable=lambda kernel_id: kernel_id == "watched")
+    assert [k["cull_due_at"] is None for k in reply["kernels"]] == [False, True]
+
+
 def test_an_idle_kernel_holding_memory_is_due_its_idle_limit_after_its_last_activity():
     assert CullPolicy(after_s=1800).due_at(kernel(), {}) == NOW - 3600 + 1800
 

@@ -51,3 +51,31 @@ def test_a_limit_below_jaxs_smallest_fraction_is_rounded_up_and_said(monkeypatch
     assert said.endswith("; JAX: gets a memory fraction of 0.0001, the smallest it is given (4 MiB of GPU 0), above this limit")
     session.configure(grammar.parse("limit 8G"))
     assert float(session.env["XLA_PYTHON_CLIENT_MEM_FRACTION"]) > 0.0001
+
+
+def test_a_percentage_below_jaxs_step_is_rounded_up_as_said(monkeypatch):
+    """`limit 0.001%` gave JAX 1e-05 while the reply said it got the smallest step (review)."""
+    session = torch_session()
+    installed(monkeypatch, session, "jax")
+    session.configure(grammar.parse("use 1"))
+    said = session.configure(grammar.parse("limit 0.001%"))
+    assert session.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.0001"
+    assert said.endswith("; JAX: gets a memory fraction of 0.0001, the smallest it is given (8 MiB of GPU 1), above this limit")
+
+
+def test_a_setting_that_undoes_one_names_only_the_imported_framework():
+    """`use all` or `limit off` with torch imported fell back to naming all three frameworks; `split`
+    with JAX imported said it takes effect when TensorFlow, PyTorch or JAX starts (review)."""
+    from test_jax import StandInJax
+    from test_pytorch import GIB, cuda_torch
+
+    session = torch_session()
+    session._on_torch_import(cuda_torch([80 * GIB] * 4))
+    assert session.configure(grammar.parse("use all")) == "use all: PyTorch: takes effect when it starts CUDA"
+    assert session.configure(grammar.parse("limit off")) == "limit off: PyTorch: takes effect when it starts CUDA"
+    session = torch_session()
+    session._on_jax_import(StandInJax())
+    said = session.configure(grammar.parse("split 2"))
+    assert said.endswith(": JAX: has no logical GPUs, so `split` does not reach it") and "TensorFlow" not in said
+    said = session.configure(grammar.parse("allocator platform"))
+    assert said.count("JAX") == 1  # said once, not again as JAX's part

@@ -215,3 +215,12 @@ def test_a_terminal_that_cannot_encode_our_characters_still_gets_the_table():
     )
     assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode(errors="replace")
     assert b"my processes 14.0 GiB \\xb7 other users" in proc.stdout
+
+
+def test_a_cut_never_splits_an_escape():
+    """`bounded('evil\\u202egnp.exe', 10)` ended in a half escape, `evil\\u202…` (review)."""
+    from tfgpu_magic.safe_text import bounded
+
+    assert bounded("evil\u202egnp.exe", 10) == "evil…"
+    assert bounded("evil\u202egnp.exe", 11) == "evil\\u202e…"
+    assert len(bounded("x" * 5000, 1024)) == 1024

@@ -124,3 +124,42 @@ def _run(gpu, line: str) -> str:
         except UsageError as err:
             return f"UsageError: {err}"
     return buffer.getvalue()
+
+
+class Hostile:
+    """Every attribute raises: what a half-built or hostile object in sys.modules can do."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"boom {name}")
+
+
+@pytest.mark.parametrize("hook", ["_on_torch_import", "_on_jax_import"])
+def test_an_object_whose_every_attribute_raises_is_one_note(gpu, hook):
+    getattr(gpu.session, hook)(Hostile())  # raised RuntimeError('boom __file__') before (review)
+    assert any("gave a Hostile, which is not" in note for note in gpu.session.notes)
+    gpu("")
+
+
+def test_a_module_with_only_some_of_torch_cuda_is_not_pytorch(gpu):
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, _lazy_call=lambda f: None, device_count=lambda: 1)
+    gpu.session._on_torch_import(types.SimpleNamespace(version=types.SimpleNamespace(), cuda=cuda))
+    gpu("")
+    gpu("free")  # both raised AttributeError: no memory_allocated (review)
+    assert any("which is not PyTorch (it has no `cuda.memory_allocated`)" in n for n in gpu.session.notes)
+
+
+def test_an_allocator_reading_that_fails_is_a_note(gpu, capsys):
+    from test_pytorch import GIB, cuda_torch
+
+    torch = cuda_torch([80 * GIB])
+    gpu.session._on_torch_import(torch)
+    torch.cuda.start()
+
+    def refuse(k):
+        raise RuntimeError("driver says no")
+
+    torch.cuda.memory_allocated = refuse
+    gpu("")
+    gpu("free")
+    out = capsys.readouterr().out
+    assert "note: no allocator reading for cuda:0: RuntimeError: driver says no" in out

@@ -20,7 +20,7 @@ from tfgpu_magic.frameworks.base import Stage
 from tfgpu_magic.frameworks.pytorch import PyTorch, alloc_conf_with_backend
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
-from tfgpu_magic.kernel import cells, oom, trace
+from tfgpu_magic.kernel import cells, oom, status, trace
 from tfgpu_magic.kernel.session import Session, SessionError
 
 GIB = 1 << 30
@@ -372,3 +372,14 @@ def test_the_gpu_pytorch_started_cuda_on_is_named_after_the_variable_is_changed_
     tracer = trace.Tracer(shell=None, session=session)
     tracer.pre_run_cell(None)
     assert tracer.lines(0.1)[0].startswith("[gpu trace] GPU 1 (PyTorch cuda:0)")
+
+
+def test_status_reads_what_pytorch_and_cuda_read_not_what_the_environment_says_now():
+    """After PyTorch started CUDA with every GPU and the default allocator, variables changed by hand
+    made `%gpu` show the new allocator variable and 'sees GPU 3' (review)."""
+    session, _ = started_torch()
+    session.env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    session.env["CUDA_VISIBLE_DEVICES"] = "3"
+    text = status.render_text(status.build_report(session))
+    assert "cudaMallocAsync" not in text and "sees GPU 0,1,2,3" in text
+    assert "the default allocator" in text

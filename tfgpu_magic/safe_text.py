@@ -76,9 +76,16 @@ def bounded(text: str, most: int, cut: bool = False) -> str:
     was read) ends with "…".  Costs O(most), whatever the length of ``text``."""
     head = text[: most + 1]  # escaping only lengthens: more than `most` characters stays more
     shown = safe(head)
-    if cut or len(text) > len(head) or len(shown) > most:
-        return shown[: max(most - 1, 0)] + CUT
-    return shown
+    if not (cut or len(text) > len(head) or len(shown) > most):
+        return shown
+    room, kept, used = max(most - 1, 0), [], 0
+    for ch in head:  # whole escapes only: never a "\u202" that reads as a broken one
+        piece = ch if ch.isprintable() or unicodedata.category(ch) == "Zs" else _escape(ch)
+        if used + len(piece) > room:
+            break
+        kept.append(piece)
+        used += len(piece)
+    return "".join(kept) + CUT
 
 
 def finite_tree(value: Any, path: str = "") -> tuple[Any, list[tuple[str, float]]]:

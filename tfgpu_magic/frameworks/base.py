@@ -122,11 +122,16 @@ class Framework(Protocol):
     name: str  # as shown: "TensorFlow", "PyTorch", "JAX"
     module: str  # what the user imports: "tensorflow", "torch", "jax"
     start_variables: tuple[str, ...]  # the environment variables it reads as it starts (CUDA's aside)
+    takes_effect: str  # when a setting reaches it once imported: "when it starts CUDA", ...
 
     def on_import(self, module: Any) -> None: ...
 
     def installed(self) -> bool:
         """Whether the framework can be imported in this kernel (imported, or found without importing)."""
+        ...
+
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+        """Its ``start_variables`` as it read them (recorded then), or as ``env`` holds them before."""
         ...
 
     def stage(self) -> Stage: ...
@@ -170,8 +175,8 @@ def not_the_framework(module: Any, framework: str, imported_as: str, needs: tupl
     missing = [path for path in needs if attribute(module, path) is None]
     if not missing:
         return None
-    where = getattr(module, "__file__", None) if isinstance(getattr(module, "__file__", None), str) else None
-    found = f"the module {where}" if where else f"a {type(module).__name__}"
+    where = attribute(module, "__file__")  # an object whose every attribute raises has none
+    found = f"the module {where}" if isinstance(where, str) else f"a {type(module).__name__}"
     return (
         f"`import {imported_as}` gave {found}, which is not {framework} (it has no `{missing[0]}`): "
         f"tfgpu_magic leaves it alone, and GPU settings reach no {framework} in this kernel"

@@ -78,6 +78,7 @@ class Jax:
     name = "JAX"
     module = "jax"
     start_variables = tuple(n for n in JAX_START_ENV if n not in CUDA_ENV)
+    takes_effect = "when its backends start (its first operation)"  # once jax is imported
 
     def __init__(self) -> None:
         self._jax: Any = None
@@ -107,7 +108,10 @@ class Jax:
             if self._started():
                 self._note_start(late=True)
             elif self._bridge is not None:
-                _before_first_call(self._bridge, "backends", self._note_start, self._started, self._note_started)
+                try:
+                    _before_first_call(self._bridge, "backends", self._note_start, self._started, self._note_started)
+                except Exception as err:  # a bridge that cannot be wrapped: its start is recorded late
+                    self.plugin_error = f"JAX's start could not be watched ({type(err).__name__}: {err})"
 
     def _note_start(self, late: bool = False) -> None:
         """Just before JAX starts its backends: record the variables and JAX's reading of them."""
@@ -144,6 +148,12 @@ class Jax:
 
     def installed(self) -> bool:
         return self._jax is not None or installed(self.module)
+
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+        """Its variables as JAX read them when its backends started, or as ``env`` holds them before."""
+        if self.started_with is not None:
+            return {name: self.started_with.get(name) for name in self.start_variables}
+        return {name: env.get(name) for name in self.start_variables}
 
     # -- the stage --------------------------------------------------------------------------------------
     def stage(self) -> Stage:

@@ -39,7 +39,11 @@ NATIVE_ONLY_OPTIONS = (
     "release_lock_on_cudamalloc",
 )
 # What the adapter uses of ``torch``: a module without them is not PyTorch (a planted torch.py).
-NEEDS = ("version", "cuda.is_initialized", "cuda._lazy_call", "cuda.device_count")
+NEEDS = (
+    "version", "cuda.is_initialized", "cuda._lazy_call", "cuda.device_count", "cuda.memory_allocated",
+    "cuda.max_memory_allocated", "cuda.memory_reserved", "cuda.empty_cache", "cuda.reset_peak_memory_stats",
+    "cuda.set_per_process_memory_fraction", "cuda.get_device_properties", "cuda.device",
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class PyTorch:
     name = "PyTorch"
     module = "torch"
     start_variables = ALLOC_CONF_ENV
+    takes_effect = "when it starts CUDA"  # what a setting waits for once torch is imported
 
     def __init__(self) -> None:
         self._torch: Any = None
@@ -72,6 +77,7 @@ class PyTorch:
         self.cap_errors: list[str] = []
         self._open_windows: set[ResettingPeakWindow] = set()
         self.refused: Optional[str] = None  # why what `import torch` gave is not PyTorch
+        self.memory_error: Optional[str] = None  # the last reading of the allocator that failed
 
     # -- the moment torch arrives -----------------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -105,6 +111,12 @@ class PyTorch:
 
     def installed(self) -> bool:
         return self._torch is not None or installed(self.module)
+
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+        """Its allocator variables as torch read them at its import, or as ``env`` holds them before."""
+        if self.loaded_with is not None:
+            return dict(self.loaded_with.env)
+        return {name: env.get(name) for name in self.start_variables}
 
     # -- the stage ----------------------------------------------------------------------------------
     def stage(self) -> Stage:
@@ -168,12 +180,20 @@ class PyTorch:
         if self.stage() is not Stage.STARTED:
             return {}
         cuda = self._torch.cuda
-        return {
-            f"cuda:{k}": TorchMemory(
-                int(cuda.memory_allocated(k)), int(cuda.max_memory_allocated(k)), int(cuda.memory_reserved(k))
-            )
-            for k in range(cuda.device_count())
-        }
+        figures = {}
+        try:
+            count = int(cuda.device_count())
+        except Exception as err:  # a fault in one reading is a note (%gpu shows it), not a broken %gpu
+            self.memory_error = f"torch.cuda.device_count(): {type(err).__name__}: {err}"
+            return {}
+        for k in range(count):
+            try:
+                figures[f"cuda:{k}"] = TorchMemory(
+                    int(cuda.memory_allocated(k)), int(cuda.max_memory_allocated(k)), int(cuda.memory_reserved(k))
+                )
+            except Exception as err:
+                self.memory_error = f"cuda:{k}: {type(err).__name__}: {err}"
+        return figures
 
     def device_memory(self) -> dict[str, DeviceMemory]:
         """The protocol's figures: allocated, peak allocated and reserved per ``cuda:k``."""
@@ -199,7 +219,11 @@ class PyTorch:
         then.  True if the cache was emptied (CUDA had started)."""
         if self.stage() is not Stage.STARTED:
             return False
-        self._torch.cuda.empty_cache()
+        try:
+            self._torch.cuda.empty_cache()
+        except Exception as err:  # said by %gpu free's figures (nothing went back) and %gpu's note
+            self.memory_error = f"torch.cuda.empty_cache(): {type(err).__name__}: {err}"
+            return False
         return True
 
     def oom_error_type(self) -> Optional[type]:

@@ -84,6 +84,7 @@ class TensorFlow:
     name = "TensorFlow"
     module = "tensorflow"
     start_variables = START_ENV
+    takes_effect = "at its first op"  # once tensorflow is imported
 
     def __init__(self) -> None:
         self._tf: Any = None  # the tensorflow module, once its import has finished
@@ -209,6 +210,9 @@ class TensorFlow:
         if self.cuda_seen is not None or (ctx is not None and getattr(ctx, "_physical_devices", None) is not None):
             return Stage.ENUMERATED
         return Stage.IMPORTED
+
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+        return self.start_env(env)
 
     def start_env(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
         """TensorFlow's start variables as it read them, or as ``env`` holds them before the start."""

@@ -173,7 +173,7 @@ class Machine:
         return (
             f"CUDA numbered the GPUs with CUDA_DEVICE_ORDER={env.get('CUDA_DEVICE_ORDER') or 'FASTEST_FIRST'} "
             "before tfgpu_magic was loaded, so on this machine of mixed GPUs its numbers may not be "
-            "nvidia-smi's; load the extension before TensorFlow lists its devices"
+            f"nvidia-smi's; load the extension before {self.cuda_record.by or 'a framework'} starts CUDA"
         )
 
     def cuda_found(self) -> Optional[tuple[int, ...]]:
@@ -194,7 +194,9 @@ class Machine:
         elif count is None:
             default = None
         else:
-            raw = self.unmanaged_value("CUDA_VISIBLE_DEVICES")
+            # Once a framework started CUDA, the value CUDA read then (the record); before, the user's.
+            started = self.cuda_record.capture is not None
+            raw = self.cuda_env()["CUDA_VISIBLE_DEVICES"] if started else self.unmanaged_value("CUDA_VISIBLE_DEVICES")
             visible = numbering.cuda_to_nvml({"CUDA_VISIBLE_DEVICES": raw}, self.uuids() or [], self._mig_for(raw))
             default = tuple(sorted(set(visible)))
         totals = self.totals_mib()

@@ -413,7 +413,9 @@ class Session:
             elif stage is not Stage.NOT_IMPORTED:
                 when = "applied to TensorFlow now (imported, not started)"
             elif self.imported_frameworks():  # each imported framework's part says when
-                return f"{shown}: {parts.removeprefix('; ')}" if parts else f"{shown}: {self._waiting_for()}"
+                if not parts:  # a setting that undoes one (`use all`, `limit off`): when they read it
+                    parts = "".join(f"; {f.name}: takes effect {f.takes_effect}" for f in self.imported_frameworks())
+                return f"{shown}: {parts.removeprefix('; ')}"
             else:
                 when = self._waiting_for()
             return f"{shown}: {when}{parts}"
@@ -529,6 +531,8 @@ class Session:
         if isinstance(command, grammar.Limit) and stage is Stage.NOT_IMPORTED and jax.installed():
             rounded = _jax_rounded_up(resolution)
             return "" if rounded is None else f"; {rounded}"
+        if isinstance(command, grammar.Split) and stage is not Stage.NOT_IMPORTED and self.tf.stage() is Stage.NOT_IMPORTED:
+            return "; JAX: has no logical GPUs, so `split` does not reach it"
         if stage is Stage.NOT_IMPORTED or not isinstance(
             command, (grammar.Use, grammar.Grow, grammar.Limit, grammar.Allocator)
         ):
@@ -550,7 +554,9 @@ class Session:
         if problem is not None:  # accepted for the other frameworks; JAX starts uncapped
             return f"; JAX gets no memory fraction from it: {problem}"
         if self.tf.stage() is Stage.NOT_IMPORTED:  # imported by the user (TensorFlow imports it itself)
-            return "; JAX: takes effect when its backends start (its first operation)"
+            if isinstance(command, grammar.Allocator) and command.name == "platform":
+                return ""  # the reply is JAX's already
+            return f"; JAX: takes effect {jax.takes_effect}"
         return ""
 
     def _jax_difference(self, command: Any, resolution: Resolution, start: Any) -> tuple[bool, str]:
@@ -960,8 +966,8 @@ def _jax_fraction(resolution: Resolution) -> Optional[str]:
     """JAX's one memory fraction for the request's caps (rounded down: JAX never exceeds a cap);
     None without a cap, or where the caps are different fractions (see _jax_limit_problem)."""
     limits = resolution.plan.limits or ()
-    if len(limits) == 1 and isinstance(limits[0], grammar.Percent):
-        return f"{limits[0].value / 100:g}"  # a percentage is JAX's fraction exactly
+    if len(limits) == 1 and isinstance(limits[0], grammar.Percent):  # JAX's fraction exactly, above the step
+        return f"{max(limits[0].value / 100, JAX_FRACTION_STEP):g}"
     fractions = [g.cap_mib / g.total_mib for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
     # Sizes in MiB: the same share of two GPUs can differ in the fourth decimal, no more.
     if not fractions or max(fractions) - min(fractions) > 0.001:

@@ -108,6 +108,7 @@ def _frameworks(session: Session, report: dict[str, Any]) -> dict[str, Any]:
                 for device, m in torch.memory().items()
             },
         })
+        entry["memory_error"] = torch.memory_error  # after the reading, which records a failure
     frameworks["pytorch"] = entry
     frameworks["jax"] = _jax(session)
     return frameworks
@@ -292,8 +293,8 @@ def _in_force(session: Session, stage: Stage) -> list[str]:
         # read once per process, when the first of them starts it (the record, once made).
         frameworks = session.imported_frameworks() or [f for f in session.frameworks() if f.installed()]
         env = {"CUDA_VISIBLE_DEVICES": session.machine.cuda_env().get("CUDA_VISIBLE_DEVICES")}
-        for framework in frameworks:
-            env.update({name: session.env.get(name) for name in framework.start_variables})
+        for framework in frameworks:  # as each read them once it did (the record), else as they are now
+            env.update(framework.read_environment(session.env))
         names = [f.name for f in frameworks]
         lines += _environment_line(f"environment read at start by {_joined(names) if names else 'CUDA'}", env)
     note = session.machine.numbering_note() if session.nvml.available() else None
@@ -502,6 +503,8 @@ def _pytorch_lines(torch: Optional[dict[str, Any]]) -> list[str]:
         when = f"set as fraction {fraction:.4f}" if fraction is not None else "set when CUDA starts"
         lines.append(f"  {device} cap: {format_bytes(cap['bytes'])} ({when})")
     lines.extend(f"  cap not set: {error}" for error in torch["cap_errors"])
+    if torch.get("memory_error"):
+        lines.append(f"  note: no allocator reading for {torch['memory_error']}")
     for device, memory in torch["memory"].items():
         lines.append(
             f"  {device} PyTorch allocator: {format_bytes(memory['allocated_bytes'])} allocated, "

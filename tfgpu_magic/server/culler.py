@@ -87,12 +87,15 @@ class CullPolicy:
                 return True
         return False
 
-    def annotate(self, reply: dict[str, Any]) -> dict[str, Any]:
-        """Add the policy (``culler``) and each kernel's ``cull_due_at`` (ISO 8601, or None) to a reply."""
+    def annotate(self, reply: dict[str, Any], cullable: Optional[Callable[[str], bool]] = None) -> dict[str, Any]:
+        """Add the policy (``culler``) and each kernel's ``cull_due_at`` (ISO 8601, or None) to a reply.
+
+        ``cullable(kernel_id)`` False: the culler will never shut that kernel down (it was not
+        watched from its start), so no due time is shown for it either."""
         reply["culler"] = self.describe()
         free = free_by_gpu(reply)
         for kernel in reply.get("kernels", []):
-            due = self.due_at(kernel, free)
+            due = self.due_at(kernel, free) if cullable is None or cullable(kernel["id"]) else None
             kernel["cull_due_at"] = None if due is None else _iso(due)
         return reply
 

@@ -377,9 +377,14 @@ class StatusSource:
             self._annotate(reply)
         return Reading(reply, reply_text(reply), complete=False)
 
+    def _cullable(self, kernel_id: str) -> bool:
+        """Watched since its start: only such a kernel can be culled (see Culler._still_idle)."""
+        activity = self._watcher.activity(kernel_id) if self._watcher is not None else None
+        return activity is not None and activity.from_start
+
     def _annotate(self, reply: dict[str, Any]) -> None:
         try:
-            self._policy.annotate(reply)
+            self._policy.annotate(reply, cullable=self._cullable)
         except Exception as err:  # a bug of ours: the reply still goes out, without due times
             self._log.exception("tfgpu_magic: the culler's due times could not be added")
             reply["notes"] = [*reply.get("notes", []), f"the culler's due times could not be worked out ({_reason(err)})"]
