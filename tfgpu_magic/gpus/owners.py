@@ -236,22 +236,27 @@ def _hides_others() -> bool:
     return found
 
 
-def _mountinfo() -> list[str]:
-    try:
-        fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return []
+def _read_at_most(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``, in as many reads as it takes (a /proc file's reads are
+    short); the cost is bounded by ``limit``, whatever the file holds.  Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = b""
-        while len(data) < _MOUNTINFO_BYTES:
-            chunk = os.read(fd, _MOUNTINFO_BYTES - len(data))
+        while len(data) < limit:
+            chunk = os.read(fd, limit - len(data))
             if not chunk:
                 break
             data += chunk
-    except OSError:
-        return []
+        return data
     finally:
         os.close(fd)
+
+
+def _mountinfo() -> list[str]:
+    try:
+        data = _read_at_most("/proc/self/mountinfo", _MOUNTINFO_BYTES)
+    except OSError:
+        return []
     return data.decode(errors="replace").splitlines()
 
 
@@ -465,16 +470,7 @@ def _proc_lookup(pid: int, names: Optional[_UserNames] = None) -> ProcessDetails
 
 def _read_cmdline(pid: int) -> tuple[bytes, bool]:
     """At most ``CMDLINE_READ_BYTES`` of ``/proc/<pid>/cmdline``, and whether it holds more."""
-    fd = os.open(f"/proc/{pid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = b""
-        while len(data) <= CMDLINE_READ_BYTES:  # one byte past the bound says whether there is more
-            chunk = os.read(fd, CMDLINE_READ_BYTES + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
+    data = _read_at_most(f"/proc/{pid}/cmdline", CMDLINE_READ_BYTES + 1)  # one byte past says "more"
     return data[:CMDLINE_READ_BYTES], len(data) > CMDLINE_READ_BYTES
 
 
