@@ -18,6 +18,7 @@ import pytest
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel.session import Session
+from tfgpu_magic.frameworks import adapters
 
 pytest_plugins = ["pytester"]  # tests/test_browser_artifacts.py runs pytest itself
 
@@ -101,7 +102,7 @@ def session(server):
     """A session on the simulated server, with TensorFlow behind the shared fake adapter."""
     from fakes import FakeTensorFlow
 
-    return Session(nvml=Nvml(lib=server), env={}, tf=FakeTensorFlow())
+    return Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow()))
 
 
 @pytest.fixture(scope="session")

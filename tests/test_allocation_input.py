@@ -22,6 +22,7 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import NVML_ERROR_NO_PERMISSION, NVMLError, SimulatedNvml, mig_server, shared_server
 from tfgpu_magic.kernel import session as session_module
 from tfgpu_magic.kernel.session import Session
+from tfgpu_magic.frameworks import adapters
 
 ME = os.getpid()
 LONG = "1" * 4301  # int() refuses over 4,300 digits with a ValueError
@@ -29,7 +30,7 @@ LONG = "1" * 4301  # int() refuses over 4,300 digits with a ValueError
 
 def loaded(shell, monkeypatch, env: dict, server: SimulatedNvml | None = None) -> tuple[Session, str]:
     """`%load_ext tfgpu_magic` in a kernel that inherited ``env``; returns the session and what it said."""
-    session = Session(nvml=Nvml(lib=server or shared_server(ME)), env=dict(env), tf=FakeTensorFlow())
+    session = Session(nvml=Nvml(lib=server or shared_server(ME)), env=dict(env), frameworks=adapters(tensorflow=FakeTensorFlow()))
     monkeypatch.setattr(session_module, "_SESSION", session)
     with capture_output() as captured:
         tfgpu_magic.load_ipython_extension(shell)  # what `%load_ext tfgpu_magic` runs

@@ -15,6 +15,7 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import NVML_ERROR_UNKNOWN, NVMLError, shared_server
 from tfgpu_magic.kernel import monitor, oom, status
 from tfgpu_magic.kernel.session import Session
+from tfgpu_magic.frameworks import adapters
 
 GIB = 1 << 30
 HALF_OF_80G = 40960 * (1 << 20)  # `limit 50%` of an 80 GiB GPU, resolved in MiB
@@ -24,10 +25,10 @@ def started_session(*commands: str) -> tuple[Session, object]:
     """A kernel that asked ``commands``, imported TensorFlow (the hook gives it the request) and
     ran its first op on GPU 1."""
     server = shared_server()
-    session = Session(nvml=Nvml(lib=server), env={}, tf=FakeTensorFlow(gpus={"GPU:0": 1}, found=[1]))
+    session = Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow(gpus={"GPU:0": 1}, found=[1])))
     for command in commands:
         session.configure(grammar.parse(command))
-    session._on_tensorflow_import(None)
+    session._on_import(session.adapter("tensorflow"), None)
     session.tf.fake_stage = Stage.STARTED
     session.tf.stats = {"GPU:0": AllocatorStats(11 * GIB, 11 * GIB)}
     return session, server
@@ -70,10 +71,10 @@ def test_the_sampler_reads_the_limits_without_asking_the_driver():
 
 def test_a_tensorflow_that_found_no_gpu_was_given_no_limit_and_none_is_drawn():
     server = shared_server()
-    session = Session(nvml=Nvml(lib=server), env={}, tf=FakeTensorFlow(found=[]))
+    session = Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow(found=[])))
     session.configure(grammar.parse("limit 4G"))
     assert session.limit_bytes_by_gpu() == {i: 4 * GIB for i in range(4)}  # to be given at import
-    session._on_tensorflow_import(None)  # a CPU-only TensorFlow: the hook cannot apply it
+    session._on_import(session.adapter("tensorflow"), None)  # a CPU-only TensorFlow: the hook cannot apply it
     assert session.applied == {} and session.limit_bytes_by_gpu() == {}
     assert any("TensorFlow found no GPU" in error for error in session.hook_errors)
 
@@ -90,7 +91,7 @@ def test_a_resolution_made_while_a_command_holds_the_session_is_not_kept():
     new one: what it resolved is used for that reading only, never stored over the new request."""
     import threading
 
-    session = Session(nvml=Nvml(lib=shared_server()), env={}, tf=FakeTensorFlow())
+    session = Session(nvml=Nvml(lib=shared_server()), env={}, frameworks=adapters(tensorflow=FakeTensorFlow()))
     with session._lock:  # as `configure` holds it
         seen = []
         reader = threading.Thread(target=lambda: seen.append(session.resolved()))

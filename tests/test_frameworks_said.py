@@ -70,11 +70,11 @@ def test_a_setting_that_undoes_one_names_only_the_imported_framework():
     from test_pytorch import GIB, cuda_torch
 
     session = torch_session()
-    session._on_torch_import(cuda_torch([80 * GIB] * 4))
+    session._on_import(session.adapter("pytorch"), cuda_torch([80 * GIB] * 4))
     assert session.configure(grammar.parse("use all")) == "use all: PyTorch: takes effect when it starts CUDA"
     assert session.configure(grammar.parse("limit off")) == "limit off: PyTorch: takes effect when it starts CUDA"
     session = torch_session()
-    session._on_jax_import(StandInJax())
+    session._on_import(session.adapter("jax"), StandInJax())
     said = session.configure(grammar.parse("split 2"))
     assert said.endswith(": JAX: has no logical GPUs, so `split` does not reach it") and "TensorFlow" not in said
     said = session.configure(grammar.parse("allocator platform"))

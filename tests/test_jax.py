@@ -24,6 +24,7 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import cells, oom, trace
 from tfgpu_magic.kernel.session import Session, SessionError
+from tfgpu_magic.frameworks import adapters
 
 GIB = 1 << 30
 
@@ -149,14 +150,14 @@ class StandInDevice:
 
 
 def jax_session() -> Session:
-    return Session(nvml=Nvml(lib=shared_server()), env=os.environ, tf=FakeTensorFlow())
+    return Session(nvml=Nvml(lib=shared_server()), env=os.environ, frameworks=adapters(tensorflow=FakeTensorFlow()))
 
 
 def started_jax(session: Session, *commands: str) -> StandInJax:
     for command in commands:
         session.configure(grammar.parse(command))
     jax = StandInJax()
-    session._on_jax_import(jax)
+    session._on_import(session.adapter("jax"), jax)
     jax.devices()
     return jax
 
@@ -286,7 +287,7 @@ def test_out_of_memory_names_the_device_ordinal_xla_gives():
 
 def test_on_with_jax_imported_but_not_started_is_one_line():
     session = jax_session()
-    session._on_jax_import(StandInJax())
+    session._on_import(session.adapter("jax"), StandInJax())
     with pytest.raises(SessionError, match=r"^`%%gpu on` runs the cell under TensorFlow's tf.device"):
         with cells._gpu_scope(session, 0):
             pass
@@ -358,7 +359,7 @@ def test_a_limit_jax_cannot_take_is_said_when_jax_starts(capsys):
     session.configure(grammar.parse("use 0,1"))
     session.configure(grammar.parse("limit 8G,8G"))  # 20% and 10%
     jax = StandInJax()
-    session._on_jax_import(jax)
+    session._on_import(session.adapter("jax"), jax)
     assert capsys.readouterr().err == ""  # imported (TensorFlow imports jax itself): nothing said
     jax.devices()
     assert "tfgpu_magic: JAX starts without a memory fraction: JAX takes one memory fraction" in capsys.readouterr().err
@@ -369,6 +370,25 @@ def test_a_jax_that_starts_on_the_cpu_hears_nothing_of_gpu_limits(capsys):
     session.configure(grammar.parse("use 0,1"))
     session.configure(grammar.parse("limit 8G,8G"))
     jax = StandInJax(gpus=0)  # a CPU-only jaxlib: its backends start with no GPU
-    session._on_jax_import(jax)
+    session._on_import(session.adapter("jax"), jax)
     jax.devices()
     assert capsys.readouterr().err == ""
+
+
+def test_a_plugin_that_refused_both_fraction_names_is_not_said_to_preallocate():
+    """Both names inherited: JAX's CUDA plugin refuses them; what JAX started with is what its
+    variables said (preallocation off here), never JAX's defaults in their place (issue 27)."""
+    os.environ.update({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3", "XLA_CLIENT_MEM_FRACTION": "0.3",
+                       "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    session = jax_session()
+    jax = StandInJax()
+
+    def refuses():
+        raise ValueError("XLA_PYTHON_CLIENT_MEM_FRACTION and XLA_CLIENT_MEM_FRACTION are both set")
+
+    jax._src.lib.xla_client.generate_pjrt_gpu_plugin_options = refuses
+    session._on_import(session.adapter("jax"), jax)
+    jax.devices()
+    start = session.adapter("jax").start()
+    assert (start.preallocate, start.memory_fraction) == (False, 0.3)
+    assert "both set" in session.adapter("jax").plugin_error

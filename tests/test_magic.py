@@ -19,6 +19,7 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedNvml
 from tfgpu_magic.kernel.magics import MANUAL, GpuMagics, complete
 from tfgpu_magic.kernel.session import Session
+from tfgpu_magic.frameworks import adapters
 
 USE = grammar.usage("use")
 
@@ -108,7 +109,7 @@ def test_status_without_a_driver_is_one_line_about_it(shell, capsys):
 
 def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
     gpu.session.env["CUDA_VISIBLE_DEVICES"] = "1,3"  # a scheduler allocated GPUs 1 and 3
-    session = Session(nvml=gpu.session.nvml, env=gpu.session.env, tf=gpu.session.tf)
+    session = Session(nvml=gpu.session.nvml, env=gpu.session.env, frameworks=adapters(tensorflow=gpu.session.tf))
     gpu.__dict__["session"] = session
     session.configure(grammar.Use((1,)))
     session.configure(grammar.Grow(True))

@@ -21,6 +21,7 @@ from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml
 from tfgpu_magic.kernel import trace
 from tfgpu_magic.kernel.session import Session
 from tfgpu_magic.kernel.status import build_report, render_text
+from tfgpu_magic.frameworks import adapters
 
 FIX_CUDA = 'pip install "tensorflow[and-cuda]", then restart the kernel'
 
@@ -141,13 +142,13 @@ class CountingTensorFlow(FakeTensorFlow):
 def four_gpu_session(tf: FakeTensorFlow, driver_cuda: int | None = 12080) -> Session:
     driver = SimulatedNvml([SimulatedGpu() for _ in range(4)])
     driver.cuda_driver_version = driver_cuda
-    return Session(nvml=Nvml(lib=driver), env={}, tf=tf)
+    return Session(nvml=Nvml(lib=driver), env={}, frameworks=adapters(tensorflow=tf))
 
 
 def test_status_reads_the_diagnosis_made_once(monkeypatch):
-    from tfgpu_magic.kernel import session as session_module
+    from tfgpu_magic.frameworks import tensorflow as tensorflow_adapter
 
-    monkeypatch.setattr(session_module, "distribution_installed", installed("tensorflow"))
+    monkeypatch.setattr(tensorflow_adapter, "distribution_installed", installed("tensorflow"))
     tf = CountingTensorFlow(stage=Stage.STARTED, found=[])
     session = four_gpu_session(tf)
     first = build_report(session)["tensorflow"]["found_no_gpu"]

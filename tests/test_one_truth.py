@@ -23,13 +23,14 @@ from tfgpu_magic.kernel import magics, status
 from tfgpu_magic.kernel.magics import GpuMagics
 from tfgpu_magic.kernel.monitor import Sampler
 from tfgpu_magic.kernel.session import Session, SessionError
+from tfgpu_magic.frameworks import adapters
 
 MIB = 1024 * 1024
 ME = os.getpid()
 
 
 def session_with(env: dict | None = None, server: SimulatedNvml | None = None, **tf) -> Session:
-    return Session(nvml=Nvml(lib=server or shared_server(ME)), env=dict(env or {}), tf=FakeTensorFlow(**tf))
+    return Session(nvml=Nvml(lib=server or shared_server(ME)), env=dict(env or {}), frameworks=adapters(tensorflow=FakeTensorFlow(**tf)))
 
 
 def said(session: Session, line: str) -> str:

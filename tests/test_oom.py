@@ -78,7 +78,7 @@ def tensorflow_on(session):
     def on(mapping: dict[str, int], in_use: int = 11 * GIB) -> None:
         session.tf.gpus = mapping
         session.tf.found = sorted(set(mapping.values()))  # CUDA's numbers are nvidia-smi's here
-        session._on_tensorflow_import(None)  # `import tensorflow`: the request reaches TensorFlow
+        session._on_import(session.adapter("tensorflow"), None)  # `import tensorflow`: the request reaches TensorFlow
         session.tf.fake_stage = Stage.STARTED
         session.tf.stats = {name: AllocatorStats(in_use, in_use) for name in mapping}
 

@@ -33,13 +33,13 @@ def planted(name: str) -> types.ModuleType:
 
 @pytest.mark.parametrize(
     ("hook", "name", "framework"),
-    [("_on_torch_import", "torch", "PyTorch"), ("_on_jax_import", "jax", "JAX")],
+    [("pytorch", "torch", "PyTorch"), ("jax", "jax", "JAX")],
 )
 def test_every_command_works_after_a_planted_module_and_one_note_says_it_is_not_the_framework(
     gpu, capsys, hook, name, framework
 ):
     session = gpu.session
-    getattr(session, hook)(planted(name))  # what the post-import hook hands over
+    session._on_import(session.adapter(hook), planted(name))  # what the post-import hook hands over
     for line in COMMANDS:
         gpu(line)
     gpu("reset")
@@ -56,7 +56,7 @@ def test_every_command_works_after_a_planted_module_and_one_note_says_it_is_not_
 
 
 def test_an_object_that_is_not_a_module_is_not_pytorch_either(gpu):
-    gpu.session._on_torch_import(42)
+    gpu.session._on_import(gpu.session.adapter("pytorch"), 42)
     gpu("")
     assert any(n.startswith("`import torch` gave a int, which is not PyTorch") for n in gpu.session.notes)
 
@@ -64,9 +64,10 @@ def test_an_object_that_is_not_a_module_is_not_pytorch_either(gpu):
 def test_a_command_that_fails_half_way_changes_nothing(gpu, monkeypatch):
     session = gpu.session
     before_env = dict(session.env)
-    # The last step of a command, after the request was accepted and the environment written:
-    # a framework that raises there (a bug, a broken install) must not leave half a command behind.
-    monkeypatch.setattr(session, "_give_jax", lambda resolution: (_ for _ in ()).throw(RuntimeError("adapter bug")))
+    # The last framework's step of a command, after the environment was written and the others
+    # were given it: a framework that raises there (a bug, a broken install) must not leave half a
+    # command behind.
+    monkeypatch.setattr(session.adapter("jax"), "give", lambda *a: (_ for _ in ()).throw(RuntimeError("adapter bug")))
     with pytest.raises(RuntimeError, match="adapter bug"):
         session.configure(grammar.parse("grow"))
     monkeypatch.undo()
@@ -133,16 +134,16 @@ class Hostile:
         raise RuntimeError(f"boom {name}")
 
 
-@pytest.mark.parametrize("hook", ["_on_torch_import", "_on_jax_import"])
+@pytest.mark.parametrize("hook", ["pytorch", "jax"])
 def test_an_object_whose_every_attribute_raises_is_one_note(gpu, hook):
-    getattr(gpu.session, hook)(Hostile())  # raised RuntimeError('boom __file__') before (review)
+    gpu.session._on_import(gpu.session.adapter(hook), Hostile())  # raised RuntimeError('boom __file__') before (review)
     assert any("gave a Hostile, which is not" in note for note in gpu.session.notes)
     gpu("")
 
 
 def test_a_module_with_only_some_of_torch_cuda_is_not_pytorch(gpu):
     cuda = types.SimpleNamespace(is_initialized=lambda: True, _lazy_call=lambda f: None, device_count=lambda: 1)
-    gpu.session._on_torch_import(types.SimpleNamespace(version=types.SimpleNamespace(), cuda=cuda))
+    gpu.session._on_import(gpu.session.adapter("pytorch"), types.SimpleNamespace(version=types.SimpleNamespace(), cuda=cuda))
     gpu("")
     gpu("free")  # both raised AttributeError: no memory_allocated (review)
     assert any("which is not PyTorch (it has no `cuda.memory_allocated`)" in n for n in gpu.session.notes)
@@ -152,7 +153,7 @@ def test_an_allocator_reading_that_fails_is_a_note(gpu, capsys):
     from test_pytorch import GIB, cuda_torch
 
     torch = cuda_torch([80 * GIB])
-    gpu.session._on_torch_import(torch)
+    gpu.session._on_import(gpu.session.adapter("pytorch"), torch)
     torch.cuda.start()
 
     def refuse(k):

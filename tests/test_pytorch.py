@@ -22,6 +22,7 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import cells, oom, status, trace
 from tfgpu_magic.kernel.session import Session, SessionError
+from tfgpu_magic.frameworks import adapters
 
 GIB = 1 << 30
 
@@ -47,6 +48,11 @@ def test_allocator_async_reaches_what_torch_parses_at_import_keeping_the_users_o
 @pytest.mark.slow
 def test_after_import_a_different_allocator_is_too_late_with_the_line_to_put_first(torch_kernel):
     r = torch_kernel
+    if not r["frameworks"]["pytorch"]["cuda_build"]:  # no CUDA allocator to choose: nothing to restart for
+        assert r["allocator_after"].endswith(
+            ": PyTorch: a CPU build (torch.version.cuda is None) has no CUDA allocator to choose"
+        )
+        return
     assert r["allocator_after"] == (
         "UsageError: PyTorch loaded with the async allocator and reads it only at `import torch`. Put "
         "`%gpu allocator default` at the top of the notebook, before `import torch`, and restart the kernel"
@@ -164,7 +170,7 @@ def cuda_torch(totals: list[int]) -> types.SimpleNamespace:
 
 
 def torch_session(env: dict | None = None) -> Session:
-    return Session(nvml=Nvml(lib=shared_server()), env=dict(env or {}), tf=FakeTensorFlow())
+    return Session(nvml=Nvml(lib=shared_server()), env=dict(env or {}), frameworks=adapters(tensorflow=FakeTensorFlow()))
 
 
 def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
@@ -172,7 +178,7 @@ def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
     session.configure(grammar.parse("use 1"))
     session.configure(grammar.parse("limit 8G"))
     torch = cuda_torch([80 * GIB])
-    session._on_torch_import(torch)
+    session._on_import(session.adapter("pytorch"), torch)
     assert torch.cuda.fractions == {}  # importing torch starts no CUDA context
     assert session.torch.stage() is Stage.IMPORTED and session.torch.caps_bytes == {0: 8 * GIB}
     torch.cuda.start()
@@ -184,7 +190,7 @@ def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
 def test_a_limit_after_cuda_started_is_set_at_once():
     session = torch_session()
     torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
-    session._on_torch_import(torch)
+    session._on_import(session.adapter("pytorch"), torch)
     torch.cuda.start()
     said = session.configure(grammar.parse("limit 50%"))
     assert said.endswith(": PyTorch: capped now")  # PyTorch alone is imported: its part is the reply
@@ -194,7 +200,7 @@ def test_a_limit_after_cuda_started_is_set_at_once():
 def test_use_after_pytorch_started_cuda_is_too_late_for_every_framework():
     session = torch_session()
     torch = cuda_torch([80 * GIB] * 4)
-    session._on_torch_import(torch)
+    session._on_import(session.adapter("pytorch"), torch)
     torch.cuda.start()
     with pytest.raises(SessionError, match=r"PyTorch has already started CUDA with every GPU visible.*"
                                            r"Put `%gpu use 1` at the top of the notebook, before `import torch`"):
@@ -204,7 +210,7 @@ def test_use_after_pytorch_started_cuda_is_too_late_for_every_framework():
 
 def test_allocator_platform_with_pytorch_imported_names_pytorch_once():
     session = torch_session()
-    session._on_torch_import(cuda_torch([80 * GIB] * 4))
+    session._on_import(session.adapter("pytorch"), cuda_torch([80 * GIB] * 4))
     said = session.configure(grammar.parse("allocator platform"))
     assert said.count("PyTorch") == 1 and said.endswith("; PyTorch keeps its allocator")
 
@@ -243,7 +249,7 @@ def test_the_backend_option_is_replaced_and_nothing_else(current, backend, expec
 
 def test_the_adapter_reads_nothing_before_the_import():
     torch = PyTorch()
-    assert torch.stage() is Stage.NOT_IMPORTED and torch.memory() == {} and torch.free() is False
+    assert torch.stage() is Stage.NOT_IMPORTED and torch.memory() == {} and torch.empty_cache() is False
 
 
 def test_with_both_names_set_the_one_torch_reads_is_edited():
@@ -255,10 +261,9 @@ def test_with_both_names_set_the_one_torch_reads_is_edited():
 
 
 def test_use_after_tensorflow_listed_its_gpus_says_pytorch_sees_what_cuda_read_then():
-    session = Session(nvml=Nvml(lib=shared_server()), env={},
-                      tf=FakeTensorFlow(stage=Stage.ENUMERATED, gpus={f"GPU:{i}": i for i in range(4)},
-                                        found=[0, 1, 2, 3]))
-    session._on_torch_import(cuda_torch([80 * GIB] * 4))
+    session = Session(nvml=Nvml(lib=shared_server()), env={}, frameworks=adapters(tensorflow=FakeTensorFlow(stage=Stage.ENUMERATED, gpus={f"GPU:{i}": i for i in range(4)},
+                                        found=[0, 1, 2, 3])))
+    session._on_import(session.adapter("pytorch"), cuda_torch([80 * GIB] * 4))
     said = session.configure(grammar.parse("use 1"))
     assert said.endswith("; PyTorch: sees the GPUs CUDA showed when TensorFlow listed its devices "
                          "(`use` cannot change them)")
@@ -269,7 +274,7 @@ def started_torch(*commands: str, totals: list[int] | None = None) -> tuple[Sess
     for command in commands:
         session.configure(grammar.parse(command))
     torch = cuda_torch(totals or [80 * GIB, 80 * GIB])
-    session._on_torch_import(torch)
+    session._on_import(session.adapter("pytorch"), torch)
     torch.cuda.start()
     return session, torch.cuda
 
@@ -383,3 +388,38 @@ def test_status_reads_what_pytorch_and_cuda_read_not_what_the_environment_says_n
     text = status.render_text(status.build_report(session))
     assert "cudaMallocAsync" not in text and "sees GPU 0,1,2,3" in text
     assert "the default allocator" in text
+
+
+# -- what a setting silently breaks is said (issue 27) ------------------------------------------------
+def cpu_torch() -> types.SimpleNamespace:
+    """A CPU build of torch as the adapter sees it: torch.version.cuda is None."""
+    module = cuda_torch([80 * GIB])
+    module.version = types.SimpleNamespace(cuda=None)
+    return module
+
+
+def test_a_cpu_build_names_only_the_gpu_settings_it_misses_at_import(capsys):
+    session = torch_session()
+    for command in ("grow", "precision mixed_float16", "limit 4G", "use 1"):
+        session.configure(grammar.parse(command))
+    session._on_import(session.adapter("pytorch"), cpu_torch())
+    said = capsys.readouterr().err
+    assert "cannot take effect for it: use 1; limit 4096MiB." in said
+    assert "grow" not in said and "precision" not in said  # growth and the Keras policy were never PyTorch's
+
+
+def test_allocator_default_on_a_cpu_build_is_no_restart():
+    session = torch_session({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    session._on_import(session.adapter("pytorch"), cpu_torch())
+    said = session.configure(grammar.parse("allocator default"))
+    assert said.endswith("PyTorch: a CPU build (torch.version.cuda is None) has no CUDA allocator to choose")
+    assert "restart" not in said
+
+
+def test_allocator_async_names_the_users_options_it_ignores():
+    session = torch_session({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,garbage_collection_threshold:0.8"})
+    said = session.configure(grammar.parse("allocator async"))
+    assert (
+        "PyTorch: cudaMallocAsync ignores your PYTORCH_CUDA_ALLOC_CONF options max_split_size_mb:128, "
+        "garbage_collection_threshold:0.8"
+    ) in said

@@ -42,6 +42,7 @@ from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.session import Session
 from tfgpu_magic.server import extension, kernel_inventory, metrics
 from tfgpu_magic.server.kernel_inventory import KernelDescription
+from tfgpu_magic.frameworks import adapters
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -99,7 +100,7 @@ def test_other_users_command_lines_are_cut_in_gpu_status_json(shell):
     from tfgpu_magic.kernel.magics import GpuMagics
 
     server = bobs_server()
-    shell.register_magics(GpuMagics(shell, session=Session(nvml=Nvml(lib=server), env={}, tf=FakeTensorFlow())))
+    shell.register_magics(GpuMagics(shell, session=Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow()))))
     with capture_output() as out:
         shell.run_line_magic("gpu", "status --json")
     report = strict_loads(out.stdout)
@@ -278,9 +279,9 @@ def _jax_session_with(fraction: str) -> Session:
     from test_jax import StandInJax
 
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction  # inherited (the fixture restores os.environ)
-    session = Session(nvml=Nvml(lib=bobs_server(count=1, size=10)), env=os.environ, tf=FakeTensorFlow())
+    session = Session(nvml=Nvml(lib=bobs_server(count=1, size=10)), env=os.environ, frameworks=adapters(tensorflow=FakeTensorFlow()))
     jax = StandInJax()
-    session._on_jax_import(jax)
+    session._on_import(session.adapter("jax"), jax)
     jax.devices()  # JAX starts, reading the fraction
     return session
 

@@ -20,6 +20,7 @@ from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedPro
 from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.choosing import choose_gpus
 from tfgpu_magic.kernel.session import Session
+from tfgpu_magic.frameworks import adapters
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -128,7 +129,7 @@ def no_driver_started(gpus: dict[str, int], found: list[int]) -> dict:
     from tfgpu_magic.frameworks.tensorflow import Stage
 
     tf = FakeTensorFlow(Stage.STARTED, gpus=gpus, found=found)
-    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={}, tf=tf)
+    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={}, frameworks=adapters(tensorflow=tf))
     return status.build_report(session, my_pid=ME)
 
 

@@ -15,14 +15,13 @@ import sys
 os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # before anything reads it
 
 from tfgpu_magic.frameworks import tensorflow as tf_runtime
-from tfgpu_magic.kernel import session as session_module  # noqa: E402
 
 if "--as-cuda-build-install" in sys.argv:
     def as_cuda_build_install(distribution: str) -> bool:
         return distribution == "tensorflow"
 
     tf_runtime.TensorFlow.cpu_only_build = lambda self: False  # what a `tensorflow` install answers
-    session_module.distribution_installed = as_cuda_build_install  # what the diagnosis names
+    tf_runtime.distribution_installed = as_cuda_build_install  # what the diagnosis names
 
 from memory_shell import cell, finish, ip, results  # noqa: E402
 

@@ -96,6 +96,12 @@ class Grow:
 @dataclass(frozen=True)
 class Limit:
     sizes: Optional[tuple[Size, ...]]  # None: off; one size for every GPU, or one per GPU
+    # Or the kernel's limit as named shares, one size each, on every visible GPU: ("tensorflow", 6144), ...
+    shares: Optional[tuple[tuple[str, Size], ...]] = None
+
+
+# The words `%gpu limit 6G tensorflow, 2G jax` accepts for a framework, and the key each names.
+FRAMEWORK_WORDS = {"tensorflow": "tensorflow", "tf": "tensorflow", "pytorch": "pytorch", "torch": "pytorch", "jax": "jax"}
 
 
 @dataclass(frozen=True)
@@ -368,10 +374,26 @@ def _trace(tokens: list[str]) -> Trace:
 
 
 def _limit(tokens: list[str]) -> Limit:
+    if any(t.strip(",").lower() in FRAMEWORK_WORDS for t in tokens[1:]):  # `limit 6G tensorflow, 2G jax`
+        return Limit(None, _shares(" ".join(tokens)))
     text = _one("limit", tokens)
     if text.lower() == "off":
         return Limit(None)
     return Limit(_size_list(text, "limit"))
+
+
+def _shares(text: str) -> tuple[tuple[str, Size], ...]:
+    """``6G tensorflow, 2G jax`` -> (("tensorflow", 6144), ("jax", 2048)): each framework once."""
+    shares: dict[str, Size] = {}
+    for part in text.split(","):
+        words = part.split()
+        if len(words) != 2 or words[1].lower() not in FRAMEWORK_WORDS:
+            raise _fail("limit", f"{_shown(part.strip())} is not a share: give a size and a framework, e.g. `4G jax`")
+        key = FRAMEWORK_WORDS[words[1].lower()]
+        if key in shares:
+            raise _fail("limit", f"{_shown(words[1])} has two shares: give each framework one")
+        shares[key] = parse_size(words[0], "limit")
+    return tuple(shares.items())
 
 
 def _split(tokens: list[str]) -> Split:
@@ -539,9 +561,13 @@ TABLE: tuple[Verb, ...] = (
             "%gpu limit 1.5GiB",
             "%gpu limit 50%",
             "%gpu limit 4G,8G",
+            "%gpu limit 6G tensorflow, 2G jax",
             "%gpu limit off",
         ),
-        manual=(("%gpu limit 4096", "cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)"),),
+        manual=(
+            ("%gpu limit 4096", "cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)"),
+            ("%gpu limit 6G tensorflow, 2G jax", "the kernel's limit in shares, one per framework (tf | torch | jax)"),
+        ),
         words=("off", "50%", "4G"),
     ),
     Verb(

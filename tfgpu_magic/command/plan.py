@@ -48,6 +48,9 @@ class Plan:
     split: Optional[grammar.Split] = None
     allocator: Optional[str] = None  # "async", "default" or "platform" (JAX only)
     precision: Optional[str] = None
+    # The kernel's limit named in shares (framework key, size on each visible GPU); `limits` is
+    # then None, and each GPU's cap is the shares' sum.
+    shares: Optional[tuple[tuple[str, Size], ...]] = None
 
     def with_command(self, command: object) -> "Plan":
         """The plan after one configuration command; raises :class:`PlanError` on a conflict."""
@@ -58,17 +61,17 @@ class Plan:
         if isinstance(command, grammar.Grow):
             return replace(self, growth=command.on)
         if isinstance(command, grammar.Limit):
-            if command.sizes is not None and self.split and self.split.sizes:
+            if (command.sizes is not None or command.shares is not None) and self.split and self.split.sizes:
                 raise PlanError(
                     "`%gpu split` already names the size of each logical GPU, so a limit would "
                     "contradict it; run `%gpu split off` first, or `%gpu split N` to divide the limit"
                 )
-            return replace(self, limits=command.sizes)
+            return replace(self, limits=command.sizes, shares=command.shares)
         if isinstance(command, grammar.Split):
-            if command.sizes and self.limits:
+            if command.sizes and (self.limits or self.shares):
                 raise PlanError(
                     f"`%gpu split {_sizes_text(command.sizes)}` names sizes, but a limit of "
-                    f"{_sizes_text(self.limits)} is set; run `%gpu limit off` first, or use "
+                    f"{(self.describe_limit() or 'limit ?')[6:]} is set; run `%gpu limit off` first, or use "
                     "`%gpu split N` to divide the limit into N logical GPUs"
                 )
             return replace(self, split=None if command.off else command)
@@ -77,6 +80,10 @@ class Plan:
         if isinstance(command, grammar.Precision):
             return replace(self, precision=command.policy)
         raise TypeError(f"not a configuration command: {command!r}")
+
+    def describe_limit(self) -> Optional[str]:
+        """The limit as its command would give it again ("limit 4096MiB", "limit 6144MiB tensorflow, ...")."""
+        return next((line for line in self.describe() if line.startswith("limit ")), None)
 
     def describe(self) -> list[str]:
         """One line per requested setting, in the words of the commands that set it."""
@@ -88,6 +95,8 @@ class Plan:
             lines.append("grow" if self.growth else "grow off")
         if self.limits is not None:
             lines.append(f"limit {_sizes_text(self.limits)}")
+        if self.shares is not None:
+            lines.append("limit " + ", ".join(f"{_sizes_text((size,))} {key}" for key, size in self.shares))
         if self.split is not None:
             shown = str(self.split.count) if self.split.count else _sizes_text(self.split.sizes or ())
             lines.append(f"split {shown}")
@@ -105,7 +114,8 @@ class Plan:
         without one; the precision is Keras's, not the GPU's.
         """
         named_gpus = isinstance(self.visible, tuple) and bool(self.visible)
-        return named_gpus or self.growth is True or self.limits is not None or self.split is not None or (
+        capped = self.limits is not None or self.shares is not None
+        return named_gpus or self.growth is True or capped or self.split is not None or (
             self.allocator in ("async", "platform")
         )
 
@@ -140,6 +150,16 @@ class GpuPlan:
     total_mib: Optional[int]
     cap_mib: Optional[int]  # the per-GPU limit, resolved (None: no limit)
     logical_mib: Optional[tuple[int, ...]]  # logical GPUs to create (a limit alone: one of that size)
+    shares_mib: tuple[tuple[str, int], ...] = ()  # the named shares of ``cap_mib`` (framework key, MiB)
+
+    def with_cap(self, cap_mib: int) -> "GpuPlan":
+        """This GPU with a part of its cap (a framework's share of the kernel's limit): a limit's
+        one logical GPU shrinks to it, `split N`'s N logical GPUs divide it."""
+        logical = self.logical_mib
+        if logical:
+            count = len(logical) if len(set(logical)) == 1 and self.cap_mib is not None else 1
+            logical = (max(1, cap_mib // count),) * count
+        return replace(self, cap_mib=cap_mib, logical_mib=logical, shares_mib=())
 
     @property
     def configured_bytes(self) -> Optional[int]:
@@ -161,6 +181,11 @@ class Resolution:
     def logical_mib(self) -> dict[int, Optional[tuple[int, ...]]]:
         return {g.index: g.logical_mib for g in self.gpus}
 
+    def with_caps(self, caps_mib: dict[int, int]) -> "Resolution":
+        """The same request, with each listed GPU's cap replaced (a framework's share of it)."""
+        gpus = tuple(g.with_cap(caps_mib[g.index]) if g.index in caps_mib else g for g in self.gpus)
+        return replace(self, gpus=gpus)
+
     def caps_bytes(self) -> dict[int, int]:
         """nvidia-smi index -> bytes TensorFlow may take there (only GPUs with a configured cap)."""
         return {g.index: g.configured_bytes for g in self.gpus if g.configured_bytes is not None}
@@ -169,7 +194,7 @@ class Resolution:
         """The request in the commands' words, percentages and splits shown per GPU."""
         lines = self.plan.describe()
         sized = [g for g in self.gpus if g.logical_mib]
-        if not sized or (self.plan.limits is None and self.plan.split is None):
+        if not sized or (self.plan.limits is None and self.plan.shares is None and self.plan.split is None):
             return lines
         per_gpu = "; ".join(f"GPU {g.index}: {_logical_text(g)}" for g in sized)
         return [*lines, f"per GPU: {per_gpu}"]
@@ -265,15 +290,22 @@ def _gpu_plan(plan: Plan, position: int, index: int, total_mib: Optional[int]) -
             f"GPU {index} has {total_mib} MiB; {cap} MiB does not fit "
             "(use a smaller size or a percentage, e.g. `%gpu limit 90%`)"
         )
-    return GpuPlan(index, total_mib, cap, _logical_sizes(plan, index, cap, total_mib))
+    shares = tuple((key, _mib(size, total_mib)) for key, size in plan.shares or ())
+    return GpuPlan(index, total_mib, cap, _logical_sizes(plan, index, cap, total_mib), shares)
 
 
 def _cap_mib(plan: Plan, position: int, index: int, total_mib: Optional[int]) -> Optional[int]:
-    """The cap of the ``position``-th visible GPU, in MiB; a list gives one size per GPU, in order."""
+    """The cap of the ``position``-th visible GPU, in MiB; a list gives one size per GPU, in order;
+    named shares add up to the kernel's cap."""
+    if plan.shares is not None:
+        return sum(_mib(size, total_mib) for _, size in plan.shares)
     if plan.limits is None:
         return None
     sizes = plan.limits
-    size = sizes[0] if len(sizes) == 1 else sizes[position]
+    return _mib(sizes[0] if len(sizes) == 1 else sizes[position], total_mib)
+
+
+def _mib(size: Size, total_mib: Optional[int]) -> int:
     if isinstance(size, Percent):
         if total_mib is None:
             raise PlanError(

@@ -1,2 +1,27 @@
 """The framework adapters: the only code that touches TensorFlow (PyTorch, JAX).  An adapter
-never imports its framework: it is handed the module once the user's import has finished."""
+never imports its framework: it is handed the module once the user's import has finished.
+
+:func:`adapters` is the one list of them: the kernel loops over it and names none."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .base import Framework
+
+__all__ = ["adapters"]
+
+
+def adapters(
+    tensorflow: Optional[Framework] = None, pytorch: Optional[Framework] = None, jax: Optional[Framework] = None
+) -> tuple[Framework, ...]:
+    """Every framework's adapter, in the order of every report; a stand-in replaces one (tests)."""
+    from .jax import Jax
+    from .pytorch import PyTorch
+    from .tensorflow import TensorFlow
+
+    return (
+        tensorflow if tensorflow is not None else TensorFlow(),
+        pytorch if pytorch is not None else PyTorch(),
+        jax if jax is not None else Jax(),
+    )

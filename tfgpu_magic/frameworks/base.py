@@ -15,8 +15,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
+from ..command.plan import Plan, Resolution
+
 __all__ = [
-    "CUDA_ENV", "Capture", "CudaRecord", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
+    "CUDA_ENV", "Capture", "Change", "FreeReport", "Host", "Refusal", "CudaRecord", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
     "Stage", "UnresettablePeakWindow", "attribute", "capture", "installed", "not_the_framework", "too_late",
 ]
 
@@ -71,13 +73,76 @@ class CudaRecord:
     def __init__(self) -> None:
         self.capture: Optional[Capture] = None
         self.by: Optional[str] = None  # the framework that started CUDA ("PyTorch", ...)
+        self.when: Optional[str] = None  # the moment, in words ("when PyTorch started CUDA")
         self._lock = threading.Lock()
 
-    def note(self, seen: Capture, by: str) -> None:
+    def note(self, seen: Capture, by: str, when: Optional[str] = None) -> None:
         """``by`` started CUDA with ``seen``: kept if it is the first; a later one changes nothing."""
         with self._lock:
             if self.capture is None:
                 self.capture, self.by = seen, by
+                self.when = when or f"when {by} started CUDA"
+
+
+# -- what the kernel hands an adapter to change its settings -------------------------------------------
+class Refusal(ValueError):
+    """A setting this framework cannot take now; the message (one line) says what to do instead."""
+
+
+class Host(Protocol):
+    """The kernel's side of a setting, as an adapter sees it (the machine implements it): the
+    environment its framework reads at start-up, and CUDA's numbering."""
+
+    env: Mapping[str, str]
+    inherited: Mapping[str, Optional[str]]  # the managed variables as the kernel inherited them
+
+    def set_env(self, name: str, value: Optional[str]) -> None:
+        """Set (None: remove) a variable the framework reads, remembering it was set for it."""
+        ...
+
+    def unmanaged_value(self, name: str) -> Optional[str]:
+        """The variable as the user left it: what tfgpu_magic set undone, a hand-made value kept."""
+        ...
+
+    def cuda_map(self) -> list[int]:
+        """nvidia-smi index of each CUDA device (the framework's device k is entry k)."""
+        ...
+
+    def visible_value(self, resolution: Resolution) -> Optional[str]:
+        """The CUDA_VISIBLE_DEVICES that shows CUDA ``resolution``'s GPUs (None: unset)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Change:
+    """One `%gpu` setting on its way to the frameworks: what was asked, resolved once.
+
+    Every adapter is handed the same Change; it says what the setting means for its framework
+    at its current stage (:meth:`Framework.consider`), what to put in the environment before
+    its start (:meth:`Framework.prepare`), and gives it what it can take now
+    (:meth:`Framework.give`).
+    """
+
+    command: Any  # the parsed command (tfgpu_magic.command.grammar)
+    what: str  # the command as the user would write it again ("limit 4096")
+    plan: Plan  # the whole request with this command
+    before: Plan  # the request before it
+    resolution: Resolution  # ``plan`` on this machine, resolved once
+    host: Host
+    others: tuple["Framework", ...] = ()  # the kernel's other adapters
+
+    @property
+    def changed(self) -> bool:
+        return self.plan != self.before
+
+
+@dataclass(frozen=True)
+class FreeReport:
+    """A framework's part of `%gpu free`: what was run and its allocator's figures before and after."""
+
+    lines: tuple[str, ...] = ()
+    opener: Optional[str] = None  # a first line that replaces "Ran garbage collection." (Keras's)
+    kept: Optional[str] = None  # why nothing went back to the driver, said when nothing did
 
 
 # -- what every adapter answers -----------------------------------------------------------------------
@@ -122,9 +187,77 @@ class Framework(Protocol):
     name: str  # as shown: "TensorFlow", "PyTorch", "JAX"
     module: str  # what the user imports: "tensorflow", "torch", "jax"
     start_variables: tuple[str, ...]  # the environment variables it reads as it starts (CUDA's aside)
+    managed_variables: tuple[str, ...]  # those tfgpu_magic may set for it
+    environ: Mapping[str, str]  # where it reads them (the machine's environment)
+    cuda_record: Optional[CudaRecord]  # the kernel's one record of CUDA's start
     takes_effect: str  # when a setting reaches it once imported: "when it starts CUDA", ...
 
     def on_import(self, module: Any) -> None: ...
+
+    # -- the write side: what a setting means for it, and getting it there ------------------------
+    def takes(self, command: Any) -> bool:
+        """Whether ``command`` is one of its settings (``allocator platform`` is JAX's alone)."""
+        ...
+
+    def consider(self, change: Change) -> Optional[str]:
+        """Its clause of the reply ("PyTorch: capped now"), or None when it has nothing to add;
+        raises :class:`Refusal` when the setting cannot hold for it (too late, a CPU build...).
+        Called before anything is changed, so a refusal leaves everything as it was."""
+        ...
+
+    def prepare(self, change: Change) -> None:
+        """Its start variables in ``change.host``'s environment, while it can still read them."""
+        ...
+
+    def give(self, resolution: Resolution, host: Host) -> bool:
+        """Give it what it can take now (tf.config, caps queued until CUDA starts, ...); True when
+        it now runs with, or will start with, ``resolution`` (the kernel records that)."""
+        ...
+
+    def takes_share(self) -> bool:
+        """Whether it takes a part of the kernel's limit now: imported by the notebook, able to use
+        a GPU (a CPU build, or JAX imported by TensorFlow for its own use, takes none)."""
+        ...
+
+    def share_fixed(self) -> bool:
+        """Whether the part it was given can no longer change (it has started with it)."""
+        ...
+
+    def arrived(self, plan: Plan) -> Optional[str]:
+        """Just imported, with ``plan`` requested: why these settings cannot reach it (None: they can)."""
+        ...
+
+    def enumerated(self) -> bool:
+        """Whether CUDA listed its GPUs for it as a stage of its own (TensorFlow's enumeration)."""
+        ...
+
+    def cuda_found(self) -> Optional[list[int]]:
+        """CUDA's index of each GPU it found when it listed them; None before (or never listed)."""
+        ...
+
+    def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
+        """Its device names ("GPU:0", "cuda:0", "gpu:0") -> nvidia-smi index; empty before it knows."""
+        ...
+
+    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+        """Apply the dtype policy (None: the default); its clause of the reply, or None."""
+        ...
+
+    def side_imports(self) -> dict[str, Callable[[Any, Plan], None]]:
+        """Other modules whose import it must hear of, each with what to do then (Keras: the precision)."""
+        ...
+
+    def frozen(self, kept: Plan, host: Host) -> list[str]:
+        """What `%gpu reset` cannot undo for it, and why (it has started with it)."""
+        ...
+
+    def free_reading(self) -> Any:
+        """Its allocator's figures before `%gpu free` frees anything (handed back to ``free``)."""
+        ...
+
+    def free(self, plan: Plan, before: Any) -> FreeReport:
+        """Let go of what it can (caches, sessions) after garbage collection; its part of the reply."""
+        ...
 
     def installed(self) -> bool:
         """Whether the framework can be imported in this kernel (imported, or found without importing)."""

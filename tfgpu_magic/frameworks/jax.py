@@ -13,12 +13,20 @@ JAX itself read, not a copy of its rules.  After the start, nothing changes JAX'
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework
+from ..command import grammar
+from ..command.plan import Plan, Resolution
+from ..command.units import MIB, format_bytes, format_change
+from .base import (
+    CUDA_ENV, Capture, Change, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, Stage, UnresettablePeakWindow,
+    attribute, capture, installed, not_the_framework, too_late,
+)
 
 __all__ = [
     "ALLOCATOR_ENV",
@@ -29,7 +37,10 @@ __all__ = [
     "JaxStart",
     "MEM_FRACTION_ENV",
     "PREALLOCATE_ENV",
+    "fraction_for",
+    "limit_problem",
     "mem_fraction_name",
+    "rounded_up_note",
 ]
 
 PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"  # "false": take memory as needed, not 75% at the first op
@@ -78,6 +89,7 @@ class Jax:
     name = "JAX"
     module = "jax"
     start_variables = tuple(n for n in JAX_START_ENV if n not in CUDA_ENV)
+    managed_variables = (PREALLOCATE_ENV, *MEM_FRACTION_ENV, ALLOCATOR_ENV)  # what tfgpu_magic sets for it
     takes_effect = "when its backends start (its first operation)"  # once jax is imported
 
     def __init__(self) -> None:
@@ -89,7 +101,9 @@ class Jax:
         self.plugin_error: Optional[str] = None  # why it would refuse them (both fraction names set...)
         self._gpu_seen: Optional[bool] = None
         self.memory_error: Optional[str] = None  # the last device whose statistics could not be read
-        self.on_start: Optional[Callable[[], None]] = None  # the session's, called once JAX started on a GPU
+        self.warn: Optional[Callable[[str], None]] = None  # the kernel's: said at JAX's start, to whoever uses it
+        self.given: Optional[Resolution] = None  # the request given to it, read at its start
+        self.imported_by_tensorflow = False  # see on_import
         self.refused: Optional[str] = None  # why what `import jax` gave is not JAX
         self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
         self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the session
@@ -105,6 +119,10 @@ class Jax:
                 return
             self._jax = module
             self._bridge = attribute(module, "_src.xla_bridge")
+            # TensorFlow 2.21 imports jax while it is itself being imported (measured here):
+            # then jax is TensorFlow's, not the notebook's, and takes no share of the limit.
+            tensorflow = sys.modules.get("tensorflow")
+            self.imported_by_tensorflow = bool(attribute(tensorflow, "__spec__._initializing"))
             if self._started():
                 self._note_start(late=True)
             elif self._bridge is not None:
@@ -139,15 +157,181 @@ class Jax:
         self._gpu_seen = _has_gpu_backend(backends)
         if self._gpu_seen and self.cuda_record is not None and self.started_with is not None:
             cuda = {name: self.started_with.get(name) for name in CUDA_ENV}  # as its plugin read them
-            self.cuda_record.note(Capture(cuda, self.started_with.late), self.name)
-        if self._gpu_seen and self.on_start is not None and not getattr(self.started_with, "late", True):
-            try:
-                self.on_start()
-            except Exception:  # a note that cannot be made must not stop JAX
-                pass
+            self.cuda_record.note(Capture(cuda, self.started_with.late), self.name, "when JAX's backends started")
+        if self._gpu_seen and not getattr(self.started_with, "late", True):
+            self._say_missing_fraction()
+
+    def _say_missing_fraction(self) -> None:
+        """On the starting thread: a limit JAX cannot take is said now, to whoever uses JAX
+        (TensorFlow imports jax without using it, so not at its import)."""
+        problem = None if self.given is None else limit_problem(self.given)
+        if problem is None or self.warn is None:
+            return
+        try:
+            self.warn(f"JAX starts without a memory fraction: {problem}")
+        except Exception:  # a note that cannot be made must not stop JAX
+            pass
 
     def installed(self) -> bool:
         return self._jax is not None or installed(self.module)
+
+    # -- the write side: what a setting means for JAX ---------------------------------------------------
+    def takes(self, command: Any) -> bool:
+        return not isinstance(command, (grammar.Split, grammar.Precision))
+
+    def consider(self, change: Change) -> Optional[str]:
+        """Its clause of the reply.  Before its backends start JAX is given everything through the
+        environment, and said only when the user imported it: TensorFlow 2.21 imports jax itself
+        where it is installed (tensorflow/lite/python/util.py), so an imported JAX is no sign that
+        the notebook uses it."""
+        command, resolution, stage = change.command, change.resolution, self.stage()
+        if isinstance(command, grammar.Limit) and stage is not Stage.STARTED:
+            self._check_fraction_names(change)
+        platform = isinstance(command, grammar.Allocator) and command.name == "platform"
+        if platform and stage is not Stage.STARTED:
+            return (
+                "JAX only, read when its backends start: it allocates on demand and hands freed memory back, slowly"
+            )
+        if isinstance(command, grammar.Limit) and stage is Stage.NOT_IMPORTED and self.installed():
+            return rounded_up_note(resolution)
+        by_user = stage is not Stage.NOT_IMPORTED and not self._imported_with_tensorflow(change)
+        if isinstance(command, grammar.Split) and by_user:
+            return "JAX: has no logical GPUs, so `split` does not reach it"
+        if stage is Stage.NOT_IMPORTED or not isinstance(command, (grammar.Use, grammar.Grow, grammar.Limit, grammar.Allocator)):
+            return None
+        limit = isinstance(command, grammar.Limit)
+        problem = limit_problem(resolution) if limit else None
+        rounded = rounded_up_note(resolution) if limit else None
+        if rounded is not None and stage is not Stage.STARTED:
+            return rounded
+        if stage is Stage.STARTED:
+            start = self.start()
+            if start is None or not start.gpu:
+                return "JAX: started without a GPU backend, so GPU settings do not reach it"
+            if problem is not None:
+                raise Refusal(problem)
+            differs, now = self._difference(command, resolution, start, change.host)
+            if differs:
+                raise Refusal(too_late(self.name, self.module, change.what, now))
+            return "JAX: already started with it"
+        if problem is not None:  # accepted for the other frameworks; JAX starts uncapped
+            return f"JAX gets no memory fraction from it: {problem}"
+        return f"JAX: takes effect {self.takes_effect}" if by_user else None
+
+    @staticmethod
+    def _imported_with_tensorflow(change: Change) -> bool:
+        return any(o.key == "tensorflow" and o.stage() is not Stage.NOT_IMPORTED for o in change.others)
+
+    def _check_fraction_names(self, change: Change) -> None:
+        """JAX's CUDA plugin refuses to start when both names of its fraction are set."""
+        if all(change.host.env.get(name) for name in MEM_FRACTION_ENV):
+            old, new = MEM_FRACTION_ENV
+            raise Refusal(
+                f"{old} and {new} are both set, and JAX refuses to start its CUDA client with both: "
+                f"remove one first (`del os.environ['{old}']`), then run `%gpu {change.what}` again"
+            )
+
+    def _difference(self, command: Any, resolution: Resolution, start: "JaxStart", host: Host) -> tuple[bool, str]:
+        """Whether a started JAX runs with something else than ``command`` asks, and with what."""
+        if isinstance(command, grammar.Grow):
+            return start.preallocate == command.on, f"preallocation {'on' if start.preallocate else 'off'}"
+        if isinstance(command, grammar.Allocator):
+            wanted = ALLOCATOR_NAMES[command.name] or "default"
+            return start.allocator != wanted, f"the {start.allocator} allocator"
+        if isinstance(command, grammar.Limit):
+            wanted = fraction_for(resolution)
+            now = start.memory_fraction
+            in_effect = JAX_DEFAULT_FRACTION if now is None else now
+            same = abs((JAX_DEFAULT_FRACTION if wanted is None else float(wanted)) - in_effect) < 1e-3
+            shown = "its default memory fraction (0.75)" if now is None else f"a memory fraction of {now:g}"
+            return not same, shown
+        value = start.cuda_visible_devices
+        shown = f"CUDA_VISIBLE_DEVICES={value}" if value is not None else "every GPU visible"
+        return host.visible_value(resolution) != value, shown
+
+    def prepare(self, change: Change) -> None:
+        """Its variables, read when its backends start: what was never asked keeps the user's own
+        value; what was asked is set, defaults included; exactly one name of the fraction."""
+        if self.stage() is Stage.STARTED:
+            return
+        plan, host = change.plan, change.host
+        preallocate = {None: host.unmanaged_value(PREALLOCATE_ENV), True: "false", False: "true"}
+        host.set_env(PREALLOCATE_ENV, preallocate[plan.growth])
+        if plan.allocator is None:
+            host.set_env(ALLOCATOR_ENV, host.unmanaged_value(ALLOCATOR_ENV))
+        else:
+            host.set_env(ALLOCATOR_ENV, ALLOCATOR_NAMES[plan.allocator])
+        capped = plan.limits is not None or plan.shares is not None
+        fraction = fraction_for(change.resolution) if capped else None
+        chosen = mem_fraction_name({n: host.unmanaged_value(n) or "" for n in MEM_FRACTION_ENV})
+        for name in MEM_FRACTION_ENV:  # exactly one name: the user's choice, else the old one
+            value = fraction if name == chosen and fraction is not None else host.unmanaged_value(name)
+            host.set_env(name, value)
+
+    def give(self, resolution: Resolution, host: Host) -> bool:
+        """JAX reads the environment at its start: until then, this is what it will be given."""
+        if Stage.IMPORTED <= self.stage() < Stage.STARTED:
+            self.given = resolution
+            return True
+        return False
+
+    def takes_share(self) -> bool:
+        """Imported by the notebook (TensorFlow 2.21 imports jax for its own use), or started on a GPU."""
+        if self.stage() is Stage.NOT_IMPORTED:
+            return False
+        return not self.imported_by_tensorflow or (self.stage() is Stage.STARTED and self._started_a_gpu())
+
+    def share_fixed(self) -> bool:
+        return self.stage() is Stage.STARTED
+
+    def arrived(self, plan: Plan) -> Optional[str]:
+        return None
+
+    def enumerated(self) -> bool:
+        return False  # JAX lists CUDA's GPUs as its backends start: no stage of its own
+
+    def cuda_found(self) -> Optional[list[int]]:
+        return None
+
+    def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
+        """``gpu:k`` -> nvidia-smi index, once its backends started on a GPU."""
+        return {f"gpu:{k}": cuda_map[k] for k in self.gpu_ids() if k < len(cuda_map)}
+
+    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+        return None  # the Keras policy reaches JAX code through Keras alone
+
+    def side_imports(self) -> dict[str, Callable[[Any, Plan], None]]:
+        return {}
+
+    def frozen(self, kept: Plan, host: Host) -> list[str]:
+        start = self.start()
+        if start is None or not start.gpu:
+            return []
+        return [f"JAX started with {start.describe()} (restart the kernel to change them)"]
+
+    def free_reading(self) -> dict[str, DeviceMemory]:
+        return self.device_memory()
+
+    def free(self, plan: Plan, before: Any) -> FreeReport:
+        """Its caches cleared, its arrays left alone, its pool as it is."""
+        if not self.clear_caches():
+            return FreeReport()
+        after = self.device_memory()
+        lines = [
+            "Ran jax.clear_caches(): compiled functions are dropped. JAX's arrays are yours and are not "
+            "deleted: `del` the ones you no longer need, then run `%gpu free` again."
+        ]
+        for device in sorted(set(before) | set(after)):
+            b, a = before.get(device), after.get(device)
+            b_n, a_n = (b.in_use_bytes if b else None), (a.in_use_bytes if a else None)
+            lines.append(f"{device}  JAX allocator in use: {format_bytes(b_n)} -> {format_bytes(a_n)} ({format_change(b_n, a_n)})")
+        start = self.start()
+        if start is not None and start.gpu and start.allocator != "platform":
+            lines.append(
+                f"JAX's pool keeps what it took (the {start.allocator} allocator) until the kernel restarts; "
+                "only `%gpu allocator platform` before JAX starts hands freed memory back."
+            )
+        return FreeReport(tuple(lines))
 
     def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
         """Its variables as JAX read them when its backends started, or as ``env`` holds them before."""
@@ -177,7 +361,7 @@ class Jax:
         seen = self.started_with
         if seen is None or self.stage() is not Stage.STARTED:
             return None
-        options = self.plugin_options if self.plugin_options is not None else {}
+        options = self.plugin_options if self.plugin_options is not None else _options_from(seen)
         fraction = options.get("memory_fraction")
         return JaxStart(
             preallocate=bool(options.get("preallocate", True)),
@@ -238,7 +422,7 @@ class Jax:
         """JAX cannot reset its peak: a window knows the peak only when it rose inside it."""
         return UnresettablePeakWindow(self.device_memory)
 
-    def free(self) -> bool:
+    def clear_caches(self) -> bool:
         """``jax.clear_caches()``: compiled functions and their constants.  Arrays are the user's:
         never deleted here.  True if JAX had started (before, it holds nothing)."""
         if self.stage() is not Stage.STARTED:
@@ -278,6 +462,25 @@ def _has_gpu_backend(backends: Any) -> bool:
         return False
 
 
+def _options_from(seen: Capture) -> dict[str, Any]:
+    """What the variables JAX read at its start ask for, where its CUDA plugin could not say
+    (it refused them, or this jaxlib has no such function): never JAX's defaults in their place."""
+    options: dict[str, Any] = {}
+    preallocate = (seen.get(PREALLOCATE_ENV) or "").strip().lower()
+    if preallocate:
+        options["preallocate"] = preallocate not in ("false", "0")
+    for name in MEM_FRACTION_ENV:
+        try:
+            options["memory_fraction"] = float(seen.get(name) or "")
+            break
+        except ValueError:
+            continue
+    allocator = seen.get(ALLOCATOR_ENV)
+    if allocator:
+        options["allocator"] = allocator
+    return options
+
+
 def _int_or_none(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
@@ -307,3 +510,47 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) 
 
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(owner, name, wrapper)
+
+
+# -- JAX's one memory fraction ----------------------------------------------------------------------------
+FRACTION_STEP = 0.0001  # the fractions given to JAX are multiples of this
+
+
+def fraction_for(resolution: Resolution) -> Optional[str]:
+    """JAX's one memory fraction for the request's caps (rounded down: JAX never exceeds a cap);
+    None without a cap, or where the caps are different fractions (see limit_problem)."""
+    limits = resolution.plan.limits or ()
+    capped = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    if len(limits) == 1 and isinstance(limits[0], grammar.Percent):  # JAX's fraction exactly, above the step,
+        percent = limits[0].value  # unless the kernel's limit was divided (its part is then a smaller one)
+        if all(g.cap_mib == max(1, int(g.total_mib * percent / 100)) for g in capped):  # type: ignore[operator]
+            return f"{max(percent / 100, FRACTION_STEP):g}"
+    fractions = [g.cap_mib / g.total_mib for g in capped]  # type: ignore[operator]
+    # Sizes in MiB: the same share of two GPUs can differ in the fourth decimal, no more.
+    if not fractions or max(fractions) - min(fractions) > 0.001:
+        return None
+    # Never 0, which JAX would take as "no memory at all": a cap below the smallest step gets
+    # that step (said in the reply, see rounded_up_note).
+    return f"{max(math.floor(min(fractions) / FRACTION_STEP), 1) * FRACTION_STEP:g}"
+
+
+def rounded_up_note(resolution: Resolution) -> Optional[str]:
+    """The note for caps below JAX's smallest fraction step (which JAX gets instead), or None."""
+    caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    fraction = fraction_for(resolution)
+    if not caps or fraction is None or any(g.cap_mib / g.total_mib >= FRACTION_STEP for g in caps):
+        return None
+    given = ", ".join(f"{format_bytes(int(g.total_mib * FRACTION_STEP * MIB))} of GPU {g.index}" for g in caps)
+    return f"JAX: gets a memory fraction of {fraction}, the smallest it is given ({given}), above this limit"
+
+
+def limit_problem(resolution: Resolution) -> Optional[str]:
+    """Why JAX cannot be given these caps: it takes one fraction of total memory for all its GPUs."""
+    caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    if not caps or fraction_for(resolution) is not None:
+        return None
+    shown = ", ".join(f"{g.cap_mib / g.total_mib:.0%} of GPU {g.index}" for g in caps)
+    return (
+        f"JAX takes one memory fraction for all its GPUs, and these limits are {shown}; for JAX, "
+        "give one percentage for all (`%gpu limit 50%`) or sizes that are the same share of each GPU"
+    )

@@ -18,9 +18,15 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, ResettingPeakWindow, Stage, capture, installed, not_the_framework
+from ..command import grammar
+from ..command.plan import Plan, Resolution
+from ..command.units import MIB, format_bytes, format_change
+from .base import (
+    CUDA_ENV, Capture, Change, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, ResettingPeakWindow, Stage, capture,
+    installed, not_the_framework,
+)
 
 __all__ = [
     "ALLOC_CONF_ENV", "ASYNC_BACKEND", "NATIVE_ONLY_OPTIONS", "PyTorch", "TorchMemory", "alloc_conf_with_backend",
@@ -62,6 +68,7 @@ class PyTorch:
     name = "PyTorch"
     module = "torch"
     start_variables = ALLOC_CONF_ENV
+    managed_variables = ALLOC_CONF_ENV  # what tfgpu_magic sets for it (the back end only)
     takes_effect = "when it starts CUDA"  # what a setting waits for once torch is imported
 
     def __init__(self) -> None:
@@ -117,6 +124,166 @@ class PyTorch:
         if self.loaded_with is not None:
             return dict(self.loaded_with.env)
         return {name: env.get(name) for name in self.start_variables}
+
+    # -- the write side: what a setting means for PyTorch ---------------------------------------------
+    def takes(self, command: Any) -> bool:
+        return not (isinstance(command, grammar.Allocator) and command.name == "platform")
+
+    def consider(self, change: Change) -> Optional[str]:
+        """Its clause of the reply: refused where CUDA or the allocator has been read already."""
+        command = change.command
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return self._async_ignores(change)
+        if not self.takes(command):
+            return "PyTorch keeps its allocator"  # `allocator platform`: JAX's own word
+        if isinstance(command, grammar.Use) and stage is Stage.STARTED and change.plan.visible != change.before.visible:
+            seen = self.cuda_seen
+            value = seen.get("CUDA_VISIBLE_DEVICES") if seen is not None else None
+            shown = f"CUDA_VISIBLE_DEVICES={value}" if value is not None else "every GPU visible"
+            raise Refusal(
+                f"PyTorch has already started CUDA with {shown}, and CUDA reads it once per process. "
+                f"Put `%gpu {change.what}` at the top of the notebook, before `import torch`, and restart the kernel"
+            )
+        if isinstance(command, grammar.Allocator) and not self.cuda_build():
+            return "PyTorch: a CPU build (torch.version.cuda is None) has no CUDA allocator to choose"
+        if isinstance(command, grammar.Allocator):
+            loaded = self.backend()
+            if loaded != command.name:
+                raise Refusal(
+                    f"PyTorch loaded with the {loaded} allocator and reads it only at `import torch`. "
+                    f"Put `%gpu allocator {command.name}` at the top of the notebook, before `import torch`, "
+                    "and restart the kernel"
+                )
+            return f"PyTorch: already loaded with the {loaded} allocator"
+        if isinstance(command, grammar.Grow):
+            return "PyTorch: allocates on demand already, so `grow` changes nothing for it"
+        if isinstance(command, grammar.Split):
+            return "PyTorch: has no logical GPUs, so `split` does not reach it"
+        if isinstance(command, (grammar.Limit, grammar.Use)) and change.plan.gpu_settings:
+            if not self.cuda_build():
+                return "PyTorch: a CPU build (torch.version.cuda is None), so no GPU setting reaches it"
+            if isinstance(command, grammar.Limit):
+                return "PyTorch: capped now" if stage is Stage.STARTED else "PyTorch: capped when it starts CUDA"
+            record = self.cuda_record
+            if record is not None and record.capture is not None and record.by != self.name:
+                return f"PyTorch: sees the GPUs CUDA showed {record.when} (`use` cannot change them)"
+            lister = next((o for o in change.others if o.enumerated()), None)
+            if lister is not None:  # listed before tfgpu_magic could record it
+                return f"PyTorch: sees the GPUs CUDA showed when {lister.name} listed its devices (`use` cannot change them)"
+            return "PyTorch: takes effect when it starts CUDA"
+        return None
+
+    def _async_ignores(self, change: Change) -> Optional[str]:
+        """`allocator async` over the user's own allocator options: the ones it ignores, named."""
+        command = change.command
+        if not (isinstance(command, grammar.Allocator) and command.name == "async") or not self.installed():
+            return None
+        host = change.host
+        for name in ALLOC_CONF_ENV:  # the one torch reads: the old name when both are set
+            conf = host.unmanaged_value(name) if name in host.inherited else host.env.get(name)
+            if conf:
+                break
+        ignored = ignored_by_async(conf)
+        if not ignored:
+            return None
+        return (
+            f"PyTorch: cudaMallocAsync ignores your {name} options {', '.join(ignored)} (they tune PyTorch's "
+            "own caching allocator, which `allocator async` replaces)"
+        )
+
+    def prepare(self, change: Change) -> None:
+        """The allocator's back end, in the variable torch reads at load (before `import torch` only):
+        the user's own options are kept, and a user who chose PYTORCH_ALLOC_CONF keeps that name."""
+        if self.stage() is not Stage.NOT_IMPORTED:
+            return
+        allocator = None if change.plan.allocator == "platform" else change.plan.allocator  # platform: JAX's
+        host = change.host
+        old_name, new_name = ALLOC_CONF_ENV
+        backend = ASYNC_BACKEND if allocator == "async" else None
+        if host.env.get(new_name) and not host.env.get(old_name):
+            # The user chose the new name alone; with both set, torch reads only the old one.
+            if allocator is not None:
+                host.set_env(new_name, alloc_conf_with_backend(host.env.get(new_name), backend) or "")
+            return
+        base = host.unmanaged_value(old_name)
+        host.set_env(old_name, base if allocator is None else alloc_conf_with_backend(base, backend))
+
+    def give(self, resolution: Resolution, host: Host) -> bool:
+        """The caps reach an imported CUDA build of torch (at once, or when CUDA starts)."""
+        if self.stage() is Stage.NOT_IMPORTED or not self.cuda_build():
+            return False
+        cuda_map = host.cuda_map()
+        by_nvml = {g.index: g.cap_mib for g in resolution.gpus if g.cap_mib is not None}
+        self.cap({k: by_nvml[index] * MIB for k, index in enumerate(cuda_map) if index in by_nvml})
+        return True
+
+    def takes_share(self) -> bool:
+        return self.cuda_build()
+
+    def share_fixed(self) -> bool:
+        return False  # set_per_process_memory_fraction changes its cap at any time
+
+    def arrived(self, plan: Plan) -> Optional[str]:
+        """A CPU build of torch: the settings that would have reached a CUDA build are named (a
+        limit, named GPUs); growth means nothing to PyTorch and the precision is Keras's."""
+        named = Plan(visible=plan.visible if isinstance(plan.visible, tuple) else None, limits=plan.limits,
+                     shares=plan.shares)
+        if self.cuda_build() or not named.describe():
+            return None
+        return (
+            "PyTorch is a CPU build (torch.version.cuda is None), so these GPU settings cannot take effect "
+            f"for it: {'; '.join(named.describe())}"
+        )
+
+    def enumerated(self) -> bool:
+        return False  # PyTorch lists CUDA's GPUs as it starts it: no stage of its own
+
+    def cuda_found(self) -> Optional[list[int]]:
+        return None
+
+    def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
+        """``cuda:k`` -> nvidia-smi index, once PyTorch started CUDA."""
+        if self.stage() is not Stage.STARTED:
+            return {}
+        return {f"cuda:{k}": index for k, index in enumerate(cuda_map)}
+
+    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+        """The policy is Keras's; plain PyTorch code has its own tool, named here."""
+        if self.stage() is Stage.NOT_IMPORTED or policy in (None, "float32"):
+            return None
+        dtype = "torch.bfloat16" if "bfloat16" in str(policy) else "torch.float16"
+        return (
+            "PyTorch: the Keras policy does not reach plain PyTorch code: wrap the forward pass in "
+            f"`torch.autocast(\"cuda\", dtype={dtype})`"
+        )
+
+    def side_imports(self) -> dict[str, Callable[[Any, Plan], None]]:
+        return {}
+
+    def frozen(self, kept: Plan, host: Host) -> list[str]:
+        return []  # its caps can change at any time; the allocator is refused at `%gpu allocator`
+
+    def free_reading(self) -> dict[str, TorchMemory]:
+        return self.memory()
+
+    def free(self, plan: Plan, before: Any) -> FreeReport:
+        """``torch.cuda.empty_cache()`` (after the kernel's garbage collection), with its figures."""
+        if self.stage() is Stage.NOT_IMPORTED:
+            return FreeReport()
+        if not self.empty_cache():
+            return FreeReport(("PyTorch has not started CUDA, so it holds no GPU memory to free.",))
+        after = self.memory()
+        lines = ["Ran torch.cuda.empty_cache(): PyTorch's unused cached blocks go back to the driver."]
+        for device in sorted(set(before) | set(after)):
+            b, a = before.get(device), after.get(device)
+            b_alloc, a_alloc = (b.allocated_bytes if b else None), (a.allocated_bytes if a else None)
+            b_res, a_res = (b.reserved_bytes if b else None), (a.reserved_bytes if a else None)
+            lines.append(
+                f"{device}  PyTorch allocator: allocated {format_bytes(b_alloc)} -> {format_bytes(a_alloc)}, "
+                f"reserved {format_bytes(b_res)} -> {format_bytes(a_res)} ({format_change(b_res, a_res)})"
+            )
+        return FreeReport(tuple(lines))
 
     # -- the stage ----------------------------------------------------------------------------------
     def stage(self) -> Stage:
@@ -213,7 +380,7 @@ class PyTorch:
         """``torch.cuda.device(k)``: the cell's default CUDA device (``%%gpu on``)."""
         return self._torch.cuda.device(cuda_index)
 
-    def free(self) -> bool:
+    def empty_cache(self) -> bool:
         """``torch.cuda.empty_cache()``: unused cached blocks go back to the driver.  Call it after
         ``gc.collect()`` (the session's ``free`` does), so dropped tensors' blocks are unused by
         then.  True if the cache was emptied (CUDA had started)."""

@@ -24,7 +24,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, PeakReading, Stage, capture, installed, not_the_framework
+from ..command import grammar
+from ..command.plan import Plan, Resolution
+from ..command.units import format_bytes, format_change
+from .base import (
+    CUDA_ENV, Capture, Change, CudaRecord, DeviceMemory, FreeReport, Host, PeakReading, Refusal, Stage, capture, installed,
+    not_the_framework, too_late,
+)
 from .import_hooks import run_after_import
 
 __all__ = [
@@ -84,6 +90,7 @@ class TensorFlow:
     name = "TensorFlow"
     module = "tensorflow"
     start_variables = START_ENV
+    managed_variables = START_ENV  # what tfgpu_magic sets for it
     takes_effect = "at its first op"  # once tensorflow is imported
 
     def __init__(self) -> None:
@@ -165,7 +172,7 @@ class TensorFlow:
 
     def _record_cuda(self) -> None:
         if self.cuda_record is not None and self.cuda_seen is not None:
-            self.cuda_record.note(self.cuda_seen, self.name)
+            self.cuda_record.note(self.cuda_seen, self.name, "when TensorFlow listed its devices")
 
     def _note_start(self) -> None:
         self._note_enumeration()  # the runtime lists devices if nothing did before
@@ -198,6 +205,148 @@ class TensorFlow:
 
     def installed(self) -> bool:
         return self._tf is not None or installed(self.module)
+
+    # -- the write side: what a setting means for TensorFlow ------------------------------------------
+    def takes(self, command: Any) -> bool:
+        return not (isinstance(command, grammar.Allocator) and command.name == "platform")
+
+    def consider(self, change: Change) -> Optional[str]:
+        """Its clause: applied now (imported, not started), or, once started, the same setting
+        passes and a different one is refused with the line to put first."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if not self.takes(change.command):
+            return "TensorFlow keeps its allocator"
+        if stage is not Stage.STARTED:
+            return "applied to TensorFlow now (imported, not started)"
+        if not change.changed:
+            return "already requested; nothing changed (TensorFlow has started)"
+        differs, now = _difference(change.resolution, change.command, self.in_force(change.host.cuda_map(), change.host.env))
+        if differs:
+            raise Refusal(too_late(self.name, self.module, change.what, now))
+        return "already in force (TensorFlow has started); nothing changed"
+
+    def prepare(self, change: Change) -> None:
+        """The variables TensorFlow reads at its first op (growth, allocator)."""
+        if self.stage() is Stage.STARTED:
+            return
+        plan, host = change.plan, change.host
+        growth = None if plan.growth is None else ("true" if plan.growth else "false")
+        host.set_env("TF_FORCE_GPU_ALLOW_GROWTH", growth or host.unmanaged_value("TF_FORCE_GPU_ALLOW_GROWTH"))
+        allocator = None if plan.allocator == "platform" else plan.allocator  # platform: JAX's word
+        names = {"async": ASYNC_ALLOCATOR, "default": None}
+        host.set_env("TF_GPU_ALLOCATOR", names[allocator] if allocator else host.unmanaged_value("TF_GPU_ALLOCATOR"))
+
+    def give(self, resolution: Resolution, host: Host) -> bool:
+        """tf.config work, between import and start; before enumeration only what the environment
+        cannot carry (logical GPUs).  True: TensorFlow will start with ``resolution``."""
+        stage = self.stage()
+        if not Stage.IMPORTED <= stage < Stage.STARTED:
+            return False
+        plan = resolution.plan
+        logical = any(g.logical_mib for g in resolution.gpus)
+        if stage >= Stage.ENUMERATED or logical or self.owned_logical:
+            asked = plan.visible is not None or self.owned_visibility
+            try:
+                self.apply(resolution.visible if asked else None, resolution.logical_mib(), plan.growth, host.cuda_map())
+            except ApplyError as err:
+                raise Refusal(str(err)) from None
+            except (ValueError, RuntimeError) as err:
+                raise Refusal(f"TensorFlow refused it: {err}") from None
+        return True
+
+    def takes_share(self) -> bool:
+        if self.stage() is Stage.NOT_IMPORTED or self.cpu_only_build():
+            return False
+        return not self.enumerated() or bool(self.cuda_found())
+
+    def share_fixed(self) -> bool:
+        return self.stage() is Stage.STARTED
+
+    def arrived(self, plan: Plan) -> Optional[str]:
+        """Listing its GPUs here is when CUDA reads its variables: none found is said now."""
+        if self.stage() is Stage.STARTED or self.physical_gpu_indices():
+            return None
+        return (
+            f"TensorFlow found no GPU (a CPU-only build, or no working NVIDIA driver), so these GPU "
+            f"settings cannot take effect: {'; '.join(plan.describe())}"
+        )
+
+    def enumerated(self) -> bool:
+        return self.stage() >= Stage.ENUMERATED
+
+    def cuda_found(self) -> Optional[list[int]]:
+        return self.physical_gpu_indices() if self.enumerated() else None
+
+    def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
+        return self.gpu_names(cuda_map)
+
+    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+        """Keras's global dtype policy: now if Keras is imported, else at its import (see side_imports)."""
+        if self.keras_policy() is None:
+            return "set when Keras is imported"
+        self.set_keras_policy(policy or "float32")
+        return "Keras global policy set now"
+
+    def side_imports(self) -> dict[str, Callable[[Any, Plan], None]]:
+        """Modules besides TensorFlow whose import it must hear of: Keras, for the precision."""
+        return {"keras": _set_policy_at_keras_import}
+
+    def frozen(self, kept: Plan, host: Host) -> list[str]:
+        """What `reset` leaves: settings TensorFlow started with, GPUs CUDA hid at its enumeration."""
+        stage, reasons = self.stage(), []
+        if stage is Stage.STARTED and kept.describe():
+            reasons.append(
+                f"{'; '.join(kept.describe())} (TensorFlow has started with them; restart the kernel to drop them)"
+            )
+        seen = self.cuda_seen
+        if stage is Stage.ENUMERATED and seen is not None:
+            value = seen.get("CUDA_VISIBLE_DEVICES")
+            if value is not None and value != host.inherited.get("CUDA_VISIBLE_DEVICES"):
+                reasons.append(
+                    f"CUDA_VISIBLE_DEVICES={value} was read by CUDA when TensorFlow listed its devices; "
+                    "GPUs hidden then stay hidden until the kernel restarts"
+                )
+        return reasons
+
+    def free_reading(self) -> dict[str, AllocatorStats]:
+        return self.allocator_stats()
+
+    def free(self, plan: Plan, before: Any) -> FreeReport:
+        """Keras ``clear_session`` (and the precision it resets), with the allocator's figures."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return FreeReport()
+        cleared = self.clear_session()
+        policy = plan.precision
+        if cleared:
+            opener = "Ran Keras clear_session and garbage collection."
+            if policy is not None:
+                if self.keras_policy() not in (None, policy):
+                    self.set_keras_policy(policy)
+                opener += f" Re-applied precision {policy} (clear_session resets it)."
+        else:
+            opener = "Ran garbage collection (Keras is not imported: no Keras session to clear)."
+        after = self.allocator_stats()
+        lines = [] if stage is Stage.STARTED else ["TensorFlow has not started, so it holds no memory to free."]
+        for device in sorted(set(before) | set(after)):
+            b, a = before.get(device), after.get(device)
+            b_n, a_n = (b.current_bytes if b else None), (a.current_bytes if a else None)
+            lines.append(f"{device}  TensorFlow allocator in use: {format_bytes(b_n)} -> {format_bytes(a_n)} ({format_change(b_n, a_n)})")
+        if stage is Stage.STARTED and not before:
+            lines.append("TensorFlow's allocator keeps no statistics on these devices (nothing to compare).")
+        kept = None
+        if stage is Stage.STARTED:
+            if self.start_env(self.environ).get("TF_GPU_ALLOCATOR") == ASYNC_ALLOCATOR:
+                kept = "; the async allocator returns freed memory as CUDA trims its pool."
+            else:
+                kept = (
+                    ": TensorFlow keeps the memory it reserved until the kernel restarts; what clear_session "
+                    "frees is reusable by this kernel only. For memory that goes back, put `%gpu allocator async` "
+                    "before TensorFlow starts."
+                )
+        return FreeReport(tuple(lines), opener=opener, kept=kept)
 
     # -- the stage ------------------------------------------------------------------------------
     def stage(self) -> Stage:
@@ -442,6 +591,40 @@ class TensorFlow:
             for tag, value in values.items():
                 tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
         writer.flush()
+
+
+def _set_policy_at_keras_import(keras: Any, plan: Plan) -> None:
+    if plan.precision is not None:
+        keras.mixed_precision.set_global_policy(plan.precision)
+
+
+def _difference(resolution: Resolution, command: Any, force: InForce) -> tuple[bool, str]:
+    """Whether a started TensorFlow runs with something else than ``command`` asks, and with what."""
+    visible = force.visible_nvml
+    shown = "GPU " + ",".join(map(str, visible)) if visible else "no GPU"
+    if isinstance(command, grammar.Use):
+        wanted = resolution.visible
+        return (wanted is not None and tuple(wanted) != visible), f"{shown} visible"
+    if not visible:
+        return True, "no GPU visible (so GPU memory settings cannot take effect)"
+    if isinstance(command, grammar.Grow):
+        return bool(force.growth) != command.on, f"memory growth {'on' if force.growth else 'off'}"
+    if isinstance(command, grammar.Allocator):
+        return force.allocator != command.name, f"the {force.allocator} allocator"
+    for index in visible:
+        planned = resolution.gpu(index)
+        current = force.logical_mib.get(index)
+        if (planned.logical_mib if planned else None) != current:
+            return True, f"GPU {index} at {_logical_text(current)}"
+    return False, ""
+
+
+def _logical_text(sizes: Optional[tuple[int, ...]]) -> str:
+    if not sizes:
+        return "no limit"
+    if len(sizes) == 1:
+        return f"a limit of {sizes[0]} MiB"
+    return f"{len(sizes)} logical GPUs of {', '.join(f'{s} MiB' for s in sizes)}"
 
 
 def distribution_installed(distribution: str) -> bool:

@@ -1,4 +1,4 @@
-"""The machine as one kernel sees it: NVML, the process environment, TensorFlow, the allocation.
+"""The machine as one kernel sees it: NVML, the process environment, CUDA, the allocation.
 
 One :class:`Machine` is passed explicitly to whatever needs it (the session, the import hooks,
 the monitor's sampler, the out-of-memory explanation); nothing looks it up from a global.
@@ -6,10 +6,11 @@ Facts are captured when they become true and read from that one record afterward
 
 * the **allocation**, the ``CUDA_VISIBLE_DEVICES`` the kernel inherited (a scheduler's or an
   administrator's), read when the machine is created;
-* what **CUDA saw** at enumeration and what **TensorFlow started with** at its first op, both
-  recorded by :class:`tfgpu_magic.frameworks.tensorflow.TensorFlow` at those moments.
+* what **CUDA saw** when it started in the process (:class:`~tfgpu_magic.frameworks.base.CudaRecord`,
+  made by whichever framework started it), and the GPUs CUDA found for a framework that lists
+  them as a stage of its own; each framework's adapter records those at the moment they happen.
 
-Neither NVML nor TensorFlow is touched when a Machine is created.
+Nothing is read from NVML or a framework when a Machine is created.
 """
 
 from __future__ import annotations
@@ -20,25 +21,12 @@ from typing import Optional
 
 from ..command.plan import MachineFacts
 from ..command.units import MIB
-from ..frameworks.base import CUDA_ENV, CudaRecord, Stage
-from ..frameworks.tensorflow import TensorFlow
+from ..command.plan import Resolution
+from ..frameworks.base import CUDA_ENV, CudaRecord, Framework
 from ..gpus import numbering
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 
-__all__ = ["MANAGED_ENV", "Machine"]
-
-# Variables tfgpu_magic sets for CUDA and the frameworks.
-MANAGED_ENV = (
-    "CUDA_DEVICE_ORDER",
-    "CUDA_VISIBLE_DEVICES",
-    "TF_FORCE_GPU_ALLOW_GROWTH",
-    "TF_GPU_ALLOCATOR",
-    "PYTORCH_CUDA_ALLOC_CONF",  # PyTorch's allocator back end, read when torch loads
-    "XLA_PYTHON_CLIENT_PREALLOCATE",  # JAX's, read when its backends start
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_CLIENT_MEM_FRACTION",  # its newer name: set only where the user chose it (never both)
-    "XLA_PYTHON_CLIENT_ALLOCATOR",
-)
+__all__ = ["Machine"]
 
 
 class Machine:
@@ -46,21 +34,29 @@ class Machine:
         self,
         nvml: Optional[Nvml] = None,
         env: Optional[MutableMapping[str, str]] = None,
-        tf: Optional[TensorFlow] = None,
     ) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
         self.env: MutableMapping[str, str] = os.environ if env is None else env
-        self.tf = tf if tf is not None else TensorFlow()
         self.cuda_record = CudaRecord()  # what CUDA read at its start, whichever framework started it
-        self.tf.cuda_record, self.tf.environ = self.cuda_record, self.env
+        self.frameworks: tuple[Framework, ...] = ()  # the kernel's adapters (see attach)
         self._frozen_cuda_map: Optional[list[int]] = None  # CUDA's numbering, fixed once CUDA started
-        self.inherited = {name: self.env.get(name) for name in MANAGED_ENV}
+        # The variables tfgpu_magic may set, as the kernel inherited them: CUDA's now, each
+        # framework's as it is attached (at extension load, before any command).
+        self.inherited = {name: self.env.get(name) for name in CUDA_ENV}
         self._written: dict[str, Optional[str]] = {}  # what we last set each variable to
         self._allocation: Optional[numbering.Allocation] = None
 
+    def attach(self, frameworks: tuple[Framework, ...]) -> None:
+        """The kernel's adapters: they read and write this machine's environment and CUDA record."""
+        self.frameworks = frameworks
+        for framework in frameworks:
+            framework.environ, framework.cuda_record = self.env, self.cuda_record
+            for name in framework.managed_variables:
+                self.inherited.setdefault(name, self.env.get(name))
+
     # -- the environment ------------------------------------------------------------------------
     def set_env(self, name: str, value: Optional[str]) -> None:
-        """Set (or, with None, remove) a variable CUDA or TensorFlow reads, remembering we did."""
+        """Set (or, with None, remove) a variable CUDA or a framework reads, remembering we did."""
         if value is None:
             self.env.pop(name, None)
         else:
@@ -69,7 +65,7 @@ class Machine:
 
     def save_env(self, also: tuple[str, ...] = ()) -> tuple[dict[str, Optional[str]], dict[str, Optional[str]]]:
         """The managed variables (and ``also``) as they are now, with what we wrote: for restore_env."""
-        names = dict.fromkeys((*MANAGED_ENV, *also))
+        names = dict.fromkeys((*self.inherited, *also))
         return {name: self.env.get(name) for name in names}, dict(self._written)
 
     def restore_env(self, saved: tuple[dict[str, Optional[str]], dict[str, Optional[str]]]) -> None:
@@ -86,7 +82,7 @@ class Machine:
     def unmanaged_value(self, name: str) -> Optional[str]:
         """The variable as the user or the environment left it: ours undone, a hand-made value kept."""
         if name in self._written and self.env.get(name) == self._written[name]:
-            return self.inherited[name]
+            return self.inherited.get(name)
         return self.env.get(name)
 
     # -- GPUs -----------------------------------------------------------------------------------
@@ -176,13 +172,31 @@ class Machine:
             f"nvidia-smi's; load the extension before {self.cuda_record.by or 'a framework'} starts CUDA"
         )
 
+    def listed(self) -> bool:
+        """Whether CUDA has listed the GPUs for a framework that lists them as a stage of its own."""
+        return any(f.enumerated() for f in self.frameworks)
+
     def cuda_found(self) -> Optional[tuple[int, ...]]:
-        """nvidia-smi indices of the GPUs TensorFlow found at enumeration; None before it."""
-        if self.tf.stage() < Stage.ENUMERATED:
-            return None
-        cuda_map = self.cuda_map()
-        found = self.tf.physical_gpu_indices()
-        return tuple(sorted(cuda_map[k] for k in found if k < len(cuda_map)))
+        """nvidia-smi indices of the GPUs CUDA found when a framework listed them; None before."""
+        for framework in self.frameworks:
+            found = framework.cuda_found()
+            if found is not None:
+                cuda_map = self.cuda_map()
+                return tuple(sorted(cuda_map[k] for k in found if k < len(cuda_map)))
+        return None
+
+    def visible_value(self, resolution: Resolution) -> Optional[str]:
+        """The CUDA_VISIBLE_DEVICES that shows CUDA ``resolution``'s GPUs (None: unset), in the
+        allocation's own words where a scheduler allocated GPUs (MIG instances keep their UUIDs)."""
+        plan, allocation = resolution.plan, self.allocation()
+        if plan.visible is None or (plan.visible == "all" and not allocation.restricted):
+            return self.unmanaged_value("CUDA_VISIBLE_DEVICES") if plan.visible is None else None
+        if plan.visible == "all" and resolution.visible is None:
+            return allocation.raw  # the allocation as the environment wrote it
+        gpus = resolution.visible if resolution.visible is not None else tuple(sorted(plan.visible))  # type: ignore[arg-type]
+        if allocation.restricted and allocation.gpus is not None:
+            return allocation.env_value(gpus)
+        return numbering.visible_env_value(gpus)
 
     def facts(self) -> MachineFacts:
         """What :func:`tfgpu_magic.command.plan.resolve` needs, read now."""
