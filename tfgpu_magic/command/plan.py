@@ -140,6 +140,8 @@ class MachineFacts:
     allocation_text: Optional[str]  # "GPU 2, 3" when the environment restricts, else None
     cuda_found: Optional[tuple[int, ...]]
     default_visible: Optional[tuple[int, ...]]
+    # The framework CUDA listed the GPUs for (as shown, and as imported): said when a GPU is missing.
+    listed_by: tuple[str, str] = ("the framework", "it")
 
 
 @dataclass(frozen=True)
@@ -266,20 +268,20 @@ def _visible(plan: Plan, facts: MachineFacts) -> Optional[tuple[int, ...]]:
     if facts.cuda_found is not None:
         hidden = [i for i in wanted if i not in facts.cuda_found]
         if hidden:
-            raise PlanError(_not_found_by_cuda(hidden, facts.cuda_found))
+            raise PlanError(_not_found_by_cuda(hidden, facts.cuda_found, *facts.listed_by))
     return wanted
 
 
-def _not_found_by_cuda(hidden: list[int], found: tuple[int, ...]) -> str:
+def _not_found_by_cuda(hidden: list[int], found: tuple[int, ...], name: str, module: str) -> str:
     if not found:
         return (
-            "TensorFlow found no GPU at all (a CPU-only TensorFlow build, or no working NVIDIA "
-            "driver), so `%gpu use` cannot take effect; check `nvidia-smi` and `pip show tensorflow`"
+            f"{name} found no GPU at all (a CPU-only {name} build, or no working NVIDIA "
+            f"driver), so `%gpu use` cannot take effect; check `nvidia-smi` and `pip show {module}`"
         )
     return (
-        f"TensorFlow did not find GPU {','.join(map(str, hidden))} (it found: {','.join(map(str, found))}); "
-        "it was hidden by CUDA_VISIBLE_DEVICES before TensorFlow listed its devices. Restart the kernel "
-        "and put the `%gpu use` line before `import tensorflow`"
+        f"{name} did not find GPU {','.join(map(str, hidden))} (it found: {','.join(map(str, found))}); "
+        f"it was hidden by CUDA_VISIBLE_DEVICES before {name} listed its devices. Restart the kernel "
+        f"and put the `%gpu use` line before `import {module}`"
     )
 
 

@@ -176,14 +176,18 @@ class Machine:
         """Whether CUDA has listed the GPUs for a framework that lists them as a stage of its own."""
         return any(f.enumerated() for f in self.frameworks)
 
+    def _lister(self) -> Optional[Framework]:
+        """The framework CUDA listed the GPUs for, as a stage of its own (TensorFlow's enumeration)."""
+        return next((f for f in self.frameworks if f.enumerated()), None)
+
     def cuda_found(self) -> Optional[tuple[int, ...]]:
         """nvidia-smi indices of the GPUs CUDA found when a framework listed them; None before."""
-        for framework in self.frameworks:
-            found = framework.cuda_found()
-            if found is not None:
-                cuda_map = self.cuda_map()
-                return tuple(sorted(cuda_map[k] for k in found if k < len(cuda_map)))
-        return None
+        lister = self._lister()
+        found = None if lister is None else lister.cuda_found()
+        if found is None:
+            return None
+        cuda_map = self.cuda_map()
+        return tuple(sorted(cuda_map[k] for k in found if k < len(cuda_map)))
 
     def visible_value(self, resolution: Resolution) -> Optional[str]:
         """The CUDA_VISIBLE_DEVICES that shows CUDA ``resolution``'s GPUs (None: unset), in the
@@ -224,5 +228,6 @@ class Machine:
             allocation_text=allocation.describe() if allocation.restricted else None,
             cuda_found=cuda_found,
             default_visible=default,
+            listed_by=("the framework", "it") if (lister := self._lister()) is None else (lister.name, lister.module),
         )
 
