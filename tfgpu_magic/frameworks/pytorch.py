@@ -127,7 +127,10 @@ class PyTorch:
 
     # -- the write side: what a setting means for PyTorch ---------------------------------------------
     def takes(self, command: Any) -> bool:
-        return not (isinstance(command, grammar.Allocator) and command.name == "platform")
+        """Not `split` (PyTorch has no logical GPUs) nor `allocator platform` (JAX's word)."""
+        if isinstance(command, grammar.Allocator):
+            return command.name != "platform"
+        return not isinstance(command, grammar.Split)
 
     def consider(self, change: Change) -> Optional[str]:
         """Its clause of the reply: refused where CUDA or the allocator has been read already."""
@@ -135,7 +138,7 @@ class PyTorch:
         stage = self.stage()
         if stage is Stage.NOT_IMPORTED:
             return self._async_ignores(change)
-        if not self.takes(command):
+        if isinstance(command, grammar.Allocator) and not self.takes(command):
             return "PyTorch keeps its allocator"  # `allocator platform`: JAX's own word
         if isinstance(command, grammar.Use) and stage is Stage.STARTED and change.plan.visible != change.before.visible:
             seen = self.cuda_seen

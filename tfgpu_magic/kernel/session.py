@@ -432,8 +432,8 @@ class Session:
             if clause:
                 clauses.append(clause)
         imported = self.imported_frameworks()
-        if not imported and len(takers) > 1:
-            installed = [f.name for f in takers if f.installed()] or [f.name for f in takers]
+        if not imported and not (len(takers) == 1 and clauses):  # one framework's own word says when itself
+            installed = [f.name for f in takers if f.installed()] or [f.name for f in takers or frameworks]
             clauses.insert(0, f"takes effect when {_either(installed)} starts in this kernel")
         elif not clauses:  # a setting that undoes one (`use all`, `limit off`): when they read it
             clauses = [f"{f.name}: takes effect {f.takes_effect}" for f in imported]
