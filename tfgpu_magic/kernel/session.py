@@ -71,6 +71,7 @@ class Session:
         # Each framework's resolution (by its key), recorded the moment it was given to it: the
         # limits the panel draws and the out-of-memory text quotes are the ones it received.
         self.applied: dict[str, Resolution] = {}
+        self._parts: set[str] = set()  # the keys of ``applied`` that are parts of the kernel's limit
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         self.hook_errors: list[str] = []
         self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
@@ -247,10 +248,16 @@ class Session:
         return Resolution(plan, visible, kept)
 
     def _give(self, framework: Framework, resolution: Resolution) -> None:
-        """Hand ``resolution`` to one framework (no lock held), and record it if it took it."""
+        """Hand ``resolution`` to one framework (no lock held), and record it if it took it, with
+        whether it is a part of the kernel's limit (read by the sampler thread, which never asks)."""
         if framework.give(resolution, self.machine):
+            part = framework.takes_share()
             with self._lock:
                 self.applied[framework.key] = resolution
+                if part:
+                    self._parts.add(framework.key)
+                else:
+                    self._parts.discard(framework.key)
 
     # -- the resolution -------------------------------------------------------------------------
     def resolution(self, plan: Optional[Plan] = None, *, started: bool = False) -> Resolution:
@@ -299,10 +306,10 @@ class Session:
         be given.  Read from the record only: safe on the sampler thread, and never re-derived
         from the driver.
         """
-        imported = [f for f in self._frameworks if f.stage() is not Stage.NOT_IMPORTED]
-        sharing = [f.key for f in imported if f.takes_share()] or [f.key for f in imported]
+        imported = [f.key for f in self._frameworks if f.stage() is not Stage.NOT_IMPORTED]
         with self._lock:
             if imported:  # the kernel's limit: the parts its frameworks were given, added up
+                sharing = [key for key in imported if key in self._parts] or imported
                 total: dict[int, int] = {}
                 for key in sharing:
                     for index, cap in (self.applied[key].caps_bytes() if key in self.applied else {}).items():
@@ -317,13 +324,13 @@ class Session:
         """A command that raises, at any step, leaves the request, its record and the environment as
         they were (claims released on the way stay released: that happened, and the record says so)."""
         with self._lock:
-            saved = (self._requested, self._accepted, self._accepted_blind, dict(self.applied))
+            saved = (self._requested, self._accepted, self._accepted_blind, dict(self.applied), set(self._parts))
         environment = self.machine.save_env()
         try:
             yield
         except BaseException:
             with self._lock:
-                self._requested, self._accepted, self._accepted_blind, self.applied = saved
+                self._requested, self._accepted, self._accepted_blind, self.applied, self._parts = saved
             self.machine.restore_env(environment)
             raise
 
