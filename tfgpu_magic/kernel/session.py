@@ -402,6 +402,12 @@ class Session:
             return resolution
         return resolution.with_caps({g.index: shares.part_mib(framework.key, g, sharers) for g in capped})
 
+    def limit_division(self) -> Optional[str]:
+        """How the accepted request's limit is divided between the kernel's frameworks (for `%gpu`),
+        or None where one framework (or none) holds it."""
+        accepted = self._accepted
+        return None if accepted is None else self._sharing_note(accepted)
+
     def _sharing_note(self, resolution: Resolution) -> Optional[str]:
         named = tuple(key for key, _ in resolution.plan.shares or ())
         return shares.sharing_note(list(resolution.gpus), self._sharers(named=named))
