@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
 
 __all__ = [
-    "CUDA_ENV", "Capture", "CudaRecord", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
+    "CUDA_ENV", "Capture", "ChartedFigure", "CudaRecord", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
     "Stage", "UnresettablePeakWindow", "attribute", "capture", "installed", "not_the_framework", "too_late",
 ]
 
@@ -92,6 +92,22 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True)
+class ChartedFigure:
+    """One figure of a framework's allocator that the memory panel draws as a series of its own.
+
+    ``field`` names the :class:`DeviceMemory` attribute it is read from; ``series`` is its key in
+    the panel's wire format (under the framework's key); ``label`` is what the legend calls it,
+    after "<framework> allocator: ".  ``wire_field`` names an older per-device field of the
+    panel's samples that the figure also fills (TensorFlow's ``tf_in_use_bytes``, kept stable).
+    """
+
+    series: str  # "allocated", "reserved", "in_use", "peak"
+    field: str  # "in_use_bytes", "peak_bytes", "reserved_bytes", "limit_bytes"
+    label: str  # "allocated", "in use", ...
+    wire_field: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class PeakReading:
     """A device's allocator over one window (a traced cell, a budgeted cell).
 
@@ -143,6 +159,20 @@ class Framework(Protocol):
     def open_peak_window(self) -> PeakWindow: ...
 
     def oom_error_type(self) -> Optional[type]: ...
+
+    # -- figures for the panel and the trace --
+    charted_figures: tuple[ChartedFigure, ...]  # what the panel draws of device_memory(), in order
+
+    def figures_absent(self) -> Optional[str]:
+        """Imported or started, why this build keeps no allocator figures to chart (a short phrase,
+        shown after "<name>: no allocator figures"); None where it keeps them, or where it is
+        not imported.  Asked on the user's thread only; never starts anything."""
+        ...
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """The framework's GPU device names (``cuda:0``) -> nvidia-smi index, given CUDA's numbering
+        (``cuda_map[k]`` is CUDA device k's nvidia-smi index); empty where it cannot tell yet."""
+        ...
 
 
 @functools.lru_cache(maxsize=None)

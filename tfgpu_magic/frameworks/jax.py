@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework
+from .base import CUDA_ENV, Capture, ChartedFigure, CudaRecord, DeviceMemory, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework
 
 __all__ = [
     "ALLOCATOR_ENV",
@@ -261,6 +261,24 @@ class Jax:
         if self._jax is None:
             return None
         return getattr(getattr(self._jax, "errors", None), "JaxRuntimeError", None)
+
+    # -- figures for the panel and the trace --
+    charted_figures = (ChartedFigure("in_use", "in_use_bytes", "in use"),)
+
+    def figures_absent(self) -> Optional[str]:
+        """Nothing before its first operation; its CPU backend keeps no statistics (memory_stats() is None)."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if stage is not Stage.STARTED:
+            return "until its first operation"
+        if self._gpu_devices():
+            return None
+        return "on this build (its CPU backend keeps none)"
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """``gpu:k`` -> nvidia-smi index: CUDA's device k (JAX numbers GPUs as CUDA does)."""
+        return {f"gpu:{k}": index for k, index in enumerate(cuda_map)}
 
 
 

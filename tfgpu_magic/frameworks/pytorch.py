@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, ResettingPeakWindow, Stage, capture, installed, not_the_framework
+from .base import CUDA_ENV, Capture, ChartedFigure, CudaRecord, DeviceMemory, ResettingPeakWindow, Stage, capture, installed, not_the_framework
 
 __all__ = [
     "ALLOC_CONF_ENV", "ASYNC_BACKEND", "NATIVE_ONLY_OPTIONS", "PyTorch", "TorchMemory", "alloc_conf_with_backend",
@@ -229,6 +229,27 @@ class PyTorch:
     def oom_error_type(self) -> Optional[type]:
         """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), or None before the import."""
         return None if self._torch is None else getattr(self._torch, "OutOfMemoryError", None)
+
+    # -- figures for the panel and the trace --
+    charted_figures = (
+        ChartedFigure("allocated", "in_use_bytes", "allocated"),
+        ChartedFigure("reserved", "reserved_bytes", "reserved"),
+    )
+
+    def figures_absent(self) -> Optional[str]:
+        """A CPU build has no CUDA allocator; a CUDA build has none until CUDA starts."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if not self.cuda_build():
+            return "on this build (CPU only: no CUDA allocator)"
+        if stage is not Stage.STARTED:
+            return "until it starts CUDA (not started in this kernel)"
+        return None if self.memory() else "on this build (no CUDA device reported)"
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """``cuda:k`` -> nvidia-smi index: CUDA's device k."""
+        return {f"cuda:{k}": index for k, index in enumerate(cuda_map)}
 
 
 def _allocator_settings(module: Any) -> Optional[str]:

@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import CUDA_ENV, Capture, CudaRecord, DeviceMemory, PeakReading, Stage, capture, installed, not_the_framework
+from .base import CUDA_ENV, Capture, ChartedFigure, CudaRecord, DeviceMemory, PeakReading, Stage, capture, installed, not_the_framework
 from .import_hooks import run_after_import
 
 __all__ = [
@@ -442,6 +442,28 @@ class TensorFlow:
             for tag, value in values.items():
                 tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
         writer.flush()
+
+    # -- figures for the panel and the trace --
+    # In use and peak; they also fill the panel's older per-device fields (a stable wire format).
+    charted_figures = (
+        ChartedFigure("in_use", "in_use_bytes", "in use", wire_field="tf_in_use_bytes"),
+        ChartedFigure("peak", "peak_bytes", "peak", wire_field="tf_peak_bytes"),
+    )
+
+    def figures_absent(self) -> Optional[str]:
+        """Why there is nothing to chart: not started yet, or no allocator keeps statistics."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if stage is not Stage.STARTED:
+            return "until its first op"
+        if self.memory_devices():
+            return None
+        return f"on this build: no GPU, and its CPU allocator keeps none without {CPU_STATS_ENV}=true"
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """``GPU:j`` (logical) -> nvidia-smi index; ``CPU:0`` maps to none."""
+        return self.gpu_names(cuda_map)
 
 
 def distribution_installed(distribution: str) -> bool:
