@@ -188,3 +188,31 @@ class StandInFramework:
         if self.numbering is not None:
             return dict(self.numbering)
         return {f"{self.key}:{k}": index for k, index in enumerate(cuda_map)}
+
+    # what the trace asks of it
+    import_says_little = False
+    no_gpu_diagnosed = False
+
+    def installed(self) -> bool:
+        return True
+
+    def open_peak_window(self) -> Any:
+        from tfgpu_magic.frameworks.base import UnresettablePeakWindow
+
+        self._called()
+        return UnresettablePeakWindow(self.device_memory)
+
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        return f"{self.name} {device}" if gpu is None else f"GPU {gpu} ({self.name} {device})"
+
+    def trace_absent(self) -> Optional[str]:
+        return None if self.absent is None else f"{self.name}: no allocator figures {self.absent}; nothing of it to trace"
+
+    def trace_ready(self, env: Any, visible: Any) -> Optional[bool]:
+        return None
+
+    def trace_reply(self, env: Any, visible: Any, label: Any) -> Optional[str]:
+        return None
+
+    def trace_stopped(self) -> None:
+        pass

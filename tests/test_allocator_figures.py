@@ -274,3 +274,38 @@ def test_each_cell_end_publishes_and_a_second_install_replaces_the_first(shell, 
         assert board.latest().notes == ("TensorFlow: no allocator figures until its first op",)
     finally:
         shell.events.unregister("post_run_cell", allocator_figures._hooks[shell])
+
+
+# -- the trace: every started framework, by its adapter's name -----------------------------------------------
+def test_the_trace_reports_each_started_framework_by_name_and_says_once_which_keeps_no_figures(session, monkeypatch):
+    from tfgpu_magic.kernel import trace
+
+    torch = torch_like({"cuda:0": DeviceMemory(1 * GIB, 1 * GIB, reserved_bytes=2 * GIB)}, numbering={"cuda:0": 2})
+    jax = StandInFramework("jax", "JAX", (), stage=Stage.STARTED, absent="on this build (its CPU backend keeps none)")
+    monkeypatch.setattr(session, "frameworks", lambda: (torch, jax))
+    tracer = trace.Tracer(shell=None, session=session)
+    tracer.pre_run_cell(None)
+    torch.memory["cuda:0"] = DeviceMemory(3 * GIB, 4 * GIB, reserved_bytes=4 * GIB)
+    assert tracer.lines(0.5) == [
+        "[gpu trace] GPU 2 (PyTorch cuda:0): peak 4,096 MiB (+3,072 MiB in this cell), retained +2,048 MiB, 0.50 s",
+        "[gpu trace] JAX: no allocator figures on this build (its CPU backend keeps none); nothing of it to trace",
+    ]
+    tracer.pre_run_cell(None)
+    assert tracer.lines(0.5)[1:] == []  # said once
+
+
+def test_the_trace_reply_names_the_frameworks_by_their_adapters(session, monkeypatch):
+    from tfgpu_magic.kernel import trace
+
+    torch = torch_like(stage=Stage.IMPORTED)
+    jax = StandInFramework("jax", "JAX", (), stage=Stage.IMPORTED)
+    monkeypatch.setattr(session, "frameworks", lambda: (torch, jax))
+    assert trace._what_is_traced(session) == (
+        "after each cell, the allocator peak and retained change of PyTorch and JAX on each GPU, once started"
+    )
+
+
+def test_the_traces_no_stats_text_is_tensorflows_own():
+    from tfgpu_magic.kernel import trace
+
+    assert FakeTensorFlow(Stage.STARTED).trace_absent() == trace.NO_STATS

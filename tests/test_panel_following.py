@@ -208,7 +208,8 @@ def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypat
         assert [d["key"] for d in panel.devices] == shown
         assert [d["gone"] for d in panel.devices] == [None] * len(shown)  # not "hidden by %gpu use"
         assert [d.key for d in sample.devices] == shown and all(d.used_bytes for d in sample.devices)
-        assert sample.status == monitor.TF_FOUND_NO_GPU
+        assert sample.status == monitor.FOUND_NO_GPU.format(name="TensorFlow")
+        assert sample.status == "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
         late = monitor.open_panel(display=False, session=gpu.session)  # not "Nothing to chart"
         assert [d["key"] for d in late.devices] == shown
     finally:

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Protocol, runtime_checkable
 
 __all__ = [
     "CUDA_ENV", "Capture", "ChartedFigure", "CudaRecord", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
@@ -172,6 +172,35 @@ class Framework(Protocol):
     def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
         """The framework's GPU device names (``cuda:0``) -> nvidia-smi index, given CUDA's numbering
         (``cuda_map[k]`` is CUDA device k's nvidia-smi index); empty where it cannot tell yet."""
+        ...
+
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        """How the trace names one of its devices, given its nvidia-smi index (None: none)."""
+        ...
+
+    import_says_little: bool  # its import alone does not say the user works with it (another framework imports it)
+    # The session's found-no-GPU answer and diagnosis are about it: the panel names it, the trace
+    # says the diagnosis before its lines.
+    no_gpu_diagnosed: bool
+
+    def trace_absent(self) -> Optional[str]:
+        """The trace's line (said once) when it started and keeps no allocator figures; None: nothing to say."""
+        ...
+
+    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+        """Before it starts, set what its allocator needs to keep figures for the trace (True: set now,
+        False: set already, None: nothing to set, or too late).  ``visible``: the GPUs CUDA will show."""
+        ...
+
+    def trace_reply(
+        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
+    ) -> Optional[str]:
+        """Its own words for what ``%gpu trace`` will show (set up for it: see :meth:`trace_ready`);
+        None where the reply names it with the others.  ``label`` names one of its devices."""
+        ...
+
+    def trace_stopped(self) -> None:
+        """``%gpu trace off``: undo what tracing set up for the start."""
         ...
 
 

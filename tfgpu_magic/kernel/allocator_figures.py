@@ -72,12 +72,12 @@ NOTHING_READ = AllocatorFigures(None)
 @dataclass(frozen=True)
 class KernelContext:
     """The session's answers the panel needs beside the figures, read on the user's thread too
-    (they ask TensorFlow's adapter where it is): the caps, the GPUs shown, and whether
-    TensorFlow found no GPU although CUDA was shown some."""
+    (they ask the adapters where they are): the caps, the GPUs shown, and which framework found no
+    GPU although CUDA was shown some."""
 
     limits: tuple[tuple[int, int], ...] = ()  # (nvidia-smi index, cap in bytes)
     visible: Optional[tuple[int, ...]] = None  # nvidia-smi indices this kernel sees; None: all
-    found_no_gpu: bool = False
+    found_no_gpu: Optional[str] = None  # the name of the framework that found none
     notes: tuple[str, ...] = ()  # an answer that could not be read
 
 
@@ -221,7 +221,10 @@ def read_context(session: Any) -> KernelContext:
     # What `%gpu use` and CUDA_VISIBLE_DEVICES hid, not what a framework found (see exposed_gpus).
     visible = ask("the visible GPUs", session.exposed_gpus, None)
     found_none = ask("the frameworks' GPUs", session.tensorflow_found_no_gpu, False)
-    return KernelContext(limits, None if visible is None else tuple(visible), bool(found_none), tuple(notes))
+    # The session's answer is about the framework whose adapter says so (TensorFlow).
+    names = ask("the frameworks' names", lambda: [f.name for f in session.frameworks() if f.no_gpu_diagnosed], [])
+    found = (names[0] if names else "a framework") if found_none else None
+    return KernelContext(limits, None if visible is None else tuple(visible), found, tuple(notes))
 
 
 _hooks: "weakref.WeakKeyDictionary[Any, Callable[..., None]]" = weakref.WeakKeyDictionary()

@@ -822,9 +822,9 @@ def _has_front_end() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-# The panel-wide note when TensorFlow found no GPU: the GPUs were not hidden, so they stay charted.
-# (The session answers this question for TensorFlow only: see the report of issue 27, item 4.)
-TF_FOUND_NO_GPU = "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
+# The panel-wide note when a framework found no GPU (TensorFlow: a CPU-only build, CUDA's libraries
+# missing): the GPUs were not hidden, so they stay charted.
+FOUND_NO_GPU = "{name} found no GPU (`%gpu` says why); the charts show the driver's readings"
 
 
 def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
@@ -851,7 +851,7 @@ def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
 
     def no_gpu_note() -> Optional[str]:
         context = board.context()
-        notes = [TF_FOUND_NO_GPU] if context.found_no_gpu else []
+        notes = [FOUND_NO_GPU.format(name=context.found_no_gpu)] if context.found_no_gpu else []
         return "; ".join(notes + list(context.notes)) or None
 
     return dict(
