@@ -18,7 +18,6 @@ from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import allocator_figures, monitor
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, Board, FigureSeries
 from tfgpu_magic.kernel.monitor import THREAD_NAME, Sampler
-from tfgpu_magic.kernel.session import Session
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -224,12 +223,13 @@ def _recording(adapter, calls: list) -> None:
         setattr(adapter, name, recorded)
 
 
-def test_a_real_sessions_panel_asks_its_adapters_only_on_the_users_thread(server):
+def test_a_real_sessions_panel_asks_its_adapters_only_on_the_users_thread(session):
     """``%gpu monitor``'s own sources on a session with every adapter (TensorFlow started, PyTorch
     and JAX as they are): no call into any adapter comes from the sampler's thread."""
     pytest.importorskip("tfgpu_magic.kernel.widget")
-    tf = FakeTensorFlow(Stage.STARTED, gpus={"GPU:0": 1}, stats={"GPU:0": AllocatorStats(GIB, GIB)}, found=[1])
-    session = Session(nvml=Nvml(lib=server), env={}, tf=tf)
+    (tf,) = [f for f in session.frameworks() if isinstance(f, FakeTensorFlow)]
+    tf.fake_stage, tf.gpus, tf.found = Stage.STARTED, {"GPU:0": 1}, [1]
+    tf.stats["GPU:0"] = AllocatorStats(GIB, GIB)
     calls: list = []
     for adapter in session.frameworks():
         _recording(adapter, calls)

@@ -104,8 +104,8 @@ tfgpu_magic.set_device_source(shared_server())
 ]
 # Issue 27, item 4: real PyTorch and JAX in the kernel (CPU builds here, or CUDA builds without a
 # GPU): each framework without allocator figures is named in the panel, not drawn as zero.  Then
-# PyTorch's adapter is replaced by one whose CUDA started on a GPU (the real adapter's figures and
-# names, its readings plain state): after the cell, its series are drawn.
+# PyTorch's adapter answers as if its CUDA had started on a GPU (the real adapter's figures and
+# name, its readings plain state): after the cell, its series are drawn.
 FRAMEWORKS = [
     USE_AUTO[0],
     """import torch, jax, jax.numpy as jnp
@@ -114,14 +114,12 @@ y = jnp.ones(1000).block_until_ready()
 print("torch", torch.version.cuda, torch.cuda.is_available(), "jax", jax.devices()[0].platform)""",
     "%gpu monitor --interval 0.2 --window 60",
     """from tfgpu_magic.frameworks.base import DeviceMemory, Stage
-from tfgpu_magic.frameworks.pytorch import PyTorch
 from tfgpu_magic.kernel.session import get_session
 
-class CudaTorch(PyTorch):  # as if CUDA had started: 3 GiB allocated, 5 GiB reserved on cuda:0
-    def stage(self): return Stage.STARTED
-    def device_memory(self): return {"cuda:0": DeviceMemory(3 * 2**30, 4 * 2**30, reserved_bytes=5 * 2**30)}
-
-get_session().torch = CudaTorch()
+# The session's PyTorch adapter, as if CUDA had started: 3 GiB allocated, 5 GiB reserved on cuda:0.
+(torch_adapter,) = [f for f in get_session().frameworks() if f.key == "pytorch"]
+torch_adapter.stage = lambda: Stage.STARTED
+torch_adapter.device_memory = lambda: {"cuda:0": DeviceMemory(3 * 2**30, 4 * 2**30, reserved_bytes=5 * 2**30)}
 print("swapped")""",
 ]
 
