@@ -25,16 +25,24 @@ function maxPoints(chartWidth) {
 
 // Wire names from the kernel (tfgpu_magic/widget.py SERIES), in drawing order.  Memory
 // series are bytes, on the left axis; utilization is percent, on its own axis at the right.
+// "tf" and "peak" (TensorFlow's allocator under its older wire names) are kept, not drawn: every
+// framework's allocator figures are drawn from the message's "figures" (see figureSeries).
 const SERIES = [
   { key: "total", label: "Total", color: "--jp-ui-font-color2", width: 1.5 },
   { key: "used", label: "Used (all)", color: "--jp-warn-color1", fill: 0.12 },
   { key: "mine", label: "This kernel", color: "--jp-brand-color1", fill: 0.3 },
-  { key: "tf", label: "TF in use", color: "--jp-success-color1", width: 2 },
-  { key: "peak", label: "TF peak", color: "--jp-success-color1", dash: [2, 3] },
+  { key: "tf", label: "TF in use", color: "--jp-success-color1", width: 2, hidden: true },
+  { key: "peak", label: "TF peak", color: "--jp-success-color1", dash: [2, 3], hidden: true },
   { key: "limit", label: "Limit", color: "--jp-error-color1", dash: [6, 4], width: 1.5 },
   { key: "util", label: "GPU util", color: "--tfgpu-util-color", width: 1, scale: "pct" },
 ];
+// One colour per framework, in the order the kernel lists them; its first figure is a solid
+// line, the others dashed.
+const FRAMEWORK_COLORS = ["--jp-success-color1", "--tfgpu-framework2-color", "--tfgpu-framework3-color"];
+const FIGURE_DASHES = [undefined, [6, 3], [2, 3]];
 const FALLBACK = {
+  "--tfgpu-framework2-color": "#00897b",
+  "--tfgpu-framework3-color": "#6d4c41",
   "--jp-ui-font-color1": "#212121",
   "--jp-ui-font-color2": "#616161",
   "--tfgpu-util-color": "#8e24aa",
@@ -50,7 +58,20 @@ const FALLBACK = {
 // Data: one time axis, and per device one array per series (bytes or percent, null = gap).
 
 export function createStore() {
-  return { t: [], dev: new Map(), errors: {}, status: null, received: 0 };
+  return {
+    t: [], dev: new Map(), errors: {}, status: null, received: 0,
+    // Every framework figure seen: column key -> {framework, series, label}, in the kernel's order.
+    figures: new Map(), figureNotes: [], figuresAt: null, figuresChanged: false,
+  };
+}
+
+function figureKey(framework, series) {
+  return `fw:${framework}.${series}`;
+}
+
+/** Every column a device holds: the fixed series, then each framework figure seen. */
+function columnKeys(store) {
+  return [...SERIES.map((s) => s.key), ...store.figures.keys()];
 }
 
 function deviceColumns(store, key) {
@@ -58,30 +79,51 @@ function deviceColumns(store, key) {
   if (!cols) {
     // A device seen for the first time: null before it existed, so arrays stay aligned.
     cols = {};
-    for (const s of SERIES) cols[s.key] = new Array(store.t.length).fill(null);
+    for (const c of columnKeys(store)) cols[c] = new Array(store.t.length).fill(null);
     store.dev.set(key, cols);
   }
   return cols;
+}
+
+/** New framework figures (a framework started): a column of nulls on every device, and a redraw of the legends. */
+function addFigures(store, described) {
+  for (const f of described || []) {
+    const key = figureKey(f.framework, f.series);
+    if (store.figures.has(key)) continue;
+    store.figures.set(key, { framework: f.framework, series: f.series, label: f.label });
+    for (const cols of store.dev.values()) cols[key] = new Array(store.t.length).fill(null);
+    store.figuresChanged = true;
+  }
+}
+
+function incomingColumn(incoming, key, store) {
+  const figure = store.figures.get(key);
+  if (!figure) return incoming?.[key];
+  return incoming?.frameworks?.[figure.framework]?.[figure.series];
 }
 
 /** Append a batch of new samples (the kernel never resends old ones). */
 export function ingest(store, msg) {
   const n = msg.t.length;
   const start = store.t.length;
+  addFigures(store, msg.figures);
   for (const key of Object.keys(msg.d)) deviceColumns(store, key);
   for (let i = 0; i < n; i++) store.t.push(msg.t[i]);
+  const keys = columnKeys(store);
   for (const [key, cols] of store.dev) {
     const incoming = msg.d[key];
-    for (const s of SERIES) {
-      const col = cols[s.key];
+    for (const c of keys) {
+      const col = cols[c];
       col.length = start; // a device absent from this batch: nulls below
-      const values = incoming?.[s.key]; // an older kernel may not send every series
+      const values = incomingColumn(incoming, c, store); // an older kernel may not send every series
       for (let i = 0; i < n; i++) col.push(values ? values[i] ?? null : null);
     }
   }
   if (n > 0) {
     store.errors = msg.errors || {};
     store.status = msg.status ?? null;
+    store.figureNotes = msg.figure_notes || [];
+    store.figuresAt = msg.figures_read_at ?? null;
   }
   store.received += n;
 }
@@ -93,17 +135,28 @@ export function replaceWithHistory(store, msg) {
   const fresh = createStore();
   ingest(fresh, msg);
   if (later >= 0) {
-    const tail = { t: store.t.slice(later), d: {}, errors: store.errors, status: store.status };
+    const tail = {
+      t: store.t.slice(later), d: {}, errors: store.errors, status: store.status,
+      figures: [...store.figures.values()], figure_notes: store.figureNotes, figures_read_at: store.figuresAt,
+    };
     for (const [key, cols] of store.dev) {
-      tail.d[key] = {};
-      for (const s of SERIES) tail.d[key][s.key] = cols[s.key].slice(later);
+      const device = (tail.d[key] = { frameworks: {} });
+      for (const s of SERIES) device[s.key] = cols[s.key].slice(later);
+      for (const [c, f] of store.figures) {
+        (device.frameworks[f.framework] ||= {})[f.series] = cols[c].slice(later);
+      }
     }
     ingest(fresh, tail);
   }
+  const changed = fresh.figures.size !== store.figures.size || [...fresh.figures.keys()].some((k) => !store.figures.has(k));
   store.t = fresh.t;
   store.dev = fresh.dev;
   store.errors = fresh.errors;
   store.status = fresh.status;
+  store.figures = fresh.figures;
+  store.figureNotes = fresh.figureNotes;
+  store.figuresAt = fresh.figuresAt;
+  store.figuresChanged = store.figuresChanged || changed;
 }
 
 /** Drop points older than the window (with some slack, so trimming is not per sample). */
@@ -117,7 +170,7 @@ export function trim(store, windowS) {
   while (cut < n && store.t[cut] < oldest) cut++;
   cut = Math.max(cut, n - MAX_POINTS);
   store.t.splice(0, cut);
-  for (const cols of store.dev.values()) for (const s of SERIES) cols[s.key].splice(0, cut);
+  for (const cols of store.dev.values()) for (const col of Object.values(cols)) col.splice(0, cut);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -212,6 +265,25 @@ export function timeRange(first, last, windowS) {
   return [Math.min(start, last - 1), last]; // one sample: a second, not an empty range
 }
 
+/** What a chart draws, in order: the driver's series, then each framework figure seen (its own
+ * label says whose number it is: "PyTorch allocator: reserved"). */
+export function drawnSeries(store) {
+  const drawn = SERIES.filter((s) => !s.hidden);
+  const frameworks = [...new Set([...store.figures.values()].map((f) => f.framework))];
+  const seen = new Map();
+  const figures = [...store.figures].map(([key, f]) => {
+    const k = frameworks.indexOf(f.framework);
+    const nth = seen.get(f.framework) || 0;
+    seen.set(f.framework, nth + 1);
+    return {
+      key, label: f.label, color: FRAMEWORK_COLORS[k % FRAMEWORK_COLORS.length],
+      width: nth === 0 ? 2 : 1.5, dash: FIGURE_DASHES[nth % FIGURE_DASHES.length],
+    };
+  });
+  const util = drawn.filter((s) => s.scale);
+  return [...drawn.filter((s) => !s.scale), ...figures, ...util];
+}
+
 function chartOptions(panel, width, gpu = true) {
   const c = panel.colors;
   const narrow = panel.narrow;
@@ -258,7 +330,7 @@ function chartOptions(panel, width, gpu = true) {
     ],
     series: [
       { label: "Time", value: (u, v, si, idx) => clock(idx == null ? lastValue(u.data[0]) : v) },
-      ...SERIES.map((s, i) => ({
+      ...drawnSeries(panel.store).map((s, i) => ({
         label: s.label,
         scale: s.scale || "y",
         stroke: c[s.color],
@@ -282,7 +354,7 @@ function lastValue(arr) {
 
 function seriesData(store, key, maxPoints = Infinity) {
   const cols = store.dev.get(key);
-  const data = [store.t, ...SERIES.map((s) => (cols ? cols[s.key] : []))];
+  const data = [store.t, ...drawnSeries(store).map((s) => (cols ? cols[s.key] || [] : []))];
   return store.t.length > maxPoints ? decimate(data, maxPoints) : data;
 }
 
@@ -368,8 +440,11 @@ export class Panel {
     controls.append(this.intervalSelect.label, this.windowSelect.label, this.pauseButton, this.stopButton);
     head.append(controls);
     this.statusText = el("div", "tfgpu-status");
+    // Whose figures the allocator series are, when they were read, and which framework has none.
+    this.figuresText = el("div", "tfgpu-figures");
+    this.figuresText.hidden = true;
     this.body = el("div", "tfgpu-devices");
-    r.append(head, this.statusText, this.body);
+    r.append(head, this.statusText, this.figuresText, this.body);
 
     this.intervalSelect.select.addEventListener("change", () => {
       this.model.set("interval", Number(this.intervalSelect.select.value));
@@ -471,7 +546,7 @@ export class Panel {
   makeChart(entry, key) {
     if (entry.chart) entry.chart.destroy();
     const width = Math.max(entry.plot.clientWidth || this.root.clientWidth || 600, MIN_WIDTH);
-    const gpu = !key.startsWith("tf:");
+    const gpu = key.startsWith("gpu"); // a framework's own device (TensorFlow's CPU:0) has no utilization
     entry.card.classList.toggle("tfgpu-no-util", !gpu);
     entry.chart = new uPlot(chartOptions(this, width, gpu), seriesData(this.store, key, maxPoints(width)), entry.plot);
   }
@@ -528,6 +603,11 @@ export class Panel {
 
   /** Redraw every chart from the store (exported for the draw-time benchmark). */
   draw() {
+    if (this.store.figuresChanged) {
+      // A framework's figures appeared: uPlot fixes its series when made, so the charts are remade.
+      this.store.figuresChanged = false;
+      for (const [key, entry] of this.cards) this.makeChart(entry, key);
+    }
     for (const key of this.store.dev.keys()) {
       const entry = this.card(key);
       const limit = maxPoints(entry.chart.width);
@@ -557,14 +637,29 @@ export class Panel {
     const status = this.store.status;
     const noDevices = n > 0 && this.store.dev.size === 0;
     this.statusText.textContent =
-      status || (noDevices ? "Nothing to chart: no NVIDIA GPU and no TensorFlow allocator statistics." : "");
+      status || (noDevices ? "Nothing to chart: no NVIDIA GPU and no framework's allocator figures." : "");
     this.statusText.hidden = !this.statusText.textContent;
+    const figures = figuresLine(this.store);
+    if (this.figuresText.textContent !== figures) this.figuresText.textContent = figures;
+    this.figuresText.hidden = !figures;
   }
 
   destroy() {
     for (const entry of this.cards.values()) entry.chart?.destroy();
     this.cards.clear();
   }
+}
+
+/** The line under the header: when the allocator figures were read (after each cell and each
+ * %gpu, on the kernel's own thread: they stand still while a cell runs), and which framework
+ * has none and why.  Empty before any framework is imported. */
+export function figuresLine(store) {
+  const parts = [];
+  if (store.figures.size && store.figuresAt != null) {
+    parts.push(`Allocator figures (each framework's own count) read ${clock(store.figuresAt)}, after the last cell or %gpu`);
+  }
+  parts.push(...store.figureNotes);
+  return parts.join(" · ");
 }
 
 // ---------------------------------------------------------------------------------------

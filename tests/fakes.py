@@ -144,3 +144,75 @@ sys.stdin.read()
 def monitor_threads() -> list[threading.Thread]:
     """The monitor's sampler threads alive in this process."""
     return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+# -- the frameworks' allocator figures, as the panel's sampler is given them ---------------------------
+def tf_figures(stats: dict, gpus: Optional[dict] = None) -> Any:
+    """A sampler's ``figures`` source: TensorFlow (the fake adapter, started) with ``stats`` per
+    device and ``gpus`` (``GPU:j`` -> nvidia-smi index), read again at each call, as the kernel
+    reads it after each cell.  Tests tick the sampler on their own thread, or stand in for it."""
+    from tfgpu_magic.kernel import allocator_figures
+
+    adapter = FakeTensorFlow(Stage.STARTED, gpus=gpus or {}, stats=stats)
+    return lambda: allocator_figures.read([adapter], lambda: list(range(8)))
+
+
+class StandInFramework:
+    """Any framework's adapter as plain state: its key, name, figures and stage, and the thread of
+    every call made to it (``threads``), so a test can say who asked."""
+
+    def __init__(self, key: str, name: str, charted: tuple, memory: Optional[dict] = None,
+                 stage: Stage = Stage.STARTED, absent: Optional[str] = None, numbering: Optional[dict] = None) -> None:
+        self.key, self.name, self.charted_figures = key, name, charted
+        self.memory = dict(memory or {})  # device -> DeviceMemory; tests change it
+        self.fake_stage, self.absent, self.numbering = stage, absent, numbering
+        self.threads: list[threading.Thread] = []
+
+    def _called(self) -> None:
+        self.threads.append(threading.current_thread())
+
+    def stage(self) -> Stage:
+        self._called()
+        return self.fake_stage
+
+    def device_memory(self) -> dict:
+        self._called()
+        return dict(self.memory) if self.fake_stage is Stage.STARTED else {}
+
+    def figures_absent(self) -> Optional[str]:
+        self._called()
+        return self.absent
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        self._called()
+        if self.numbering is not None:
+            return dict(self.numbering)
+        return {f"{self.key}:{k}": index for k, index in enumerate(cuda_map)}
+
+    # what the trace asks of it
+    import_says_little = False
+    no_gpu_diagnosed = False
+
+    def installed(self) -> bool:
+        return True
+
+    def open_peak_window(self) -> Any:
+        from tfgpu_magic.frameworks.base import UnresettablePeakWindow
+
+        self._called()
+        return UnresettablePeakWindow(self.device_memory)
+
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        return f"{self.name} {device}" if gpu is None else f"GPU {gpu} ({self.name} {device})"
+
+    def trace_absent(self) -> Optional[str]:
+        return None if self.absent is None else f"{self.name}: no allocator figures {self.absent}; nothing of it to trace"
+
+    def trace_ready(self, env: Any, visible: Any) -> Optional[bool]:
+        return None
+
+    def trace_reply(self, env: Any, visible: Any, label: Any) -> Optional[str]:
+        return None
+
+    def trace_stopped(self) -> None:
+        pass

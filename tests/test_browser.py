@@ -26,7 +26,10 @@ from browser_support import (
     wait_for_output,
 )
 
-LEGEND = ["Time", "Total", "Used (all)", "This kernel", "TF in use", "TF peak", "Limit", "GPU util"]
+LEGEND = [
+    "Time", "Total", "Used (all)", "This kernel", "Limit", "TensorFlow allocator: in use", "TensorFlow allocator: peak",
+    "GPU util",
+]
 TITLES = [
     "GPU 0 · NVIDIA A100-SXM4-40GB",
     "GPU 1 · NVIDIA A100-SXM4-80GB",
@@ -52,11 +55,24 @@ from tfgpu_magic.kernel import monitor
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from types import SimpleNamespace
+from tfgpu_magic.frameworks.base import DeviceMemory, Stage
+from tfgpu_magic.frameworks.tensorflow import TensorFlow
+from tfgpu_magic.kernel.allocator_figures import Board
 server = shared_server()  # four fake GPUs; this kernel holds 10 GiB on GPU 1
 GIB = 2**30
 tf = SimpleNamespace(current_bytes=6 * GIB, peak_bytes=6 * GIB)  # a stand-in for TF's allocator
 cpu = SimpleNamespace(current_bytes=4 * 2**20, peak_bytes=5 * 2**20)  # 4 MiB on TensorFlow's CPU
-sources = dict(tf_stats=lambda: {"GPU:0": tf, "CPU:0": cpu}, tf_map=lambda: {"GPU:0": 1}, limits=lambda: {1: 36 * GIB})
+
+class StandIn(TensorFlow):  # TensorFlow's adapter (its name and figures), its allocator plain state
+    def stage(self): return Stage.STARTED
+    def device_memory(self):
+        return {d: DeviceMemory(s.current_bytes, s.peak_bytes) for d, s in {"GPU:0": tf, "CPU:0": cpu}.items()}
+    def gpu_numbering(self, cuda_map): return {"GPU:0": 1}
+
+board, standin = Board(), StandIn()
+publish = lambda: board.publish(lambda: [standin], lambda: [0, 1, 2, 3])  # as the kernel does after each cell
+publish()
+sources = dict(figures=board.latest, limits=lambda: {1: 36 * GIB})
 """.replace("REPO", repr(str(REPO)), 1)
 OPEN = "panel = monitor.open_panel(interval=0.2, window=60, nvml=Nvml(lib=server), **sources)"
 OPEN_SIDEBAR = OPEN.replace("window=60", "window=60, sidebar=True")
@@ -66,6 +82,7 @@ for k in range(40):  # ten seconds that hold the kernel, like model.fit
     server.gpus[1].processes[0].used_mib += 512
     tf.current_bytes = (6 + 0.4 * k if k < 30 else 8) * GIB  # frees inside what it holds
     tf.peak_bytes = max(tf.peak_bytes, tf.current_bytes)
+    publish()  # read on this (the user's) thread; the sampler thread only takes the snapshot
     server.gpus[3].lost = 12 <= k < 24
     time.sleep(0.25)
 print("busy cell done")
@@ -85,6 +102,26 @@ tfgpu_magic.set_device_source(shared_server())
     "%gpu use auto",
     "%gpu monitor",
 ]
+# Issue 27, item 4: real PyTorch and JAX in the kernel (CPU builds here, or CUDA builds without a
+# GPU): each framework without allocator figures is named in the panel, not drawn as zero.  Then
+# PyTorch's adapter answers as if its CUDA had started on a GPU (the real adapter's figures and
+# name, its readings plain state): after the cell, its series are drawn.
+FRAMEWORKS = [
+    USE_AUTO[0],
+    """import torch, jax, jax.numpy as jnp
+x = torch.zeros(1000)
+y = jnp.ones(1000).block_until_ready()
+print("torch", torch.version.cuda, torch.cuda.is_available(), "jax", jax.devices()[0].platform)""",
+    "%gpu monitor --interval 0.2 --window 60",
+    """from tfgpu_magic.frameworks.base import DeviceMemory, Stage
+from tfgpu_magic.kernel.session import get_session
+
+# The session's PyTorch adapter, as if CUDA had started: 3 GiB allocated, 5 GiB reserved on cuda:0.
+(torch_adapter,) = [f for f in get_session().frameworks() if f.key == "pytorch"]
+torch_adapter.stage = lambda: Stage.STARTED
+torch_adapter.device_memory = lambda: {"cuda:0": DeviceMemory(3 * 2**30, 4 * 2**30, reserved_bytes=5 * 2**30)}
+print("swapped")""",
+]
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +132,7 @@ def lab(tmp_path_factory):
     (root / "monitor.ipynb").write_text(notebook(SETUP, OPEN, BUSY, CHECK))
     (root / "sidebar.ipynb").write_text(notebook(SETUP, OPEN_SIDEBAR, SECOND, CHECK))
     (root / "useauto.ipynb").write_text(notebook(*USE_AUTO))
+    (root / "frameworks.ipynb").write_text(notebook(*FRAMEWORKS))
     with jupyter_server(root, home, log_name="jupyterlab.log") as server:
         yield server.base, server.token
 
@@ -195,8 +233,8 @@ def test_the_chart_moves_while_a_cell_runs_and_stop_ends_the_sampler(open_notebo
     shot(panel, "monitor-light.png")
 
     # Sizes in a unit chosen per chart: GiB on a GPU, MiB for 4 MiB on TensorFlow's CPU.
-    cpu = chart_view(page, "tf:CPU:0")
-    assert cpu["legend"][4] == "4.00 MiB" and cpu["legend"][5] == "5.00 MiB"  # TF in use, TF peak
+    cpu = chart_view(page, "tensorflow:CPU:0")
+    assert cpu["legend"][5] == "4.00 MiB" and cpu["legend"][6] == "5.00 MiB"  # TensorFlow's in use, peak
     assert cpu["yTicks"] and all(t.endswith(" MiB") for t in cpu["yTicks"]) and len(set(cpu["yTicks"])) > 1
     gpu1 = chart_view(page, "gpu1")
     assert gpu1["legend"][1] == "80.0 GiB" and all(t.endswith(" GiB") for t in gpu1["yTicks"])
@@ -249,7 +287,10 @@ def test_the_chart_moves_while_a_cell_runs_and_stop_ends_the_sampler(open_notebo
     assert None in used3 and used3[-1] is not None  # a gap, then readings again
     assert series(page, "gpu1", "limit")[-1] == 36 * gib
     assert series(page, "gpu1", "tf")[-1] == 8 * gib and series(page, "gpu1", "peak")[-1] > 17 * gib
+    assert series(page, "gpu1", "fw:tensorflow.in_use")[-1] == 8 * gib  # what the chart draws
+    assert series(page, "gpu1", "fw:tensorflow.peak")[-1] > 17 * gib
     assert series(page, "gpu0", "tf")[-1] is None  # no TensorFlow there: a gap, not 0
+    assert series(page, "gpu0", "fw:tensorflow.in_use")[-1] is None
     shot(panel, "monitor-final.png")
 
     # Hover shows each series' value in the legend.
@@ -357,3 +398,59 @@ def test_use_auto_hides_gpus_with_a_note_and_a_later_panel_titles_the_visible_on
     assert later.locator(".tfgpu-select").first.input_value() == "0.2"
     assert first.locator(".tfgpu-select").first.input_value() == "0.2"  # the first panel kept its interval
     shot(later, "monitor-use-auto-later.png")
+
+
+def test_frameworks_without_allocator_figures_are_named_and_a_started_one_is_drawn(open_notebook):
+    """Issue 27, item 4: real torch and jax without a GPU: a note per framework, no zero line; then a
+    PyTorch whose CUDA started: its allocator's allocated and reserved series, named as PyTorch's."""
+    page = open_notebook("frameworks.ipynb")
+    run_cell(page, 0)
+    run_cell(page, 1)
+    printed = wait_for_output(page, 1, "jax").strip()
+    assert printed.endswith("jax cpu") and " False " in printed, printed  # no GPU for either
+    run_cell(page, 2)
+    panel = page.locator(".tfgpu-monitor").first
+    figures = panel.locator(".tfgpu-figures")
+    try:
+        figures.filter(has_text="JAX: no allocator figures").wait_for(timeout=60_000)
+    finally:
+        shot(page, "frameworks-without-figures.png")
+    cuda = "CPU only: no CUDA allocator" if "torch None" in printed else "until it starts CUDA"
+    assert figures.inner_text().strip() == (
+        f"PyTorch: no allocator figures on this build ({cuda})"
+        if cuda.startswith("CPU") else f"PyTorch: no allocator figures {cuda} (not started in this kernel)"
+    ) + " · JAX: no allocator figures on this build (its CPU backend keeps none)"
+    legend = [t.strip() for t in panel.locator(".tfgpu-device").first.locator(".u-legend .u-series th").all_inner_texts()]
+    assert legend == ["Time", "Total", "Used (all)", "This kernel", "Limit", "GPU util"]  # no framework line at all
+    shot(panel, "frameworks-notes.png")
+
+    run_cell(page, 3)
+    wait_for_output(page, 3, "swapped")
+    try:
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.tfgpu-monitor .u-legend th')]"
+            ".some(th => th.textContent.includes('PyTorch allocator: reserved'))",
+            timeout=30_000,
+        )
+        page.wait_for_function(
+            "() => +document.querySelector('.tfgpu-monitor').dataset.draws > 0", timeout=10_000
+        )
+        time.sleep(1.0)  # a few more samples drawn with the new series
+    finally:
+        shot(page, "frameworks-pytorch-drawn.png")
+    card = panel.locator(".tfgpu-device").first
+    legend = [t.strip() for t in card.locator(".u-legend .u-series th").all_inner_texts()]
+    assert legend == [
+        "Time", "Total", "Used (all)", "This kernel", "Limit",
+        "PyTorch allocator: allocated", "PyTorch allocator: reserved", "GPU util",
+    ]
+    key = card.get_attribute("data-key")
+    gib = 2**30
+    assert series(page, key, "fw:pytorch.reserved")[-1] == 5 * gib
+    assert series(page, key, "fw:pytorch.allocated")[-1] == 3 * gib
+    values = card.locator(".u-legend .u-series .u-value")
+    assert values.nth(6).inner_text() == "5.00 GiB" and values.nth(5).inner_text() == "3.00 GiB"
+    text = figures.inner_text()
+    assert "Allocator figures (each framework's own count) read " in text
+    assert "PyTorch: no allocator figures" not in text and "JAX: no allocator figures" in text
+    shot(panel, "frameworks-pytorch-series.png")

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from fakes import monitor_threads, wait_for
+from fakes import monitor_threads, tf_figures, wait_for
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
@@ -64,15 +64,15 @@ def test_readings_follow_the_processes():
 
 def test_tensorflow_allocator_and_limit_join_their_gpu():
     s = sampler(
-        tf_stats=lambda: {"GPU:0": Stats(1 * GIB, 3 * GIB), "CPU:0": Stats(5 * MIB, 9 * MIB)},
-        tf_map=lambda: {"GPU:0": 1},
+        figures=tf_figures({"GPU:0": Stats(1 * GIB, 3 * GIB), "CPU:0": Stats(5 * MIB, 9 * MIB)}, {"GPU:0": 1}),
         limits=lambda: {1: 20 * GIB},
     )
     gpus = by_key(s.tick())
     assert (gpus["gpu1"].tf_in_use_bytes, gpus["gpu1"].tf_peak_bytes) == (1 * GIB, 3 * GIB)
     assert gpus["gpu1"].limit_bytes == 20 * GIB
     assert gpus["gpu0"].limit_bytes is None
-    cpu = gpus["tf:CPU:0"]
+    assert gpus["gpu1"].figures == (("tensorflow", "in_use", 1 * GIB), ("tensorflow", "peak", 3 * GIB))
+    cpu = gpus["tensorflow:CPU:0"]
     assert (cpu.label, cpu.tf_in_use_bytes, cpu.total_bytes) == ("TensorFlow CPU:0", 5 * MIB, None)
 
 
@@ -115,19 +115,19 @@ def test_memory_nvml_cannot_attribute_is_missing_not_zero():
 
 
 def test_without_nvidia_gpus_the_panel_says_so_and_still_shows_tensorflow():
-    s = sampler(SimulatedNvml([], driver=False), tf_stats=lambda: {"CPU:0": Stats(7 * MIB, 8 * MIB)})
+    s = sampler(SimulatedNvml([], driver=False), figures=tf_figures({"CPU:0": Stats(7 * MIB, 8 * MIB)}))
     sample = s.tick()
     assert sample.status.startswith("No NVIDIA GPU to chart: no NVIDIA driver could be reached")
-    assert [d.key for d in sample.devices] == ["tf:CPU:0"]
+    assert [d.key for d in sample.devices] == ["tensorflow:CPU:0"]
 
 
 def test_a_failing_source_becomes_a_note_and_sampling_goes_on():
     def broken():
         raise RuntimeError("not today")
 
-    sample = sampler(tf_stats=broken, limits=broken).tick()
+    sample = sampler(figures=broken, limits=broken).tick()
     assert sample.status == (
-        "TensorFlow's allocator statistics could not be read (RuntimeError: not today); "
+        "the allocator figures could not be read (RuntimeError: not today); "
         "the configured limits could not be read (RuntimeError: not today)"
     )
     assert by_key(sample)["gpu1"].mine_bytes == 10240 * MIB

@@ -20,6 +20,7 @@ from tfgpu_magic.gpus.simulated import (
     SimulatedProcess,
     shared_server,
 )
+from tfgpu_magic.kernel.allocator_figures import NOTHING_READ
 from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, Hub, Sampler
 
 ME = 4242
@@ -171,14 +172,14 @@ class ManualSampler(Sampler):
 
 
 class Allocator:
-    """TensorFlow's allocator statistics as the sampler reads them: none, or a failure."""
+    """The allocator figures as the sampler reads them: none, or a failure."""
 
     broken = False
 
     def __call__(self) -> dict:
         if self.broken:
             raise RuntimeError("not today")
-        return {}
+        return NOTHING_READ
 
 
 @pytest.fixture
@@ -186,7 +187,7 @@ def panel():
     """(panel, server, clock, sampler, allocator): a MemoryPanel whose messages are recorded in .sent."""
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     hub, server, clock, allocator = Hub(), shared_server(ME), Clock(), Allocator()
-    sampler = ManualSampler(Nvml(lib=server), ME, interval=0.1, clock=clock, tf_stats=allocator)
+    sampler = ManualSampler(Nvml(lib=server), ME, interval=0.1, clock=clock, figures=allocator)
     made = widget.MemoryPanel(hub, lambda: sampler, interval=0.1)
     made.sent = []
     made.send = lambda content, buffers=None: made.sent.append(content)
@@ -263,7 +264,7 @@ def test_a_change_of_utilization_a_message_or_the_status_is_sent(panel, what):
     else:
         assert sent["errors"]["gpu3"] is None
     if what == "status":
-        assert sent["status"].startswith("TensorFlow's allocator statistics could not be read (RuntimeError")
+        assert sent["status"].startswith("the allocator figures could not be read (RuntimeError")
     else:
         assert sent["status"] is None
     ticks(s, clock, 3)

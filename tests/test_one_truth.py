@@ -19,7 +19,7 @@ from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Capture, Stage
 from tfgpu_magic.gpus import claims
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, shared_server
-from tfgpu_magic.kernel import magics, status
+from tfgpu_magic.kernel import allocator_figures, magics, status
 from tfgpu_magic.kernel.magics import GpuMagics
 from tfgpu_magic.kernel.monitor import Sampler
 from tfgpu_magic.kernel.session import Session, SessionError
@@ -200,7 +200,8 @@ def test_panel_and_status_sum_the_logical_gpus_of_a_split_gpu():
     stats = {"GPU:0": AllocatorStats(100 * MIB, 150 * MIB), "GPU:1": AllocatorStats(300 * MIB, 320 * MIB)}
     session = session_with(stage=Stage.STARTED, gpus={"GPU:0": 1, "GPU:1": 1}, stats=stats, found=[1])
     gpu1 = status.build_report(session)["gpus"][1]
-    sampler = Sampler(session.nvml, ME, tf_stats=session.tf.allocator_stats, tf_map=session.gpu_by_tf_name)
+    allocator_figures.publish(session)  # on this (the user's) thread, as after each cell
+    sampler = Sampler(session.nvml, ME, figures=allocator_figures.board_of(session).latest)
     panel = next(d for d in sampler.read().devices if d.key == "gpu1")
     assert gpu1["tensorflow_in_use_bytes"] == panel.tf_in_use_bytes == 400 * MIB
     assert gpu1["tensorflow_peak_bytes"] == panel.tf_peak_bytes == 470 * MIB

@@ -14,7 +14,7 @@ from fakes import monitor_threads
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
-from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel import allocator_figures, monitor
 from tfgpu_magic.kernel.monitor import THREAD_NAME, Hub, Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -203,11 +203,13 @@ def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypat
         sampler = monitor.active_sampler()
         sampler.tick()
         gpu.session.tf.fake_stage, gpu.session.tf.found = Stage.ENUMERATED, []  # it listed none
+        allocator_figures.publish(gpu.session)  # the cell ends: the kernel publishes what it read
         sample = sampler.tick()
         assert [d["key"] for d in panel.devices] == shown
         assert [d["gone"] for d in panel.devices] == [None] * len(shown)  # not "hidden by %gpu use"
         assert [d.key for d in sample.devices] == shown and all(d.used_bytes for d in sample.devices)
-        assert sample.status == monitor.TF_FOUND_NO_GPU
+        assert sample.status == monitor.FOUND_NO_GPU.format(name="TensorFlow")
+        assert sample.status == "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
         late = monitor.open_panel(display=False, session=gpu.session)  # not "Nothing to chart"
         assert [d["key"] for d in late.devices] == shown
     finally:

@@ -12,13 +12,16 @@ import sys
 import types
 from dataclasses import dataclass
 
+from fakes import tf_figures
+
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import busy_server
+from tfgpu_magic.kernel.allocator_figures import FigureSeries
 from tfgpu_magic.kernel.monitor import MAX_HISTORY, DeviceSample, Sample, Sampler, _Stored
 
 ME = 4242
 MIB = 1024 * 1024
-STATED_MIB = 3.62  # monitor.py's comment (README.md's Cost paragraph said 3.25 before utilization was kept)
+STATED_MIB = 3.85  # monitor.py's comment (3.25 before utilization was kept, 3.62 before allocator figures)
 
 
 @dataclass
@@ -45,13 +48,17 @@ def full_history_of_8_gpus() -> Sampler:
     server = busy_server(ME, gpus=8)
     tick = [0]
 
-    def tf_stats():
+    stats: dict = {}
+    read = tf_figures(stats, {f"GPU:{i}": i for i in range(8)})
+
+    def figures():  # TensorFlow's allocator changes on every tick, read as after each cell
         tick[0] += 1
-        return {f"GPU:{i}": Stats(10**9 + tick[0] * 4096 + i, 2 * 10**9 + tick[0] * 4096 + i) for i in range(8)}
+        stats.update({f"GPU:{i}": Stats(10**9 + tick[0] * 4096 + i, 2 * 10**9 + tick[0] * 4096 + i) for i in range(8)})
+        return read()
 
     s = Sampler(
-        Nvml(lib=server), ME, interval=0.1, keep_s=10**6, tf_stats=tf_stats,
-        tf_map=lambda: {f"GPU:{i}": i for i in range(8)}, limits=lambda: {i: 20 * 1024 * MIB for i in range(8)},
+        Nvml(lib=server), ME, interval=0.1, keep_s=10**6, figures=figures,
+        limits=lambda: {i: 20 * 1024 * MIB for i in range(8)},
     )
     for _ in range(MAX_HISTORY + 200):  # full, and then some: the oldest go
         for gpu in server.gpus:  # every reading changes on every tick: the worst case
@@ -70,11 +77,20 @@ def test_a_full_history_of_8_gpus_stays_within_the_stated_size():
 
 def test_packing_keeps_every_reading_gap_and_message():
     devices = (
-        DeviceSample("gpu0", "GPU 0 · A100", 80 * 2**30, 2**40, 0, None, 7, None, None),
+        DeviceSample("gpu0", "GPU 0 · A100", 80 * 2**30, 2**40, 0, None, None, 7, None,
+                     figures=(("pytorch", "allocated", 3), ("pytorch", "reserved", None))),
         DeviceSample("gpu1", "GPU 1", None, None, None, None, None, None, "GPU 1 stopped answering"),
-        DeviceSample("tf:CPU:0", "TensorFlow CPU:0", tf_in_use_bytes=2**63 - 1, tf_peak_bytes=0),
+        # The older wire fields are filled from the figures their series name (TensorFlow's).
+        DeviceSample("tensorflow:CPU:0", "TensorFlow CPU:0", tf_in_use_bytes=2**63 - 1, tf_peak_bytes=0,
+                     figures=(("tensorflow", "in_use", 2**63 - 1), ("tensorflow", "peak", 0))),
     )
-    sample = Sample(1700000000.25, devices, "a note")
+    series = (
+        FigureSeries("pytorch", "allocated", "PyTorch allocator: allocated"),
+        FigureSeries("pytorch", "reserved", "PyTorch allocator: reserved"),
+        FigureSeries("tensorflow", "in_use", "TensorFlow allocator: in use", "tf_in_use_bytes"),
+        FigureSeries("tensorflow", "peak", "TensorFlow allocator: peak", "tf_peak_bytes"),
+    )
+    sample = Sample(1700000000.25, devices, "a note", series, 1700000000.0, ("JAX: no allocator figures until its first operation",))
     stored = _Stored.pack(sample, None)
     assert stored.unpack() == sample
     assert stored.devices == devices and stored.time_s == sample.time_s

@@ -14,6 +14,7 @@ from fakes import monitor_threads, wait_for
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, AllocatorFigures
 from tfgpu_magic.kernel import monitor
 from tfgpu_magic.kernel.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, Hub, Sampler
 
@@ -33,11 +34,11 @@ class Gate:
         self.entered.clear()
         self.open.clear()
 
-    def __call__(self) -> dict:
+    def __call__(self) -> AllocatorFigures:
         if not self.open.is_set():
             self.entered.set()
             self.open.wait(20)
-        return {}
+        return NOTHING_READ
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +52,7 @@ def nothing_left_behind(monkeypatch):
 # -- truthful stops ------------------------------------------------------------------------------
 def test_a_stop_during_a_slow_reading_says_the_thread_still_runs():
     gate = Gate()
-    s = Sampler(Nvml(lib=shared_server(ME)), ME, interval=0.1, tf_stats=gate)
+    s = Sampler(Nvml(lib=shared_server(ME)), ME, interval=0.1, figures=gate)
     s.start()
     wait_for(lambda: len(s.history) >= 1)
     gate.close()
@@ -67,7 +68,7 @@ def test_monitor_off_during_a_slow_reading_tells_the_truth_and_the_next_panel_re
     pytest.importorskip("tfgpu_magic.kernel.widget")
     gate = Gate()
     fake = Nvml(lib=shared_server())
-    panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False, tf_stats=gate)
+    panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False, figures=gate)
     first = monitor.active_sampler()
     wait_for(lambda: len(first.history) >= 1)
     gate.close()
@@ -108,7 +109,7 @@ def test_the_hub_never_runs_two_sampler_threads():
     hub, made = Hub(), []
 
     def make():
-        made.append(Sampler(Nvml(lib=shared_server(ME)), ME, interval=0.1, tf_stats=gate))
+        made.append(Sampler(Nvml(lib=shared_server(ME)), ME, interval=0.1, figures=gate))
         return made[-1]
 
     a, b = object(), object()

@@ -189,6 +189,7 @@ def test_a_failing_hook_never_breaks_the_cell_and_says_so_once(tracing, shell, c
         raise RuntimeError("allocator gone")
 
     session.tf.open_peak_window = broken
+    session.tf.fake_stage = Stage.IMPORTED  # a window is opened for an imported framework only, as for any
     tracing(True)
     capsys.readouterr()
     ok, out, err = run(shell, capsys, "y = 41 + 1")

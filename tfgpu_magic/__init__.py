@@ -26,6 +26,9 @@ def load_ipython_extension(ipython: Any) -> None:
     from .kernel.oom_handler import install as explain_out_of_memory  # hooks in when a framework is imported
 
     explain_out_of_memory(ipython, magics.session)
+    from .kernel.allocator_figures import install as publish_after_each_cell  # for the memory panel
+
+    publish_after_each_cell(ipython, magics.session)
     magics.apply_defaults()
 
 

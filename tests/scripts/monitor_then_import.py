@@ -23,7 +23,7 @@ time.sleep(0.25)  # the sampler is ticking
 before = set(sys.modules)
 outcome = ip.run_cell("import tensorflow as tf\ntotal = float(tf.reduce_sum(tf.ones([4, 4])))")
 error = outcome.error_in_exec or outcome.error_before_exec
-time.sleep(0.3)  # a few ticks after the import: TensorFlow's allocator is read now
+time.sleep(0.3)  # a few ticks after the cell: TensorFlow's allocator, read as it ended, is in the samples
 from tfgpu_magic.kernel.monitor import active_sampler, stop_panels  # noqa: E402
 
 sampler = active_sampler()
@@ -33,5 +33,6 @@ print(json.dumps({
     "error": None if error is None else f"{type(error).__name__}: {error}",
     "total": ip.user_ns.get("total"),
     "sampler_thread_seen": any(t.name == "tfgpu-monitor" for t in threading.enumerate()) or sampler is not None,
-    "tf_device_sampled": last is not None and any(d.key.startswith("tf:") for d in last.devices),
+    # TensorFlow's figures, read on this thread after the cell, reach the sampler's samples.
+    "tf_device_sampled": last is not None and any(f[0] == "tensorflow" for d in last.devices for f in d.figures),
 }))

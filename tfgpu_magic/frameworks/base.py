@@ -13,12 +13,13 @@ import importlib.util
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Protocol, runtime_checkable
 
 from ..command.plan import Plan, Resolution
 
 __all__ = [
-    "CUDA_ENV", "Capture", "Change", "FreeReport", "Host", "Refusal", "CudaRecord", "DeviceMemory", "Framework", "PeakReading", "PeakWindow", "ResettingPeakWindow",
+    "CUDA_ENV", "Capture", "Change", "ChartedFigure", "FreeReport", "Host", "Refusal", "CudaRecord", "DeviceMemory", "Framework",
+    "PeakReading", "PeakWindow", "ResettingPeakWindow",
     "Stage", "UnresettablePeakWindow", "attribute", "capture", "installed", "not_the_framework", "too_late",
 ]
 
@@ -157,6 +158,22 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True)
+class ChartedFigure:
+    """One figure of a framework's allocator that the memory panel draws as a series of its own.
+
+    ``field`` names the :class:`DeviceMemory` attribute it is read from; ``series`` is its key in
+    the panel's wire format (under the framework's key); ``label`` is what the legend calls it,
+    after "<framework> allocator: ".  ``wire_field`` names an older per-device field of the
+    panel's samples that the figure also fills (TensorFlow's ``tf_in_use_bytes``, kept stable).
+    """
+
+    series: str  # "allocated", "reserved", "in_use", "peak"
+    field: str  # "in_use_bytes", "peak_bytes", "reserved_bytes", "limit_bytes"
+    label: str  # "allocated", "in use", ...
+    wire_field: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class PeakReading:
     """A device's allocator over one window (a traced cell, a budgeted cell).
 
@@ -276,6 +293,49 @@ class Framework(Protocol):
     def open_peak_window(self) -> PeakWindow: ...
 
     def oom_error_type(self) -> Optional[type]: ...
+
+    # -- figures for the panel and the trace --
+    charted_figures: tuple[ChartedFigure, ...]  # what the panel draws of device_memory(), in order
+
+    def figures_absent(self) -> Optional[str]:
+        """Imported or started, why this build keeps no allocator figures to chart (a short phrase,
+        shown after "<name>: no allocator figures"); None where it keeps them, or where it is
+        not imported.  Asked on the user's thread only; never starts anything."""
+        ...
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """The framework's GPU device names (``cuda:0``) -> nvidia-smi index, given CUDA's numbering
+        (``cuda_map[k]`` is CUDA device k's nvidia-smi index); empty where it cannot tell yet."""
+        ...
+
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        """How the trace names one of its devices, given its nvidia-smi index (None: none)."""
+        ...
+
+    import_says_little: bool  # its import alone does not say the user works with it (another framework imports it)
+    # The session's found-no-GPU answer and diagnosis are about it: the panel names it, the trace
+    # says the diagnosis before its lines.
+    no_gpu_diagnosed: bool
+
+    def trace_absent(self) -> Optional[str]:
+        """The trace's line (said once) when it started and keeps no allocator figures; None: nothing to say."""
+        ...
+
+    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+        """Before it starts, set what its allocator needs to keep figures for the trace (True: set now,
+        False: set already, None: nothing to set, or too late).  ``visible``: the GPUs CUDA will show."""
+        ...
+
+    def trace_reply(
+        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
+    ) -> Optional[str]:
+        """Its own words for what ``%gpu trace`` will show (set up for it: see :meth:`trace_ready`);
+        None where the reply names it with the others.  ``label`` names one of its devices."""
+        ...
+
+    def trace_stopped(self) -> None:
+        """``%gpu trace off``: undo what tracing set up for the start."""
+        ...
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,14 +18,14 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change
 from .base import (
-    CUDA_ENV, Capture, Change, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, Stage, UnresettablePeakWindow,
-    attribute, capture, installed, not_the_framework, too_late,
+    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, Stage,
+    UnresettablePeakWindow, attribute, capture, installed, not_the_framework, too_late,
 )
 
 __all__ = [
@@ -445,6 +445,51 @@ class Jax:
         if self._jax is None:
             return None
         return getattr(getattr(self._jax, "errors", None), "JaxRuntimeError", None)
+
+    # -- figures for the panel and the trace --
+    charted_figures = (ChartedFigure("in_use", "in_use_bytes", "in use"),)
+
+    def figures_absent(self) -> Optional[str]:
+        """Nothing before its first operation; its CPU backend keeps no statistics (memory_stats() is None)."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if stage is not Stage.STARTED:
+            return "until its first operation"
+        if self._gpu_devices():
+            return None
+        return "on this build (its CPU backend keeps none)"
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """``gpu:k`` -> nvidia-smi index: CUDA's device k (JAX numbers GPUs as CUDA does)."""
+        return {f"gpu:{k}": index for k, index in enumerate(cuda_map)}
+
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        """``GPU 1 (JAX gpu:0)``: nvidia-smi's number first, its own name after."""
+        return f"{self.name} {device}" if gpu is None else f"GPU {gpu} ({self.name} {device})"
+
+    # TensorFlow imports jax itself where it is installed: only a start says the user works with it.
+    # The session's no-GPU diagnosis is TensorFlow's.
+    import_says_little = True
+    no_gpu_diagnosed = False
+
+    def trace_absent(self) -> Optional[str]:
+        """Started without figures (the panel's note says why): nothing of it to trace."""
+        why = self.figures_absent()
+        return None if why is None else f"{self.name}: no allocator figures {why}; nothing of it to trace"
+
+    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+        """Nothing to set up: its allocator keeps its figures whatever the environment."""
+        return None
+
+    def trace_reply(
+        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
+    ) -> Optional[str]:
+        """None: the trace's reply names it with the others."""
+        return None
+
+    def trace_stopped(self) -> None:
+        pass
 
 
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change
 from .base import (
-    CUDA_ENV, Capture, Change, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, ResettingPeakWindow, Stage, capture,
-    installed, not_the_framework,
+    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, ResettingPeakWindow,
+    Stage, capture, installed, not_the_framework,
 )
 
 __all__ = [
@@ -399,6 +399,53 @@ class PyTorch:
     def oom_error_type(self) -> Optional[type]:
         """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), or None before the import."""
         return None if self._torch is None else getattr(self._torch, "OutOfMemoryError", None)
+
+    # -- figures for the panel and the trace --
+    charted_figures = (
+        ChartedFigure("allocated", "in_use_bytes", "allocated"),
+        ChartedFigure("reserved", "reserved_bytes", "reserved"),
+    )
+
+    def figures_absent(self) -> Optional[str]:
+        """A CPU build has no CUDA allocator; a CUDA build has none until CUDA starts."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if not self.cuda_build():
+            return "on this build (CPU only: no CUDA allocator)"
+        if stage is not Stage.STARTED:
+            return "until it starts CUDA (not started in this kernel)"
+        return None if self.memory() else "on this build (no CUDA device reported)"
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """``cuda:k`` -> nvidia-smi index: CUDA's device k."""
+        return {f"cuda:{k}": index for k, index in enumerate(cuda_map)}
+
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        """``GPU 1 (PyTorch cuda:0)``: nvidia-smi's number first, its own name after."""
+        return f"{self.name} {device}" if gpu is None else f"GPU {gpu} ({self.name} {device})"
+
+    # Its import alone says the user works with it; the no-GPU diagnosis is TensorFlow's.
+    import_says_little = False
+    no_gpu_diagnosed = False
+
+    def trace_absent(self) -> Optional[str]:
+        """Started without figures (the panel's note says why): nothing of it to trace."""
+        why = self.figures_absent()
+        return None if why is None else f"{self.name}: no allocator figures {why}; nothing of it to trace"
+
+    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+        """Nothing to set up: its allocator keeps its figures whatever the environment."""
+        return None
+
+    def trace_reply(
+        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
+    ) -> Optional[str]:
+        """None: the trace's reply names it with the others."""
+        return None
+
+    def trace_stopped(self) -> None:
+        pass
 
 
 def _allocator_settings(module: Any) -> Optional[str]:

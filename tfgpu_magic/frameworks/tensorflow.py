@@ -22,14 +22,14 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import format_bytes, format_change
 from .base import (
-    CUDA_ENV, Capture, Change, CudaRecord, DeviceMemory, FreeReport, Host, PeakReading, Refusal, Stage, capture, installed,
-    not_the_framework, too_late,
+    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, PeakReading, Refusal, Stage,
+    capture, installed, not_the_framework, too_late,
 )
 from .import_hooks import run_after_import
 
@@ -54,6 +54,12 @@ NEEDS = ("config.list_physical_devices", "config.experimental.get_memory_info", 
 CPU_STATS_ENV = "TF_CPU_ALLOCATOR_USE_BFC"  # read when TensorFlow creates its CPU allocator
 CPU_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU BFC allocator's cap; TensorFlow's default below
 CPU_DEFAULT_LIMIT_MIB = 1 << 16
+# What `%gpu trace` (and a budget) says when TensorFlow started and no allocator keeps statistics.
+TRACE_NO_STATS = (
+    "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
+    f"started without {CPU_STATS_ENV}=true. Restart the kernel and run `%gpu trace` "
+    "before `import tensorflow` (it sets the variable), or set it in the kernel's environment"
+)
 
 
 class ApplyError(RuntimeError):
@@ -591,6 +597,92 @@ class TensorFlow:
             for tag, value in values.items():
                 tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
         writer.flush()
+
+    # -- figures for the panel and the trace --
+    # In use and peak; they also fill the panel's older per-device fields (a stable wire format).
+    charted_figures = (
+        ChartedFigure("in_use", "in_use_bytes", "in use", wire_field="tf_in_use_bytes"),
+        ChartedFigure("peak", "peak_bytes", "peak", wire_field="tf_peak_bytes"),
+    )
+
+    def figures_absent(self) -> Optional[str]:
+        """Why there is nothing to chart: not started yet, or no allocator keeps statistics."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if stage is not Stage.STARTED:
+            return "until its first op"
+        if self.memory_devices():
+            return None
+        return f"on this build: no GPU, and its CPU allocator keeps none without {CPU_STATS_ENV}=true"
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict[str, int]:
+        """``GPU:j`` (logical) -> nvidia-smi index; ``CPU:0`` maps to none."""
+        return self.gpu_names(cuda_map)
+
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        """``GPU 1 (TF GPU:0)``: nvidia-smi's number first; ``CPU:0`` as it is."""
+        if not device.startswith("GPU:") or gpu is None:
+            return device
+        return f"GPU {gpu} (TF {device})"
+
+    # Its import alone says the user works with it; the session's no-GPU diagnosis is about it.
+    import_says_little = False
+    no_gpu_diagnosed = True
+
+    def trace_absent(self) -> Optional[str]:
+        """The trace's line, once, when it started and no allocator keeps statistics."""
+        return TRACE_NO_STATS
+
+    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+        """Before start-up with no GPU to be visible: turn on the CPU allocator's statistics.
+
+        True when it set ``TF_CPU_ALLOCATOR_USE_BFC=true`` now, False when it was set already, None
+        when it does not apply (GPUs will be traced, or TensorFlow has started: too late).
+        ``visible``: the nvidia-smi indices CUDA will show (None: no NVML).
+        """
+        if self.stage() is Stage.STARTED or self._gpus_expected(visible):
+            return None
+        if env.get(CPU_STATS_ENV, "").lower() == "true":
+            return False
+        env[CPU_STATS_ENV] = "true"  # the session's environment is the process's, except in tests
+        return True
+
+    def _gpus_expected(self, visible: Callable[[], Optional[list[int]]]) -> bool:
+        if self.cpu_only_build():
+            return False  # tensorflow-cpu: whatever the driver lists, TensorFlow will see no GPU
+        try:
+            shown = visible()
+        except Exception:  # no reading: assume GPUs rather than change the CPU allocator uninvited
+            return True
+        return bool(shown)  # None: no NVML, so no NVIDIA driver and no GPU for TensorFlow
+
+    def trace_reply(
+        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
+    ) -> Optional[str]:
+        """What ``%gpu trace`` will show of TensorFlow, set up for it (its CPU allocator's statistics)."""
+        if self.stage() is Stage.STARTED:
+            devices = self.memory_devices()
+            if not devices:
+                return TRACE_NO_STATS
+            return f"after each cell, TensorFlow's allocator peak and retained change on {', '.join(map(label, devices))}"
+        text = "after each cell once TensorFlow has started, its allocator peak and retained change"
+        changed = self.trace_ready(env, visible)
+        if changed is None:
+            # GPUs are expected; should TensorFlow find none (a CPU-only build, CUDA's libraries
+            # missing), its CPU allocator is traced instead, set up just before the runtime starts.
+            self.cpu_stats_if_no_gpu = True
+            return f"{text}; if TensorFlow finds no GPU, its CPU allocator is traced instead"
+        if changed:
+            return (
+                f"{text}; no GPU will be visible, so {CPU_STATS_ENV}=true is now set for TensorFlow's CPU "
+                "allocator to keep statistics"
+            )
+        return f"{text}; no GPU will be visible, so the CPU allocator is traced ({CPU_STATS_ENV}=true is set)"
+
+    def trace_stopped(self) -> None:
+        """Untraced, the CPU allocator stays TensorFlow's choice."""
+        self.cpu_stats_if_no_gpu = False
 
 
 def _set_policy_at_keras_import(keras: Any, plan: Plan) -> None:

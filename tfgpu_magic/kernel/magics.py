@@ -16,6 +16,7 @@ from traitlets import List, Unicode, observe
 
 from ..command import grammar
 from ..command.plan import Plan, PlanError
+from . import allocator_figures
 from .session import Session, SessionError, get_session
 
 __all__ = ["COMPLETION_ID", "GpuMagics", "MANUAL", "complete", "register_completion"]
@@ -62,6 +63,8 @@ class GpuMagics(Magics):
             answer = handler(command)
         except (grammar.GrammarError, SessionError) as err:
             raise UsageError(str(err)) from err
+        finally:
+            allocator_figures.publish(self.session)  # the panel's figures, read here on the user's thread
         if answer:
             print(answer)
 

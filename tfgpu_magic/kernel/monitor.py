@@ -2,9 +2,13 @@
 
 Sampling runs on its own thread, never on the kernel's event loop, so a panel keeps moving
 while a long cell (``model.fit``) holds the kernel.  The sources are injected (an ``Nvml``, and
-plain callables for TensorFlow's allocator statistics, the configured limits and the visible
-GPUs), so tests, benchmarks and the GPU machine drive the same code without IPython or
-TensorFlow.  This module imports neither; the widget lives in :mod:`tfgpu_magic.kernel.widget`.
+plain callables for the frameworks' allocator figures, the configured limits and the visible
+GPUs), so tests, benchmarks and the GPU machine drive the same code without IPython or a
+framework.  This module imports neither; the widget lives in :mod:`tfgpu_magic.kernel.widget`.
+
+The thread reads NVML only.  The frameworks' allocator figures are read on the user's thread,
+after each cell and at every ``%gpu`` (:mod:`tfgpu_magic.kernel.allocator_figures`); the thread
+takes the latest published snapshot and never calls into a framework.
 
 Readings are bytes.  A reading that failed is ``None`` (drawn as a gap), never 0.
 
@@ -29,9 +33,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from ..frameworks.base import Stage
-from ..gpus.holdings import tf_by_gpu
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable
+from . import allocator_figures
+from .allocator_figures import NOTHING_READ, AllocatorFigures, FigureSeries
 
 __all__ = [
     "DeviceSample",
@@ -53,7 +57,7 @@ DEFAULT_INTERVAL_S = 0.5  # a panel opened while none runs, without --interval
 MIN_INTERVAL_S = 0.1  # NVML itself refreshes memory readings about this often
 MAX_INTERVAL_S = 60.0  # `%gpu monitor --interval` allows 0.1 s to 60 s
 MAX_WINDOW_S = 24 * 3600.0  # `%gpu monitor --window` allows up to 24 h
-SLOW_SOURCES_S = 2.0  # limits, visible GPUs, TF numbering: configuration, re-read this often
+SLOW_SOURCES_S = 2.0  # limits, visible GPUs: configuration, re-read this often
 # A GPU's process lists (NVML's costliest calls, two per GPU) are read again only when its used
 # memory changed since the last listing, which this kernel allocating or freeing always does, or
 # when that listing is this old: the GPU's used memory and the per-process figures are separate
@@ -67,13 +71,14 @@ STOP_WAIT_S = 5.0  # how long a stop waits for a reading in progress before sayi
 # x86_64, with tracemalloc and with a sys.getsizeof walk (they agree): a full history of 8 GPUs
 # whose every reading changes on every tick held 3.25 MiB, about 70 bytes per GPU per sample;
 # with GPU utilization kept too (7 readings per GPU) 3.62 MiB, about 79 bytes (2026-11-22, the
-# sys.getsizeof walk of tests/test_panel_history.py only, which holds the code to it).  Kept as
-# DeviceSample objects it held 19 MiB.
+# sys.getsizeof walk of tests/test_panel_history.py only, which holds the code to it).  With the
+# frameworks' allocator figures read anew for every sample too (their read time is then one more
+# float per sample; after each cell in a real kernel) 3.85 MiB (2026-11-26, the same walk, same
+# VM).  Kept as DeviceSample objects it held 19 MiB.
 MAX_HISTORY = 6000
 THREAD_NAME = "tfgpu-monitor"
 
-TfStats = Callable[[], Mapping[str, Any]]  # "GPU:0" -> object with current_bytes, peak_bytes
-TfMap = Callable[[], Mapping[str, int]]  # "GPU:0" -> NVML index
+Figures = Callable[[], AllocatorFigures]  # the latest snapshot published on the user's thread
 Limits = Callable[[], Mapping[int, int]]  # NVML index -> configured cap, bytes
 Visible = Callable[[], Optional[list[int]]]  # NVML indices this kernel sees; None = all
 
@@ -82,17 +87,22 @@ Visible = Callable[[], Optional[list[int]]]  # NVML indices this kernel sees; No
 class DeviceSample:
     """One device at one instant.  Every reading in bytes; None = missing (a gap)."""
 
-    key: str  # "gpu0" for NVML GPU 0; "tf:CPU:0" for a TensorFlow device NVML does not know
+    key: str  # "gpu0" for NVML GPU 0; "tensorflow:CPU:0" for a framework's device NVML does not know
     label: str  # what the panel titles the chart with
     total_bytes: Optional[int] = None
     used_bytes: Optional[int] = None  # by every process on the GPU
     mine_bytes: Optional[int] = None  # by this kernel's process
-    tf_in_use_bytes: Optional[int] = None  # TensorFlow's allocator, inside what this kernel holds
+    # TensorFlow's allocator, inside what this kernel holds: a stable wire field, filled from the
+    # figure whose adapter names it (ChartedFigure.wire_field); also under ``figures``.
+    tf_in_use_bytes: Optional[int] = None
     tf_peak_bytes: Optional[int] = None
     limit_bytes: Optional[int] = None  # the configured per-GPU cap
     error: Optional[str] = None  # why readings are missing, shown in the panel
     # NVML's GPU utilization, percent; last so that positional construction above stays valid.
     utilization_percent: Optional[int] = None
+    # Every framework's allocator figures on this device: (framework key, series, bytes or None),
+    # summed over the framework's devices on one GPU (TensorFlow's logical GPUs), as read last.
+    figures: tuple[tuple[str, str, Optional[int]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,21 +110,34 @@ class Sample:
     time_s: float  # Unix time, seconds
     devices: tuple[DeviceSample, ...]
     status: Optional[str] = None  # a panel-wide message, e.g. "no NVIDIA GPU"
+    # The frameworks' allocator figures, as last published on the user's thread: the series
+    # present (the legend's names), when they were read, and why a framework has none.
+    series: tuple[FigureSeries, ...] = ()
+    figures_read_at: Optional[float] = None
+    figure_notes: tuple[str, ...] = ()
 
 
-# The readings of a DeviceSample (all ints, packed into one int64 array per sample).
+# The readings of a DeviceSample (all ints, packed into one int64 array per sample), before its
+# figures.  The older fields that figures fill (tf_in_use_bytes) are not packed: unpacking fills
+# them again from the figures, as the sampler did (FigureSeries.wire_field).
 _READINGS = (
     "total_bytes",
     "used_bytes",
     "mine_bytes",
-    "tf_in_use_bytes",
-    "tf_peak_bytes",
     "limit_bytes",
     "utilization_percent",
 )
 _GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
 _readings_of = operator.attrgetter(*_READINGS)  # a DeviceSample's readings, as a tuple
-_key_and_label = operator.attrgetter("key", "label")
+
+
+def _layout_of(device: DeviceSample) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """A device's key, label and the (framework, series) of its figures: what rarely changes."""
+    return device.key, device.label, tuple(f[:2] for f in device.figures)
+
+
+def _figure_values(device: DeviceSample) -> list[Optional[int]]:
+    return [f[2] for f in device.figures]
 
 
 def _int64(value: Any) -> int:
@@ -130,51 +153,66 @@ class _Stored:
     """A sample as the history keeps it: ~70 bytes per device instead of ~400.
 
     The readings of all devices sit in one ``array('q')``; the device keys and labels, the
-    error messages and the status are shared with the previous sample when unchanged (they
-    rarely change), so a sample costs one small object, one float and one array.
+    error messages, the status and the allocator figures' description are shared with the
+    previous sample when unchanged (they rarely change), so a sample costs one small object,
+    one float and one array.
     """
 
-    __slots__ = ("time_s", "layout", "readings", "errors", "status")
+    __slots__ = ("time_s", "layout", "readings", "errors", "status", "figures", "figures_at")
 
-    def __init__(self, time_s: float, layout: tuple, readings: array, errors: Optional[tuple], status: Optional[str]):
+    def __init__(self, time_s: float, layout: tuple, readings: array, errors: Optional[tuple], status: Optional[str],
+                 figures: tuple = ((), ()), figures_at: Optional[float] = None):
         self.time_s = time_s
-        self.layout = layout  # ((key, label), ...)
-        self.readings = readings  # len(_READINGS) per device, _GAP where missing
+        self.layout = layout  # ((key, label, ((framework, series), ...)), ...)
+        self.readings = readings  # per device len(_READINGS), then one per figure; _GAP where missing
         self.errors = errors  # one per device, or None when there is none
         self.status = status
+        self.figures = figures  # (series, figure_notes): the description of the figures
+        self.figures_at = figures_at  # when they were read
 
     @classmethod
     def pack(cls, sample: Sample, previous: Optional[_Stored]) -> _Stored:
         devices = sample.devices
-        layout = tuple(map(_key_and_label, devices))
+        layout = tuple(map(_layout_of, devices))
         errors: Optional[tuple] = tuple(d.error for d in devices)
         if not any(errors):
             errors = None
         status = sample.status
+        figures, figures_at = (sample.series, sample.figure_notes), sample.figures_read_at
         if previous is not None:  # share what did not change (equal strings, one copy)
             layout = previous.layout if layout == previous.layout else layout
             errors = previous.errors if errors == previous.errors else errors
             status = previous.status if status == previous.status else status
-        values = [v for d in devices for v in _readings_of(d)]
+            figures = previous.figures if figures == previous.figures else figures
+            figures_at = previous.figures_at if figures_at == previous.figures_at else figures_at
+        values = [v for d in devices for v in (*_readings_of(d), *_figure_values(d))]
         try:
             readings = array("q", [_GAP if v is None else v for v in values])
         except (TypeError, OverflowError):  # not an int, or out of range: shown as a gap
             readings = array("q", [_int64(v) for v in values])
-        return cls(float(sample.time_s), layout, readings, errors, status)
+        return cls(float(sample.time_s), layout, readings, errors, status, figures, figures_at)
 
     def unpack(self) -> Sample:
         n = len(_READINGS)
         errors = self.errors or (None,) * len(self.layout)
-        devices = tuple(
-            DeviceSample(
+        values = [None if v == _GAP else v for v in self.readings]
+        series, notes = self.figures
+        wire = {(s.framework, s.series): s.wire_field for s in series if s.wire_field}
+        devices = []
+        at = 0
+        for i, (key, label, charted) in enumerate(self.layout):
+            readings, figures = values[at : at + n], values[at + n : at + n + len(charted)]
+            at += n + len(charted)
+            figures = tuple((framework, name, v) for (framework, name), v in zip(charted, figures))
+            devices.append(DeviceSample(
                 key,
                 label,
                 error=errors[i],
-                **{name: None if v == _GAP else v for name, v in zip(_READINGS, self.readings[i * n : (i + 1) * n])},
-            )
-            for i, (key, label) in enumerate(self.layout)
-        )
-        return Sample(self.time_s, devices, self.status)
+                figures=figures,
+                **dict(zip(_READINGS, readings)),
+                **_wire_fields(figures, wire),
+            ))
+        return Sample(self.time_s, tuple(devices), self.status, series, self.figures_at, notes)
 
     @property
     def devices(self) -> tuple[DeviceSample, ...]:  # reads like a Sample (history[-1].devices)
@@ -189,6 +227,14 @@ def _no_visible() -> None:
     return None
 
 
+def _no_note() -> None:
+    return None
+
+
+def _nothing_read() -> AllocatorFigures:
+    return NOTHING_READ
+
+
 class Sampler:
     """Reads every device once per ``interval`` seconds on a daemon thread.
 
@@ -201,26 +247,25 @@ class Sampler:
         nvml: Nvml,
         my_pid: Optional[int] = None,
         *,
-        tf_stats: TfStats = _no_stats,
-        tf_map: TfMap = _no_stats,
+        figures: Figures = _nothing_read,
         limits: Limits = _no_stats,
         visible: Visible = _no_visible,
-        tf_found_no_gpu: Callable[[], bool] = bool,  # bool() is False: no such note
+        no_gpu_note: Callable[[], Optional[str]] = _no_note,  # a panel-wide note while GPUs are charted
         interval: float = 0.5,
         keep_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.nvml = nvml
         self.my_pid = os.getpid() if my_pid is None else my_pid
-        self._tf_stats, self._tf_map = tf_stats, tf_map
+        self._figures = figures  # never a framework: the latest snapshot published on the user's thread
         self._limits, self._visible = limits, visible
-        self._tf_found_no_gpu = tf_found_no_gpu
+        self._no_gpu_note = no_gpu_note
         self._clock = clock
         self._interval = _checked_interval(interval)
         self._keep_s = _checked_keep(keep_s)
         self._lock = threading.Lock()  # guards history and listeners
         self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
-        self._layout: tuple[tuple[str, str], ...] = ()  # the devices of the last good sample
+        self._layout: tuple[tuple[str, str, tuple], ...] = ()  # the devices of the last good sample
         self._listeners: list[Callable[[Sample], None]] = []
         # Configuration sources may read every GPU in full; they change rarely, so they are
         # re-read every SLOW_SOURCES_S rather than on every tick: (monotonic time, values).
@@ -381,42 +426,44 @@ class Sampler:
             now = float(self._clock())
         except Exception:
             now = time.time()
-        devices = tuple(DeviceSample(key=key, label=label, error=note) for key, label in self._layout)
+        devices = tuple(DeviceSample(key=key, label=label, error=note) for key, label, _ in self._layout)
         return Sample(now, devices, note)
 
     # -- one reading ------------------------------------------------------------------------
     def read(self) -> Sample:
         now = self._clock()
         status = None
-        tf_stats, tf_note = _guarded(self._tf_stats, "TensorFlow's allocator statistics", {})
-        tf_map, map_note, limits, limit_note, visible, found_note = self._configuration()
-        by_index = tf_by_gpu(tf_stats, tf_map)  # summed over logical GPUs, as `%gpu` shows it
+        figures, figures_note = _guarded(self._figures, "the allocator figures", NOTHING_READ)
+        if not isinstance(figures, AllocatorFigures):
+            figures, figures_note = NOTHING_READ, f"the allocator figures source gave a {type(figures).__name__}"
+        limits, limit_note, visible, found_note = self._configuration()
         try:
             count = self.nvml.device_count()
             indices = [i for i in range(count) if visible is None or i in visible]
         except NvmlUnavailable as err:
             indices = []
             status = f"No NVIDIA GPU to chart: {err}"
-        devices = [self._read_gpu(i, by_index.get(i), limits.get(i), now) for i in indices]
-        mapped = {name for name, index in tf_map.items() if index in indices}
-        devices += [_tf_only(name, stats) for name, stats in tf_stats.items() if name not in mapped]
-        notes = [n for n in (status, tf_note, map_note, limit_note, found_note if indices else None) if n]
-        return Sample(now, tuple(devices), "; ".join(notes) or None)
+        on_gpu, elsewhere = _by_gpu(figures, set(indices))
+        wire = figures.wire_fields()
+        devices = [self._read_gpu(i, on_gpu.get(i, ()), wire, limits.get(i), now) for i in indices]
+        devices += [_elsewhere(device, wire) for device in elsewhere]
+        notes = [n for n in (status, figures_note, limit_note, found_note if indices else None) if n]
+        return Sample(now, tuple(devices), "; ".join(notes) or None, figures.series, figures.read_at, figures.notes)
 
     def _configuration(self) -> tuple[Any, ...]:
         now = time.monotonic()
         if self._slow is None or now - self._slow[0] >= SLOW_SOURCES_S:
-            tf_map, map_note = _guarded(self._tf_map, "TensorFlow's GPU numbering", {})
             limits, limit_note = _guarded(self._limits, "the configured limits", {})
             visible, _ = _guarded(self._visible, "the visible GPUs", None)  # unknown: show all
-            found_none, _ = _guarded(self._tf_found_no_gpu, "TensorFlow's GPUs", False)
-            found_note = TF_FOUND_NO_GPU if found_none else None
-            self._slow = (now, (tf_map, map_note, limits, limit_note, visible, found_note))
+            found_note, _ = _guarded(self._no_gpu_note, "the frameworks' GPUs", None)
+            self._slow = (now, (limits, limit_note, visible, found_note or None))
         return self._slow[1]
 
-    def _read_gpu(self, index: int, tf: Optional[tuple[int, int]], limit: Optional[int], now: float) -> DeviceSample:
+    def _read_gpu(
+        self, index: int, figures: tuple, wire: Mapping[tuple[str, str], str], limit: Optional[int], now: float
+    ) -> DeviceSample:
         key, label = self._names.get(index) or self._name(index)
-        tf_in_use, tf_peak = tf or (None, None)
+        older = _wire_fields(figures, wire)
         try:
             memory = self.nvml.memory(index)
         except GpuLost as err:
@@ -431,16 +478,14 @@ class Sampler:
                 total_bytes=memory.total_bytes,
                 used_bytes=memory.used_bytes,
                 mine_bytes=mine,
-                tf_in_use_bytes=tf_in_use,
-                tf_peak_bytes=tf_peak,
                 limit_bytes=limit,
                 error=note,
                 utilization_percent=self._utilization(index),
+                figures=figures,
+                **older,
             )
         self._listings.pop(index, None)  # a GPU that answers again is listed afresh
-        return DeviceSample(
-            key=key, label=label, tf_in_use_bytes=tf_in_use, tf_peak_bytes=tf_peak, limit_bytes=limit, error=note
-        )
+        return DeviceSample(key=key, label=label, limit_bytes=limit, error=note, figures=figures, **older)
 
     def _utilization(self, index: int) -> Optional[int]:
         """Percent busy, or None (a gap) where NVML has no such reading: many GPUs lack it, so no note."""
@@ -505,18 +550,33 @@ def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, Optio
         return empty, f"{what} could not be read ({type(err).__name__}: {err})"
 
 
-def _attr(obj: Any, name: str) -> Optional[int]:
-    value = getattr(obj, name, None)
-    return None if value is None else int(value)
+def _by_gpu(figures: AllocatorFigures, charted: set[int]) -> tuple[dict[int, tuple], list[Any]]:
+    """The figures per charted GPU, as DeviceSample.figures (summed over a framework's devices
+    on one GPU: TensorFlow's logical GPUs), and the framework devices on no charted GPU."""
+    sums: dict[int, dict[tuple[str, str], Optional[int]]] = {}
+    elsewhere = []
+    for device in figures.devices:
+        if device.gpu not in charted:
+            elsewhere.append(device)
+            continue
+        gpu = sums.setdefault(device.gpu, {})
+        for series, value in device.values:
+            key = (device.framework, series)
+            had = gpu.get(key, 0)
+            gpu[key] = None if value is None or (key in gpu and had is None) else (had or 0) + value
+    return {i: tuple((f, s, v) for (f, s), v in gpu.items()) for i, gpu in sums.items()}, elsewhere
 
 
-def _tf_only(name: str, stats: Any) -> DeviceSample:
-    """A TensorFlow device NVML does not show (CPU:0, or any device without a driver)."""
+def _wire_fields(figures: tuple, wire: Mapping[tuple[str, str], str]) -> dict[str, Optional[int]]:
+    """The older DeviceSample fields (``tf_in_use_bytes``) that figures fill, by the adapters' word."""
+    return {wire[(f, s)]: v for f, s, v in figures if (f, s) in wire}
+
+
+def _elsewhere(device: Any, wire: Mapping[tuple[str, str], str]) -> DeviceSample:
+    """A framework device NVML does not show (TensorFlow's CPU:0, or any device without a driver)."""
+    figures = tuple((device.framework, series, value) for series, value in device.values)
     return DeviceSample(
-        key=f"tf:{name}",
-        label=f"TensorFlow {name}",
-        tf_in_use_bytes=_attr(stats, "current_bytes"),
-        tf_peak_bytes=_attr(stats, "peak_bytes"),
+        key=f"{device.framework}:{device.device}", label=device.label, figures=figures, **_wire_fields(figures, wire)
     )
 
 
@@ -717,7 +777,7 @@ def open_panel(
     ``session`` is the kernel's :class:`~tfgpu_magic.kernel.session.Session` (the magic passes its
     own; by default the process's).  ``nvml`` replaces its NVML reader (a simulated one in
     tests and tutorials), and
-    ``sources`` any of the other readers (``tf_stats``, ``tf_map``, ``limits``, ``visible``;
+    ``sources`` any of the other readers (``figures``, ``limits``, ``visible``, ``no_gpu_note``;
     see :class:`Sampler`).  The first panel's sources serve every panel while the sampler
     runs.  Without ``interval`` a panel joins the running sampler at its interval (0.5 s when
     none runs); an explicit one applies to every open panel.  Both say so in the panel.
@@ -725,7 +785,7 @@ def open_panel(
     Where no notebook front end can show it (a terminal IPython), prints why and returns None,
     having started nothing.
     """
-    unknown = set(sources) - {"tf_stats", "tf_map", "limits", "visible"}
+    unknown = set(sources) - {"figures", "limits", "visible", "no_gpu_note"}
     if unknown:
         raise TypeError(f"open_panel() got unknown sources: {', '.join(sorted(unknown))}")
     if interval is not None:
@@ -762,37 +822,44 @@ def _has_front_end() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-# The panel-wide note when TensorFlow found no GPU: the GPUs were not hidden, so they stay charted.
-TF_FOUND_NO_GPU = "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
+# The panel-wide note when a framework found no GPU (TensorFlow: a CPU-only build, CUDA's libraries
+# missing): the GPUs were not hidden, so they stay charted.
+FOUND_NO_GPU = "{name} found no GPU (`%gpu` says why); the charts show the driver's readings"
 
 
 def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
-    """The real sources: the session's machine and TensorFlow's allocator (never starting it).
+    """The real sources: the session's machine, and the allocator figures it published.
 
-    The sampler thread calls these: they read only what TensorFlow's adapter has published
-    from the importing thread, so sampling never imports anything (see frameworks/tensorflow.py).  A given
-    ``nvml`` (a simulated server) shows all its GPUs: the session's visible indices belong to
-    the real one.
+    The sampler thread calls these.  The frameworks' figures are only the snapshot published on
+    the user's thread (after each cell, at each ``%gpu``): the thread never calls into a
+    framework, so sampling never imports or starts anything.  A given ``nvml`` (a simulated
+    server) shows all its GPUs: the session's visible indices belong to the real one.
     """
     if session is None:
         from .session import get_session
 
         session = get_session()
-    tf = session.tf
+    allocator_figures.publish(session)  # on the user's thread: the first samples have figures
+    board = allocator_figures.board_of(session)
 
-    def tf_map() -> Mapping[str, int]:
-        if tf.stage() < Stage.ENUMERATED:
-            return {}  # before enumeration the numbering would read every GPU for nothing
-        return session.gpu_by_tf_name()
+    def limits() -> dict[int, int]:
+        return dict(board.context().limits)
+
+    def visible() -> Optional[list[int]]:
+        shown = board.context().visible
+        return None if shown is None else list(shown)
+
+    def no_gpu_note() -> Optional[str]:
+        context = board.context()
+        notes = [FOUND_NO_GPU.format(name=context.found_no_gpu)] if context.found_no_gpu else []
+        return "; ".join(notes + list(context.notes)) or None
 
     return dict(
         nvml=session.nvml if nvml is None else nvml,
-        tf_stats=tf.allocator_stats,
-        tf_map=tf_map,
-        limits=session.limit_bytes_by_gpu,
-        # What `%gpu use` and CUDA_VISIBLE_DEVICES hid, not what TensorFlow found (see exposed_gpus).
-        visible=session.exposed_gpus if nvml is None else _no_visible,
-        tf_found_no_gpu=session.tensorflow_found_no_gpu if nvml is None else bool,
+        figures=board.latest,
+        limits=limits,
+        visible=visible if nvml is None else _no_visible,
+        no_gpu_note=no_gpu_note if nvml is None else _no_note,
     )
 
 

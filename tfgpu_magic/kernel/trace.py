@@ -1,10 +1,13 @@
-"""``%gpu trace``: after each cell, TensorFlow's allocator peak and retained change per device.
+"""``%gpu trace``: after each cell, each started framework's allocator peak and retained change per device.
 
-The readings are TensorFlow's own allocator statistics (``get_memory_info``), so they are exact
-for this kernel and blind to other processes.  Tracing never starts TensorFlow and stays silent
-until TensorFlow has started.  Where no GPU is visible the CPU allocator is traced, which keeps
-statistics only when ``TF_CPU_ALLOCATOR_USE_BFC=true`` was set before TensorFlow's first op;
-``%gpu trace`` sets it itself when it is early enough and no GPU will be visible.
+The readings are the frameworks' own allocator figures (TensorFlow's ``get_memory_info``,
+PyTorch's caching allocator, JAX's ``memory_stats``), so they are exact for this kernel and blind
+to other processes.  Tracing never starts a framework and stays silent until one has started.
+Each adapter says what its trace needs and how its devices are named (the ``trace_*`` methods of
+:class:`~tfgpu_magic.frameworks.base.Framework`): where no GPU is visible TensorFlow's CPU
+allocator is traced, which keeps statistics only when ``TF_CPU_ALLOCATOR_USE_BFC=true`` was set
+before TensorFlow's first op; ``%gpu trace`` has TensorFlow's adapter set it when it is early
+enough and no GPU will be visible.  This module names no framework: it loops over the adapters.
 
 The hooks take IPython's event signatures (``pre_run_cell(info)``, ``post_run_cell(result)``)
 and never break a cell: a failure is reported once on stderr and tracing goes on.
@@ -23,10 +26,7 @@ import weakref
 from typing import Any, Optional
 
 from ..command.units import format_change, format_size
-from ..frameworks import tensorflow as tf_adapter
-from ..frameworks.base import PeakReading, PeakWindow
-from ..frameworks.base import Stage
-from ..frameworks.tensorflow import AllocatorStats
+from ..frameworks.base import PeakReading, PeakWindow, Stage
 
 __all__ = [
     "NO_STATS",
@@ -40,9 +40,11 @@ __all__ = [
 ]
 
 PREFIX = "[gpu trace]"
+# TensorFlow's adapter says this itself (its trace_absent); kept here, equal to it, for the budget
+# of kernel/cells.py, which still reads it from this module.
 NO_STATS = (
     "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
-    f"started without {tf_adapter.CPU_STATS_ENV}=true. Restart the kernel and run `%gpu trace` "
+    "started without TF_CPU_ALLOCATOR_USE_BFC=true. Restart the kernel and run `%gpu trace` "
     "before `import tensorflow` (it sets the variable), or set it in the kernel's environment"
 )
 
@@ -62,81 +64,61 @@ def set_tracing(shell: Any, session: Any, on: bool) -> str:
     tracer.session = session  # the shell's magic may have been given a new session
     was_active = tracer.active
     tracer.start()
-    return ("tracing is already on" if was_active else "tracing on") + ": " + _what_is_traced(session) + (
-        _others_traced(session)
-    )
-
-
-def _others_traced(session: Any) -> str:
-    """PyTorch once imported, JAX once started (TensorFlow imports jax itself where it is installed)."""
-    if session.tf.stage() is Stage.NOT_IMPORTED:
-        return ""  # _what_is_traced named them
-    names = [f.name for f in (session.torch,) if f.stage() is not Stage.NOT_IMPORTED]
-    names += [f.name for f in (session.jax,) if f.stage() is Stage.STARTED]
-    if not names:
-        return ""
-    return f"; also the allocator of {' and '.join(names)} on each GPU, once started"
+    return ("tracing is already on" if was_active else "tracing on") + ": " + _what_is_traced(session)
 
 
 def _what_is_traced(session: Any) -> str:
-    """What the trace will show, and what the user must do if it cannot show anything."""
-    if session.tf.stage() is Stage.NOT_IMPORTED:
-        # Named: the frameworks imported, else those installed (a PyTorch kernel reads no TensorFlow).
-        frameworks = session.imported_frameworks() or [f for f in session.frameworks() if f.installed()]
-        others = [f.name for f in frameworks if f is not session.tf]
-        also = f"; also the allocator of {' and '.join(others)} on each GPU, once started" if others else ""
-        if session.tf in frameworks or not frameworks:
-            return _tensorflow_traced(session) + also
-        return f"after each cell, the allocator peak and retained change of {' and '.join(others)} on each GPU, once started"
-    return _tensorflow_traced(session)
+    """What the trace will show, and what the user must do if it cannot show anything.
+
+    The first framework with words of its own (TensorFlow) speaks, if it is imported, or is among
+    those named (imported, else installed), or none is; the others named follow it.  Otherwise the
+    frameworks named are listed.
+    """
+    frameworks = tuple(session.frameworks())
+    imported = [f for f in frameworks if f.stage() is not Stage.NOT_IMPORTED]
+    named = imported or [f for f in frameworks if f.installed()]
+    for framework in frameworks:
+        if named and framework not in named:
+            continue
+        reply = framework.trace_reply(session.env, session.visible_gpus, lambda d, f=framework: _label(f, d, session))
+        if reply is None:
+            continue
+        if framework.stage() is Stage.NOT_IMPORTED:
+            others = [f.name for f in named if f is not framework]
+        else:  # the others the user works with: imported (where that says so), or started
+            others = [f.name for f in frameworks if f is not framework and _in_use(f)]
+        if others:
+            reply += f"; also the allocator of {' and '.join(others)} on each GPU, once started"
+        return reply
+    names = " and ".join(f.name for f in named)
+    return f"after each cell, the allocator peak and retained change of {names} on each GPU, once started"
 
 
-def _tensorflow_traced(session: Any) -> str:
-    if session.tf.stage() is Stage.STARTED:
-        devices = session.tf.memory_devices()
-        if not devices:
-            return NO_STATS
-        names = ", ".join(device_label(d, session) for d in devices)
-        return f"after each cell, TensorFlow's allocator peak and retained change on {names}"
-    text = "after each cell once TensorFlow has started, its allocator peak and retained change"
-    changed = enable_cpu_stats(session)
-    if changed is None:
-        # GPUs are expected; should TensorFlow find none (a CPU-only build, CUDA's libraries
-        # missing), its CPU allocator is traced instead, set up just before the runtime starts.
-        session.tf.cpu_stats_if_no_gpu = True
-        return f"{text}; if TensorFlow finds no GPU, its CPU allocator is traced instead"
-    name = tf_adapter.CPU_STATS_ENV
-    if changed:
-        return (
-            f"{text}; no GPU will be visible, so {name}=true is now set for TensorFlow's CPU "
-            "allocator to keep statistics"
-        )
-    return f"{text}; no GPU will be visible, so the CPU allocator is traced ({name}=true is set)"
+def _in_use(framework: Any) -> bool:
+    stage = framework.stage()
+    return stage is Stage.STARTED or (stage is not Stage.NOT_IMPORTED and not framework.import_says_little)
 
 
 def enable_cpu_stats(session: Any) -> Optional[bool]:
-    """Before start-up with no GPU to be visible: turn on the CPU allocator's statistics.
+    """Before start-up with no GPU to be visible: have each framework's allocator keep figures.
 
-    True when it set ``TF_CPU_ALLOCATOR_USE_BFC=true`` now, False when it was set already, None
-    when it does not apply (GPUs will be traced, or TensorFlow has started: too late).
+    True when an adapter set its variable now (TensorFlow's ``TF_CPU_ALLOCATOR_USE_BFC=true``),
+    False when it was set already, None when nothing applies (GPUs will be traced, or too late).
     """
-    if session.tf.stage() is Stage.STARTED or _gpus_expected(session):
-        return None
-    name = tf_adapter.CPU_STATS_ENV
-    if session.env.get(name, "").lower() == "true":
-        return False
-    session.env[name] = "true"  # the session's environment is the process's, except in tests
-    return True
+    for framework in session.frameworks():
+        answer = framework.trace_ready(session.env, session.visible_gpus)
+        if answer is not None:
+            return answer
+    return None
 
 
-def _gpus_expected(session: Any) -> bool:
-    if session.tf.cpu_only_build():
-        return False  # tensorflow-cpu: whatever the driver lists, TensorFlow will see no GPU
+def _label(framework: Any, device: str, session: Any) -> str:
+    """The framework's name for ``device``, with nvidia-smi's number first where it maps to one."""
     try:
-        visible = session.visible_gpus()
-    except Exception:  # no reading: assume GPUs rather than change the CPU allocator uninvited
-        return True
-    return bool(visible)  # None: no NVML, so no NVIDIA driver and no GPU for TensorFlow
+        gpu = framework.gpu_numbering(session.machine.cuda_map()).get(device)
+    except Exception:  # no mapping: the framework's own name alone
+        gpu = None
+    return framework.trace_label(device, gpu)
 
 
 class Tracer:
@@ -160,7 +142,11 @@ class Tracer:
         self.active = True
 
     def stop(self) -> None:
-        self.session.tf.cpu_stats_if_no_gpu = False  # untraced, the allocator stays TensorFlow's choice
+        for framework in self.session.frameworks():
+            try:
+                framework.trace_stopped()  # untraced, each allocator stays its framework's choice
+            except Exception as err:
+                self._failed(err, f"{framework.name}'s")
         self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
         self.active = False
@@ -174,7 +160,7 @@ class Tracer:
         self._close()
         self._started_at = time.perf_counter()
         for framework in self.session.frameworks():
-            imported = framework.stage() is not Stage.NOT_IMPORTED or framework is self.session.tf
+            imported = framework.stage() is not Stage.NOT_IMPORTED
             try:
                 self._windows[framework.key] = framework.open_peak_window() if imported else None
             except Exception as err:  # never break the user's cell; this framework goes untraced
@@ -218,9 +204,9 @@ class Tracer:
         """The report for the cell that just ran (empty until a framework has started)."""
         if not self._windows:
             return []
-        lines = self._tensorflow_lines(seconds)
+        lines: list[str] = []
         for framework in self.session.frameworks():
-            if framework is self.session.tf or framework.stage() is not Stage.STARTED:
+            if framework.stage() is not Stage.STARTED:
                 continue
             if framework.key not in self._windows:  # its window could not be opened (said once)
                 continue
@@ -230,33 +216,26 @@ class Tracer:
             except Exception as err:  # one framework's fault is a note; the others are still reported
                 self._failed(err, f"{framework.name}'s")
                 continue
+            if framework.no_gpu_diagnosed:
+                lines += self._no_gpu_line(framework.name, tracing_cpu=bool(readings))
+            if not readings:
+                absent = framework.trace_absent()
+                lines += self._once(f"no-stats:{framework.key}", f"{PREFIX} {absent}") if absent else []
+                continue
             lines += [
-                format_reading(framework_device_label(framework.name, device, self.session), reading, seconds)
+                format_reading(_label(framework, device, self.session), reading, seconds)
                 for device, reading in readings.items()
             ]
         return lines
 
-    def _tensorflow_lines(self, seconds: float) -> list[str]:
-        window = self._windows.get("tensorflow")
-        if self.session.tf.stage() is not Stage.STARTED or window is None:
-            return []
-        readings = window.peaks()
-        why = self._no_gpu_line(tracing_cpu=bool(readings))
-        if not readings:
-            return why + self._once("no-stats", f"{PREFIX} {NO_STATS}")
-        return why + [
-            format_reading(device_label(device, self.session), reading, seconds)
-            for device, reading in readings.items()
-        ]
-
-    def _no_gpu_line(self, tracing_cpu: bool) -> list[str]:
-        """Once: why TensorFlow found no GPU although the driver lists some for this kernel."""
+    def _no_gpu_line(self, name: str, tracing_cpu: bool) -> list[str]:
+        """Once: why the framework found no GPU although the driver lists some for this kernel."""
         if "no-gpu" in self._warned:
             return []
         diagnosis = self.session.no_gpu_diagnosis()
         if diagnosis is None:
             return []
-        also = "; tracing TensorFlow's CPU allocator" if tracing_cpu else ""
+        also = f"; tracing {name}'s CPU allocator" if tracing_cpu else ""
         return self._once("no-gpu", f"{PREFIX} {diagnosis.line()}{also}")
 
     def _once(self, key: str, line: str) -> list[str]:
@@ -271,7 +250,7 @@ class Tracer:
                 window.close()
         self._windows, self._started_at = {}, None
 
-    def _failed(self, err: Exception, whose: str = "TensorFlow's") -> None:
+    def _failed(self, err: Exception, whose: str = "a framework's") -> None:
         if "failed" not in self._warned:
             self._warned.add("failed")
             print(f"tfgpu_magic: `%gpu trace` could not read {whose} allocator ({err!r}); "
@@ -279,7 +258,9 @@ class Tracer:
 
 
 def device_label(device: str, session: Any) -> str:
-    """``CPU:0``, or ``GPU 1 (TF GPU:0)``: nvidia-smi's number first, as everywhere in %gpu."""
+    """``CPU:0``, or ``GPU 1 (TF GPU:0)``: nvidia-smi's number first, as everywhere in %gpu.
+
+    Kept for the budget of kernel/cells.py; the trace asks each adapter (``trace_label``)."""
     if not device.startswith("GPU:"):
         return device
     try:
@@ -298,7 +279,7 @@ def framework_device_label(framework: str, device: str, session: Any) -> str:
     return f"GPU {index} ({framework} {device})"
 
 
-def format_line(label: str, start: int, stats: AllocatorStats, seconds: float) -> str:
+def format_line(label: str, start: int, stats: Any, seconds: float) -> str:
     """``[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, 0.31 s``."""
     return format_reading(label, PeakReading(start, stats.current_bytes, stats.peak_bytes), seconds)
 

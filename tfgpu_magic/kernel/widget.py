@@ -59,7 +59,9 @@ export default { render({ el }) {
 } };
 """
 
-# The series of every chart: wire name -> DeviceSample field (bytes; "util" is percent).
+# The series of every chart: wire name -> DeviceSample field (bytes; "util" is percent).  "tf"
+# and "peak" are TensorFlow's allocator under their older names (kept for readers of the wire);
+# the panel draws every framework's figures from "frameworks" (see batch).
 SERIES = {
     "total": "total_bytes",
     "used": "used_bytes",
@@ -86,7 +88,7 @@ MAX_MESSAGES_PER_S = 2
 # A chart whose device left the samples.  GPUs leave when `%gpu use` hides them from this
 # kernel (the sampler follows the session's visible GPUs); the chart stays, frozen, and says why.
 HIDDEN_GPU = "hidden from TensorFlow by %gpu use; no longer sampled"
-GONE_DEVICE = "TensorFlow no longer reports this device; no longer sampled"
+GONE_DEVICE = "its framework no longer reports this device; no longer sampled"
 
 
 def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Iterable[str]] = None) -> dict[str, Any]:
@@ -94,6 +96,12 @@ def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Itera
 
     A device absent from a sample gets null there, so every array matches ``t``.  ``keys``
     limits the devices sent (a new panel shows only the GPUs the kernel sees now).
+
+    The frameworks' allocator figures come per device under ``frameworks`` (framework key ->
+    series -> array, e.g. ``{"pytorch": {"allocated": [...], "reserved": [...]}}``), present only
+    on a device that has some; ``figures`` describes each series (its legend label, whose number
+    it is), ``figure_notes`` says which framework has none and why, and ``figures_read_at`` when
+    they were read (on the user's thread: after each cell, at each ``%gpu``).
     """
     samples = list(samples)
     keys = _device_keys(samples) if keys is None else [k for k in _device_keys(samples) if k in set(keys)]
@@ -106,6 +114,8 @@ def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Itera
     columns = {  # one list per series: the rows transposed
         key: dict(zip(SERIES, map(list, zip(*row)))) if row else {s: [] for s in SERIES} for key, row in rows.items()
     }
+    for key, figures in _figure_columns(samples, columns).items():
+        columns[key]["frameworks"] = figures
     last = samples[-1] if samples else None
     errors = {d.key: d.error for d in last.devices if d.key in columns} if last else {}
     return {
@@ -114,7 +124,40 @@ def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Itera
         "d": columns,
         "errors": errors,  # the latest message per device; null clears it
         "status": last.status if last else None,
+        "figures": _figure_series(samples),
+        "figure_notes": list(last.figure_notes) if last else [],
+        "figures_read_at": last.figures_read_at if last else None,
     }
+
+
+def _figure_columns(samples: list[Sample], keys: Iterable[str]) -> dict[str, dict[str, dict[str, list]]]:
+    """Per device with figures: framework -> series -> one value per sample (null where absent)."""
+    wanted = set(keys)
+    found: dict[str, dict[tuple[str, str], list]] = {}
+    for i, sample in enumerate(samples):
+        for device in sample.devices:
+            if not device.figures or device.key not in wanted:
+                continue
+            columns = found.setdefault(device.key, {})
+            for framework, series, value in device.figures:
+                column = columns.get((framework, series))
+                if column is None:
+                    column = columns[(framework, series)] = [None] * len(samples)
+                column[i] = value
+    nested: dict[str, dict[str, dict[str, list]]] = {}
+    for key, columns in found.items():
+        for (framework, series), column in columns.items():
+            nested.setdefault(key, {}).setdefault(framework, {})[series] = column
+    return nested
+
+
+def _figure_series(samples: list[Sample]) -> list[dict[str, str]]:
+    """Every framework series present in these samples, in order: its keys and its legend label."""
+    seen: dict[tuple[str, str], str] = {}
+    for sample in samples:
+        for s in sample.series:
+            seen.setdefault((s.framework, s.series), s.label)
+    return [{"framework": f, "series": s, "label": label} for (f, s), label in seen.items()]
 
 
 def _device_keys(samples: Iterable[Sample]) -> list[str]:
@@ -203,7 +246,10 @@ class MemoryPanel(anywidget.AnyWidget):
     # -- kernel -> browser (on the sampler thread) -------------------------------------------
     def _on_sample(self, sample: Sample) -> None:
         sent, unsent = self._sent, self._unsent
-        same = sent is not None and sample.devices == sent.devices and sample.status == sent.status
+        same = (
+            sent is not None and sample.devices == sent.devices and sample.status == sent.status
+            and sample.series == sent.series and sample.figure_notes == sent.figure_notes
+        )
         if same and 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
             self._unsent = sample  # nothing new to show; a change or a heartbeat may carry it later
         else:
