@@ -185,14 +185,13 @@ class Board:
         return figures
 
 
-# One board per session (the session is the kernel's; a test's session has its own board).
-_boards: "weakref.WeakKeyDictionary[Any, Board]" = weakref.WeakKeyDictionary()
-
-
 def board_of(session: Any) -> Board:
-    board = _boards.get(session)
-    if board is None:
-        board = _boards[session] = Board()
+    """The session's board (one per session: a test's session has its own); an object that is not a
+    session gets a board of its own, kept on it."""
+    board = getattr(session, "figures", None)
+    if not isinstance(board, Board):
+        board = Board()
+        session.figures = board
     return board
 
 

@@ -34,7 +34,7 @@ from ..frameworks.base import Change, FreeReport, Framework, Refusal, Stage
 from ..frameworks.import_hooks import run_after_import
 from ..gpus import numbering
 from ..gpus.nvml import Nvml
-from . import shares
+from . import allocator_figures, shares
 from .machine import Machine
 
 if TYPE_CHECKING:  # imported by no_gpu_diagnosis when TensorFlow found no GPU, not at `%load_ext`
@@ -76,6 +76,8 @@ class Session:
         self.hook_errors: list[str] = []
         self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
         self._no_gpu_diagnosis: Optional[NoGpuDiagnosis] = None  # kept once made: its facts never change
+        # The frameworks' allocator figures, read on the user's thread and published for the panel.
+        self.figures = allocator_figures.Board()
         # Guards the record above; never held while a framework is called (see the module's doc).
         self._lock = threading.RLock()
 
