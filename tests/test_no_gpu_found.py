@@ -175,7 +175,7 @@ def test_a_driver_without_the_cuda_version_reading_leaves_it_unknown():
 
 def test_a_failing_diagnosis_is_a_note(monkeypatch):
     session = four_gpu_session(FakeTensorFlow(stage=Stage.STARTED, found=[]))
-    monkeypatch.setattr(Session, "no_gpu_diagnosis", lambda self: 1 / 0)
+    monkeypatch.setattr(tf_runtime.TensorFlow, "no_gpu_diagnosis", lambda self, view: 1 / 0)  # the adapter's, for %gpu
     report = build_report(session)
     assert report["tensorflow"]["found_no_gpu"] is None
     assert "could not tell why TensorFlow found no GPU (ZeroDivisionError: division by zero)" in report["notes"]

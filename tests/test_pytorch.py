@@ -66,8 +66,8 @@ def test_grow_says_pytorch_already_allocates_on_demand_and_free_says_nothing_was
 def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
     r = torch_kernel
     assert r["status_keys"] == sorted(
-        ["allocation", "frameworks", "gpus", "in_force", "me", "notes", "nvml_error", "requested", "resolved",
-         "tensorflow", "visible_gpus"]
+        ["allocation", "display", "frameworks", "gpus", "in_force", "me", "notes", "nvml_error", "requested",
+         "resolved", "tensorflow", "visible_gpus"]
     )
     torch = r["frameworks"]["pytorch"]
     assert r["frameworks"]["tensorflow"]["stage"] == "not_imported"

@@ -63,7 +63,8 @@ def report_for(server: SimulatedNvml, **kwargs) -> dict:
 def test_report_keeps_its_keys_and_adds_the_inventory():
     report = report_for(shared_server(ME))
     old_keys = {"tensorflow", "requested", "in_force", "gpus", "nvml_error", "notes", "me", "visible_gpus"}
-    assert set(report) == old_keys | {"resolved", "allocation", "frameworks"}  # keys are added, never renamed
+    # keys are added, never renamed; `display` is what the text and the card show (adapters' words)
+    assert set(report) == old_keys | {"resolved", "allocation", "frameworks", "display"}
     assert report["resolved"] == {"summary": [], "visible": [0, 1, 2, 3], "gpus": [
         {"index": i, "limit_mib": None, "logical_mib": None} for i in range(4)
     ]}
