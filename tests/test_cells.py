@@ -57,9 +57,9 @@ def test_the_magic_turns_a_bad_line_into_one_usage_line(shell, gpu, capsys):
 
 # -- the boundary, exactly -------------------------------------------------------------------------
 def test_a_peak_equal_to_the_budget_passes_one_byte_more_fails():
-    check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB)})
+    check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB, "TensorFlow")})
     with pytest.raises(BudgetExceeded) as err:
-        check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB + 1)})
+        check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB + 1, "TensorFlow")})
     assert str(err.value) == (
         "CPU:0: the cell's peak was 67,108,865 bytes, over its budget of 67,108,864 bytes "
         "(TensorFlow's allocator held 4 MiB when the cell started and 68 MiB at the peak)"
@@ -69,7 +69,7 @@ def test_a_peak_equal_to_the_budget_passes_one_byte_more_fails():
 
 def test_every_device_is_checked():
     with pytest.raises(BudgetExceeded, match=r"^GPU 2 \(TF GPU:1\): the cell's peak was 3,072 MiB, over its budget of 2,048 MiB"):
-        check_budget(2048 * MIB, {"GPU 1 (TF GPU:0)": (0, MIB), "GPU 2 (TF GPU:1)": (MIB, 3073 * MIB)})
+        check_budget(2048 * MIB, {"GPU 1 (TF GPU:0)": (0, MIB, "TensorFlow"), "GPU 2 (TF GPU:1)": (MIB, 3073 * MIB, "TensorFlow")})
 
 
 # -- a real kernel ---------------------------------------------------------------------------------
