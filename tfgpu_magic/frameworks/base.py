@@ -366,6 +366,10 @@ class Reporting(Protocol):
         """Whether the notebook uses it (imported; JAX: started, as TensorFlow imports jax itself)."""
         ...
 
+    def attach(self) -> None:
+        """Take the framework from ``sys.modules`` when the caller knows its import has finished."""
+        ...
+
     def device_label(self, device: str, view: ReportView) -> str:
         """One of its devices as ``%gpu`` names it: ``GPU 1 (PyTorch cuda:0)``, nvidia-smi's number first."""
         ...
@@ -417,6 +421,15 @@ class ReportingDefaults:
 
     def in_use(self) -> bool:
         return self.stage() is not Stage.NOT_IMPORTED  # type: ignore[attr-defined]
+
+    def attach(self) -> None:
+        """Take the framework from ``sys.modules`` when the caller knows its import has finished
+        (code on the user's thread after the import, without ``%load_ext``)."""
+        import sys
+
+        module = sys.modules.get(self.module)  # type: ignore[attr-defined]
+        if module is not None and self.stage() is Stage.NOT_IMPORTED:  # type: ignore[attr-defined]
+            self.on_import(module)  # type: ignore[attr-defined]
 
     def device_label(self, device: str, view: ReportView) -> str:
         """``GPU 1 (PyTorch cuda:0)`` for its CUDA device ``cuda:0`` (or ``gpu:0``); its name alone unmapped."""
