@@ -22,7 +22,8 @@ if "--as-cuda-build-install" in sys.argv:
         return distribution == "tensorflow"
 
     tf_runtime.TensorFlow.cpu_only_build = lambda self: False  # what a `tensorflow` install answers
-    session_module.distribution_installed = as_cuda_build_install  # what the diagnosis names
+    session_module.distribution_installed = as_cuda_build_install  # what the diagnosis names (the trace's)
+    tf_runtime.distribution_installed = as_cuda_build_install  # and the adapter's (%gpu status)
 
 from memory_shell import cell, finish, ip, results  # noqa: E402
 
