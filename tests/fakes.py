@@ -216,3 +216,84 @@ class StandInFramework:
 
     def trace_stopped(self) -> None:
         pass
+
+
+class WriteSideDefaults:
+    """The write side of a framework that takes no setting (a stand-in's base): every command
+    passes it by, it is given nothing and frees nothing.  Stand-ins override what they test."""
+
+    managed_variables: tuple[str, ...] = ()
+    environ: Any = None
+    cuda_record: Any = None
+
+    def takes(self, command: Any) -> bool:
+        return False
+
+    def consider(self, change: Any) -> Optional[str]:
+        return None
+
+    def prepare(self, change: Any) -> None:
+        pass
+
+    def give(self, resolution: Any, host: Any) -> bool:
+        return False
+
+    def takes_share(self) -> bool:
+        return False
+
+    def share_fixed(self) -> bool:
+        return False
+
+    def arrived(self, plan: Any) -> Optional[str]:
+        return None
+
+    def enumerated(self) -> bool:
+        return False
+
+    def cuda_found(self) -> Optional[list[int]]:
+        return None
+
+    def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
+        return {}
+
+    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+        return None
+
+    def side_imports(self) -> dict:
+        return {}
+
+    def frozen(self, kept: Any, host: Any) -> list[str]:
+        return []
+
+    def free_reading(self) -> Any:
+        return {}
+
+    def free(self, plan: Any, before: Any) -> Any:
+        from tfgpu_magic.frameworks.base import FreeReport
+
+        return FreeReport()
+
+    # the panel and the trace: no figures of its own
+    charted_figures: tuple = ()
+    import_says_little = no_gpu_diagnosed = False
+
+    def figures_absent(self) -> Optional[str]:
+        return None
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict:
+        return {}
+
+    def trace_label(self, device: str, gpu: Any) -> str:
+        return device
+
+    def trace_absent(self) -> Optional[str]:
+        return None
+
+    def trace_ready(self, env: Any, visible: Any) -> Optional[bool]:
+        return None
+
+    def trace_reply(self, env: Any, visible: Any, label: Any) -> Optional[str]:
+        return None
+
+    def trace_stopped(self) -> None:
+        pass

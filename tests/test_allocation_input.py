@@ -82,11 +82,10 @@ def test_tfgpu_demo_reads_a_4301_digit_value(monkeypatch, capsys):
 
 def test_an_absurd_cpu_limit_is_read_as_no_limit_of_its_own(monkeypatch):
     from tfgpu_magic.frameworks import tensorflow as tf_runtime
-    from tfgpu_magic.kernel import oom
 
     monkeypatch.setenv(tf_runtime.CPU_STATS_ENV, "true")
     monkeypatch.setenv(tf_runtime.CPU_LIMIT_ENV, LONG)
-    assert "TensorFlow's default for the CPU BFC allocator" in oom._cpu_limit_text()
+    assert "TensorFlow's default for the CPU BFC allocator" in tf_runtime.TensorFlow().cpu_limit_text()
 
 
 # -- (9) a malformed value is explained ----------------------------------------------------------------

@@ -29,8 +29,8 @@ def started_session(*commands: str) -> tuple[Session, object]:
     for command in commands:
         session.configure(grammar.parse(command))
     session._on_import(session.adapter("tensorflow"), None)
-    session.tf.fake_stage = Stage.STARTED
-    session.tf.stats = {"GPU:0": AllocatorStats(11 * GIB, 11 * GIB)}
+    session.adapter("tensorflow").fake_stage = Stage.STARTED
+    session.adapter("tensorflow").stats = {"GPU:0": AllocatorStats(11 * GIB, 11 * GIB)}
     return session, server
 
 
@@ -82,7 +82,7 @@ def test_a_tensorflow_that_found_no_gpu_was_given_no_limit_and_none_is_drawn():
 def test_the_record_is_the_resolution_the_command_made_not_a_new_one():
     session, _ = started_session("limit 50%")
     assert session.applied["tensorflow"] is session.resolved()
-    given = session.tf.applied[-1][1]  # what tf.config was given
+    given = session.adapter("tensorflow").applied[-1][1]  # what tf.config was given
     assert given == session.resolved().logical_mib() and given[1] == (40960,)
 
 

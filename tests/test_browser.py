@@ -383,7 +383,7 @@ def test_use_auto_hides_gpus_with_a_note_and_a_later_panel_titles_the_visible_on
         "() => document.querySelectorAll('.tfgpu-monitor')[0].querySelectorAll('.tfgpu-gone').length === 3",
         timeout=15_000,
     )
-    assert [n.strip() for n in notes.all_inner_texts()].count("hidden from TensorFlow by %gpu use; no longer sampled") == 3
+    assert [n.strip() for n in notes.all_inner_texts()].count("hidden from this kernel's frameworks by %gpu use; no longer sampled") == 3
     shot(first, "monitor-use-auto-first.png")
 
     run_cell(page, 3)  # a panel opened after `%gpu use auto`, without --interval

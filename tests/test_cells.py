@@ -57,9 +57,9 @@ def test_the_magic_turns_a_bad_line_into_one_usage_line(shell, gpu, capsys):
 
 # -- the boundary, exactly -------------------------------------------------------------------------
 def test_a_peak_equal_to_the_budget_passes_one_byte_more_fails():
-    check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB)})
+    check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB, "TensorFlow")})
     with pytest.raises(BudgetExceeded) as err:
-        check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB + 1)})
+        check_budget(64 * MIB, {"CPU:0": (4 * MIB, 68 * MIB + 1, "TensorFlow")})
     assert str(err.value) == (
         "CPU:0: the cell's peak was 67,108,865 bytes, over its budget of 67,108,864 bytes "
         "(TensorFlow's allocator held 4 MiB when the cell started and 68 MiB at the peak)"
@@ -69,7 +69,7 @@ def test_a_peak_equal_to_the_budget_passes_one_byte_more_fails():
 
 def test_every_device_is_checked():
     with pytest.raises(BudgetExceeded, match=r"^GPU 2 \(TF GPU:1\): the cell's peak was 3,072 MiB, over its budget of 2,048 MiB"):
-        check_budget(2048 * MIB, {"GPU 1 (TF GPU:0)": (0, MIB), "GPU 2 (TF GPU:1)": (MIB, 3073 * MIB)})
+        check_budget(2048 * MIB, {"GPU 1 (TF GPU:0)": (0, MIB, "TensorFlow"), "GPU 2 (TF GPU:1)": (MIB, 3073 * MIB, "TensorFlow")})
 
 
 # -- a real kernel ---------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_on_explains_what_it_needs(kernel):
 @pytest.fixture
 def two_gpus(gpu):
     """TensorFlow sees nvidia-smi's GPUs 1 and 2 as its GPU:0 and GPU:1 (`%gpu use 1,2`)."""
-    tf = gpu.session.tf
+    tf = gpu.session.adapter("tensorflow")
     tf.fake_stage = Stage.ENUMERATED
     tf.gpus = {"GPU:0": 1, "GPU:1": 2}
     return tf.scopes  # the device scopes the cells entered
@@ -163,7 +163,7 @@ def test_on_leaves_the_device_when_the_cell_fails(shell, gpu, two_gpus, capsys):
 
 
 def test_budget_refuses_to_run_when_it_cannot_be_checked(shell, gpu, capsys):
-    gpu.session.tf.fake_stage = Stage.STARTED  # and no allocator statistics
+    gpu.session.adapter("tensorflow").fake_stage = Stage.STARTED  # and no allocator statistics
     outcome = shell.run_cell("%%gpu budget 1G\nran = True")
     assert type(outcome.error_in_exec).__name__ == "UsageError"
     assert capsys.readouterr().err.startswith(

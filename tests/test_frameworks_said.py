@@ -10,7 +10,7 @@ from tfgpu_magic.command import grammar
 
 def installed(monkeypatch, session, *names: str) -> None:
     """Which frameworks this kernel could import (the stand-in session's adapters are real)."""
-    for framework in (session.tf, session.torch, session.jax):
+    for framework in (session.adapter("tensorflow"), session.adapter("pytorch"), session.adapter("jax")):
         monkeypatch.setattr(framework, "installed", lambda module=framework.module: module in names)
 
 

@@ -75,7 +75,8 @@ def test_the_fake_servers_own_table_serves_the_device_source():
 def usage_of(server, index, tf_in_use=None, my_pid=ME):
     nvml = Nvml(lib=server)
     table = fake_process_table(server, my_pid=my_pid)
-    return holdings.attribute(nvml, nvml.gpu(index), table, my_pid, table.current_user(), tf_in_use)
+    allocator = None if tf_in_use is None else holdings.AllocatorShare(tf_in_use, "tensorflow", "TensorFlow")
+    return holdings.attribute(nvml, nvml.gpu(index), table, my_pid, table.current_user(), allocator)
 
 
 def test_memory_splits_into_this_kernel_my_other_processes_and_other_users():

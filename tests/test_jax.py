@@ -165,7 +165,7 @@ def started_jax(session: Session, *commands: str) -> StandInJax:
 def test_the_start_is_recorded_as_jax_reads_it_and_a_different_setting_is_then_too_late():
     session = jax_session()
     jax = started_jax(session, "use 0,1", "grow", "limit 25%")
-    start = session.jax.start()
+    start = session.adapter("jax").start()
     assert (start.preallocate, start.memory_fraction, start.gpu) == (False, 0.25, True)
     assert jax.read_env["memory_fraction"] == start.memory_fraction  # the stand-in's reading agrees
     with pytest.raises(SessionError) as err:
@@ -189,7 +189,7 @@ def test_settings_change_nothing_in_jax_after_its_start_and_the_variables_it_rea
     session = jax_session()
     started_jax(session, "limit 25%")
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.9"  # a later change JAX never reads
-    assert session.jax.start().memory_fraction == 0.25
+    assert session.adapter("jax").start().memory_fraction == 0.25
 
 
 def test_a_users_new_fraction_name_is_the_one_edited_never_both():
@@ -217,13 +217,14 @@ def test_trace_reports_jax_peaks_honestly_when_they_cannot_be_reset():
     jax = started_jax(session)
     gpu = jax.gpus[0]
     gpu.stats.update(bytes_in_use=GIB, peak_bytes_in_use=4 * GIB)  # a peak from an earlier cell
-    window = session.jax.open_peak_window()
+    window = session.adapter("jax").open_peak_window()
     gpu.stats.update(bytes_in_use=2 * GIB)  # this cell: the peak did not rise, so it is unknown
     reading = window.peaks()["gpu:0"]
     assert reading == PeakReading(GIB, 2 * GIB, 4 * GIB, exact=False)
-    label = trace.framework_device_label("JAX", "gpu:0", session)
+    jax = session.adapter("jax")
+    label = jax.trace_label("gpu:0", session.machine.cuda_map()[0])
     assert label == "GPU 0 (JAX gpu:0)"
-    assert trace.format_reading(label, reading, 0.5) == (
+    assert trace.format_reading(label, reading, 0.5, jax.name) == (
         "[gpu trace] GPU 0 (JAX gpu:0): peak at most 4,096 MiB (JAX cannot reset its peak: the highest since it "
         "started), retained +1,024 MiB, 0.50 s"
     )
@@ -244,8 +245,8 @@ def test_out_of_memory_is_explained_with_jaxs_figures_and_fraction():
     jax = started_jax(session, "use 1", "limit 50%")
     jax.gpus[0].stats.update(bytes_in_use=39 * GIB, bytes_limit=40 * GIB)
     error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes.")
-    assert oom.is_out_of_memory(session.jax, error)
-    assert not oom.is_out_of_memory(session.jax, jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes"))
+    assert oom.is_out_of_memory(session.adapter("jax"), error)
+    assert not oom.is_out_of_memory(session.adapter("jax"), jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes"))
     text = oom.explain(session, error)
     assert text.startswith("tfgpu_magic: JAX ran out of memory on GPU 1 (JAX gpu:0, NVIDIA A100-SXM4-80GB).\n")
     assert "  Failed request: 4,096 MiB\n" in text
@@ -299,7 +300,7 @@ def test_a_jax_whose_backends_were_cleared_stays_started():
     session = jax_session()
     jax = started_jax(session, "use 0,1", "grow")
     jax.started = False  # what jax.clear_backends() does to backends_are_initialized()
-    assert session.jax.stage() is Stage.STARTED
+    assert session.adapter("jax").stage() is Stage.STARTED
     with pytest.raises(SessionError, match=r"^JAX has already started with preallocation off"):
         session.configure(grammar.parse("grow off"))
 

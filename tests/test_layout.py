@@ -89,3 +89,132 @@ def test_the_stage_comes_from_the_protocol_not_from_an_adapter():
             if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(("tensorflow", "pytorch", "jax")):
                 names = {alias.name for alias in node.names}
                 assert not names & {"Stage", "CUDA_ENV"}, f"{path.name} takes {names & {'Stage', 'CUDA_ENV'}} from {node.module}"
+
+
+# -- outside frameworks/, nothing names a framework -----------------------------------------------
+# What a framework does lives in its adapter (frameworks/tensorflow.py, pytorch.py, jax.py); the
+# rest of the package loops over `session.frameworks()` and takes names from `adapter.name`.
+ADAPTER_MODULES = {"tensorflow", "pytorch", "jax", "tensorflow_diagnosis"}  # base.py, import_hooks.py: anyone's
+FRAMEWORK_ATTRIBUTES = {"tf", "torch", "jax"}
+FRAMEWORK_WORDS = ("tensorflow", "pytorch", "torch", "jax", "keras")  # any case: "TensorFlow", "JAX", ...
+NAMED_FUNCTION = __import__("re").compile(r"(^|_)tf(_|$)|tensorflow|pytorch|torch|jax|keras", __import__("re").I)
+NAMED_TEXT = __import__("re").compile("|".join(FRAMEWORK_WORDS), __import__("re").I)
+# Files the lead (session, machine, plan, grammar's help text) and another helper (monitor, widget,
+# trace) are making neutral at the same time: each leaves this list as it passes.
+# The %gpu language itself: the words a user types for a framework (`limit 6G tensorflow, 2G jax`)
+# and the help text that explains which verb reaches which framework.
+STILL_NAMING = {"command/grammar.py"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (or other bare string statements)."""
+    return {
+        id(node.value) for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
+
+
+def _absolute(module: str, level: int, where: tuple[str, ...]) -> str:
+    """A relative import's module as ``tfgpu_magic.x.y`` (``where``: the importing module's parts)."""
+    if not level:
+        return module
+    base = ["tfgpu_magic", *where[: len(where) - level]]
+    return ".".join(base + ([module] if module else []))
+
+
+def framework_offences(source: str, where: tuple[str, ...] = ("kernel", "example")) -> list[tuple[int, str, str]]:
+    """``(line, rule, what)`` for each way ``source`` names a framework (rules a to e of issue 27).
+
+    ``where`` is the module's path inside the package, without ``.py`` (for relative imports).
+    """
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    found: list[tuple[int, str, str]] = []
+    judged: set[int] = set()  # string constants already reported under (c)
+
+    def named(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(NAMED_TEXT.search(node.value))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                module = _absolute(node.module or "", node.level, where)
+                modules = [module] + [f"{module}.{alias.name}" for alias in node.names]
+            for module in modules:
+                parts = module.split(".")
+                if parts[:2] == ["tfgpu_magic", "frameworks"] and len(parts) > 2 and parts[2] in ADAPTER_MODULES:
+                    found.append((node.lineno, "a", f"imports {module}"))
+                    break
+        elif isinstance(node, ast.Attribute) and node.attr in FRAMEWORK_ATTRIBUTES:
+            found.append((node.lineno, "b", f"attribute .{node.attr}"))
+        elif isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                if named(side):
+                    found.append((node.lineno, "c", f"compares with {side.value!r}"))
+                    judged.add(id(side))
+        elif isinstance(node, ast.Subscript) and named(node.slice):
+            found.append((node.lineno, "c", f"subscript [{node.slice.value!r}]"))
+            judged.add(id(node.slice))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and NAMED_FUNCTION.search(node.name):
+            found.append((node.lineno, "d", f"function {node.name}"))
+    for node in ast.walk(tree):
+        if named(node) and id(node) not in docstrings and id(node) not in judged:
+            found.append((node.lineno, "e", f"string {node.value[:60]!r}"))
+    return sorted(found)
+
+
+def _outside_frameworks() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "frameworks")
+
+
+def test_nothing_outside_frameworks_names_a_framework():
+    offences, cleared = [], []
+    for path in _outside_frameworks():
+        relative = path.relative_to(PACKAGE)
+        found = framework_offences(path.read_text(), relative.with_suffix("").parts)
+        if relative.as_posix() in STILL_NAMING:
+            if not found:
+                cleared.append(relative.as_posix())
+            continue
+        offences += [f"tfgpu_magic/{relative.as_posix()}:{line}: ({rule}) {what}" for line, rule, what in found]
+    assert not offences, "framework named outside frameworks/:\n" + "\n".join(offences)
+    assert not cleared, f"neutral now: take {cleared} off STILL_NAMING"
+
+
+SAMPLE = '''\
+"""A docstring may say TensorFlow."""
+from ..frameworks import tensorflow as tf_adapter
+from tfgpu_magic.frameworks.jax import Jax
+from ..frameworks.base import Stage
+import tfgpu_magic.frameworks.pytorch
+
+
+def report(session):
+    """So may this one: PyTorch."""
+    stage = session.tf.stage()  # a comment may say JAX
+    if framework.key == "jax":
+        pass
+    if "torch" in names:
+        pass
+    entry = frameworks["pytorch"]
+    return f"started {stage}", "Keras precision"
+
+
+def _tf_names():
+    pass
+
+
+def explain_torch():
+    pass
+'''
+
+
+def test_the_framework_checker_finds_each_kind_of_offence():
+    found = framework_offences(SAMPLE)
+    assert [(line, rule) for line, rule, _ in found] == [
+        (2, "a"), (3, "a"), (5, "a"), (10, "b"), (11, "c"), (13, "c"), (15, "c"), (16, "e"), (19, "d"), (23, "d"),
+    ]
+    assert found[0][2] == "imports tfgpu_magic.frameworks.tensorflow"
+    assert framework_offences('"""TensorFlow."""\nx = adapter.name  # JAX\n') == []

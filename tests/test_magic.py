@@ -109,7 +109,7 @@ def test_status_without_a_driver_is_one_line_about_it(shell, capsys):
 
 def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
     gpu.session.env["CUDA_VISIBLE_DEVICES"] = "1,3"  # a scheduler allocated GPUs 1 and 3
-    session = Session(nvml=gpu.session.nvml, env=gpu.session.env, frameworks=adapters(tensorflow=gpu.session.tf))
+    session = Session(nvml=gpu.session.nvml, env=gpu.session.env, frameworks=adapters(tensorflow=gpu.session.adapter("tensorflow")))
     gpu.__dict__["session"] = session
     session.configure(grammar.Use((1,)))
     session.configure(grammar.Grow(True))

@@ -176,7 +176,7 @@ def test_a_driver_without_the_cuda_version_reading_leaves_it_unknown():
 
 def test_a_failing_diagnosis_is_a_note(monkeypatch):
     session = four_gpu_session(FakeTensorFlow(stage=Stage.STARTED, found=[]))
-    monkeypatch.setattr(Session, "no_gpu_diagnosis", lambda self: 1 / 0)
+    monkeypatch.setattr(tf_runtime.TensorFlow, "no_gpu_diagnosis", lambda self, view: 1 / 0)  # the adapter's, for %gpu
     report = build_report(session)
     assert report["tensorflow"]["found_no_gpu"] is None
     assert "could not tell why TensorFlow found no GPU (ZeroDivisionError: division by zero)" in report["notes"]
@@ -211,8 +211,8 @@ def test_cpu_statistics_at_start(monkeypatch, gpus, wanted, preset, expected):
 
 
 def test_trace_asks_for_it_only_while_on(shell, session):
-    assert session.tf.cpu_stats_if_no_gpu is False
+    assert session.adapter("tensorflow").cpu_stats_if_no_gpu is False
     trace.set_tracing(shell, session, True)  # the fake server lists four GPUs: they are expected
-    assert session.tf.cpu_stats_if_no_gpu is True
+    assert session.adapter("tensorflow").cpu_stats_if_no_gpu is True
     trace.set_tracing(shell, session, False)
-    assert session.tf.cpu_stats_if_no_gpu is False
+    assert session.adapter("tensorflow").cpu_stats_if_no_gpu is False

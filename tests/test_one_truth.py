@@ -141,7 +141,7 @@ def test_reset_returns_to_the_defaults_and_says_what_is_requested_now(shell, cap
 
 def test_reset_after_enumeration_says_what_cuda_already_read():
     session = session_with(stage=Stage.ENUMERATED, found=[])
-    session.tf.cuda_seen = Capture({"CUDA_VISIBLE_DEVICES": "-1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    session.adapter("tensorflow").cuda_seen = Capture({"CUDA_VISIBLE_DEVICES": "-1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     session.requested = session.requested.with_command(grammar.Use("none"))
     assert session.reset() == (
         "forgot: use none\nrequested now: nothing (each framework's defaults)\n"

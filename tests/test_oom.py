@@ -8,6 +8,7 @@ import pytest
 from conftest import run_scenario
 
 from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import tensorflow as tf_runtime
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
 from tfgpu_magic.kernel import oom, oom_handler
 
@@ -76,11 +77,11 @@ def gpu_oom(device: str = "GPU:0") -> Exception:
 @pytest.fixture
 def tensorflow_on(session):
     def on(mapping: dict[str, int], in_use: int = 11 * GIB) -> None:
-        session.tf.gpus = mapping
-        session.tf.found = sorted(set(mapping.values()))  # CUDA's numbers are nvidia-smi's here
+        session.adapter("tensorflow").gpus = mapping
+        session.adapter("tensorflow").found = sorted(set(mapping.values()))  # CUDA's numbers are nvidia-smi's here
         session._on_import(session.adapter("tensorflow"), None)  # `import tensorflow`: the request reaches TensorFlow
-        session.tf.fake_stage = Stage.STARTED
-        session.tf.stats = {name: AllocatorStats(in_use, in_use) for name in mapping}
+        session.adapter("tensorflow").fake_stage = Stage.STARTED
+        session.adapter("tensorflow").stats = {name: AllocatorStats(in_use, in_use) for name in mapping}
 
     return on
 
@@ -133,17 +134,17 @@ def test_a_message_without_details_still_names_a_device(session, tensorflow_on):
     [
         (
             "OOM when allocating tensor with shape[2,3] and type double on /job:localhost/replica:0/task:0/device:GPU:1 by allocator GPU_1_bfc",
-            oom.OomSite("GPU:1", 48, "double tensor of shape [2,3]", "GPU_1_bfc"),
+            tf_runtime.OomSite("GPU:1", 48, "double tensor of shape [2,3]", "GPU_1_bfc"),
         ),
         (
             "OOM when allocating tensor with shape[] and type qint8 on /device:CPU:0",
-            oom.OomSite("CPU:0", None, "qint8 tensor of shape []", None),
+            tf_runtime.OomSite("CPU:0", None, "qint8 tensor of shape []", None),
         ),
-        ("Out of memory while trying to allocate 123 bytes.", oom.OomSite(None, None, None, None)),
+        ("Out of memory while trying to allocate 123 bytes.", tf_runtime.OomSite(None, None, None, None)),
     ],
 )
 def test_parse_message(message, site):
-    assert oom.parse_message(message) == site
+    assert tf_runtime.parse_oom_message(message) == site  # the adapter reads its own message
 
 
 # -- the IPython handler (a stand-in error type: TensorFlow is not imported here) ---------------
@@ -154,7 +155,7 @@ class FakeOom(Exception):
 @pytest.fixture
 def installed(shell, session, monkeypatch):
     monkeypatch.setattr(oom_handler, "_installed", weakref.WeakSet())
-    session.tf.oom_error = FakeOom
+    session.adapter("tensorflow").oom_error = FakeOom
     saved = (shell.custom_exceptions, shell.CustomTB)
     monkeypatch.setitem(shell.user_ns, "FakeOom", FakeOom)
     yield lambda: oom_handler.install(shell, session)

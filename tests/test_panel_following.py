@@ -202,7 +202,7 @@ def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypat
     try:
         sampler = monitor.active_sampler()
         sampler.tick()
-        gpu.session.tf.fake_stage, gpu.session.tf.found = Stage.ENUMERATED, []  # it listed none
+        gpu.session.adapter("tensorflow").fake_stage, gpu.session.adapter("tensorflow").found = Stage.ENUMERATED, []  # it listed none
         allocator_figures.publish(gpu.session)  # the cell ends: the kernel publishes what it read
         sample = sampler.tick()
         assert [d["key"] for d in panel.devices] == shown

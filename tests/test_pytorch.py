@@ -72,8 +72,8 @@ def test_grow_says_pytorch_already_allocates_on_demand_and_free_says_nothing_was
 def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
     r = torch_kernel
     assert r["status_keys"] == sorted(
-        ["allocation", "frameworks", "gpus", "in_force", "me", "notes", "nvml_error", "requested", "resolved",
-         "tensorflow", "visible_gpus"]
+        ["allocation", "display", "frameworks", "gpus", "in_force", "me", "notes", "nvml_error", "requested",
+         "resolved", "tensorflow", "visible_gpus"]
     )
     torch = r["frameworks"]["pytorch"]
     assert r["frameworks"]["tensorflow"]["stage"] == "not_imported"
@@ -180,10 +180,10 @@ def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
     torch = cuda_torch([80 * GIB])
     session._on_import(session.adapter("pytorch"), torch)
     assert torch.cuda.fractions == {}  # importing torch starts no CUDA context
-    assert session.torch.stage() is Stage.IMPORTED and session.torch.caps_bytes == {0: 8 * GIB}
+    assert session.adapter("pytorch").stage() is Stage.IMPORTED and session.adapter("pytorch").caps_bytes == {0: 8 * GIB}
     torch.cuda.start()
     assert torch.cuda.fractions == {0: 0.1}  # 8 GiB of the 80 GiB torch reports for cuda:0 (GPU 1)
-    assert session.torch.cuda_seen is not None  # the environment CUDA read, recorded as it started
+    assert session.adapter("pytorch").cuda_seen is not None  # the environment CUDA read, recorded as it started
     assert session.applied["pytorch"] is session.resolved()
 
 
@@ -295,10 +295,10 @@ def test_trace_shows_pytorchs_peak_in_the_cell_with_nvidia_smi_numbers():
 
 def test_nested_windows_keep_each_others_peaks():
     session, cuda = started_torch()
-    outer = session.torch.open_peak_window()
+    outer = session.adapter("pytorch").open_peak_window()
     cuda.allocate(0, 4 * GIB)
     cuda.allocated[0] = 0
-    inner = session.torch.open_peak_window()  # resets torch's peak: the outer window keeps its 4 GiB
+    inner = session.adapter("pytorch").open_peak_window()  # resets torch's peak: the outer window keeps its 4 GiB
     cuda.allocate(0, GIB)
     assert inner.peaks()["cuda:0"].peak_bytes == GIB
     assert outer.peaks()["cuda:0"].peak_bytes == 4 * GIB

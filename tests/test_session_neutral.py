@@ -20,10 +20,10 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.kernel.session import Session, SessionError
 from tfgpu_magic.simulated import shared_server
 
-from fakes import FakeTensorFlow
+from fakes import FakeTensorFlow, WriteSideDefaults
 
 
-class Made:
+class Made(WriteSideDefaults):
     """A fourth framework, as an adapter would describe it: imported, not started, takes every setting."""
 
     key, name, module = "made", "MadeUp", "madeup"
@@ -120,31 +120,6 @@ class Made:
 
     def oom_error_type(self) -> Optional[type]:
         return None
-
-    # the panel and the trace: no figures of its own
-    charted_figures = ()
-    import_says_little = no_gpu_diagnosed = False
-
-    def figures_absent(self) -> Optional[str]:
-        return None
-
-    def gpu_numbering(self, cuda_map: list[int]) -> dict:
-        return {}
-
-    def trace_label(self, device: str, gpu: Any) -> str:
-        return device
-
-    def trace_absent(self) -> Optional[str]:
-        return None
-
-    def trace_ready(self, env: Any, visible: Any) -> Optional[str]:
-        return None
-
-    def trace_reply(self, env: Any, visible: Any, label: Any) -> Optional[str]:
-        return None
-
-    def trace_stopped(self) -> None:
-        pass
 
 
 def session_with_made(env: Optional[dict] = None) -> tuple[Session, Made]:

@@ -64,7 +64,8 @@ def report_for(server: SimulatedNvml, **kwargs) -> dict:
 def test_report_keeps_its_keys_and_adds_the_inventory():
     report = report_for(shared_server(ME))
     old_keys = {"tensorflow", "requested", "in_force", "gpus", "nvml_error", "notes", "me", "visible_gpus"}
-    assert set(report) == old_keys | {"resolved", "allocation", "frameworks"}  # keys are added, never renamed
+    # keys are added, never renamed; `display` is what the text and the card show (adapters' words)
+    assert set(report) == old_keys | {"resolved", "allocation", "frameworks", "display"}
     assert report["resolved"] == {"summary": [], "visible": [0, 1, 2, 3], "gpus": [
         {"index": i, "limit_mib": None, "logical_mib": None} for i in range(4)
     ]}
@@ -310,7 +311,7 @@ def test_gpus_tensorflow_did_not_find_are_not_called_hidden(gpu):
     from tfgpu_magic.frameworks.tensorflow import Stage
 
     gpu("use 1,2")
-    gpu.session.tf.fake_stage, gpu.session.tf.found = Stage.ENUMERATED, []
+    gpu.session.adapter("tensorflow").fake_stage, gpu.session.adapter("tensorflow").found = Stage.ENUMERATED, []
     report = status.build_report(gpu.session)
     lines = [line for line in status.render_text(report).splitlines() if line.startswith("GPU ")]
     assert [line.split("used (driver)")[1].split("  ")[-1] for line in lines] == [

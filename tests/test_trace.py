@@ -92,8 +92,8 @@ def test_after_start_it_names_the_devices_and_off_stops_the_lines(kernel):
 def tracing(shell, session, monkeypatch):
     """A TensorFlow kernel on a machine where PyTorch and JAX are not installed (their part of the
     reply is tests/test_frameworks_said.py's)."""
-    monkeypatch.setattr(session.torch, "installed", lambda: False)
-    monkeypatch.setattr(session.jax, "installed", lambda: False)
+    monkeypatch.setattr(session.adapter("pytorch"), "installed", lambda: False)
+    monkeypatch.setattr(session.adapter("jax"), "installed", lambda: False)
     yield lambda on: trace.set_tracing(shell, session, on)
     trace.set_tracing(shell, session, False)
 
@@ -105,9 +105,9 @@ def run(shell, capsys, code: str) -> tuple[bool, str, str]:
 
 
 def started_with(session, stats: dict[str, AllocatorStats], gpus: dict[str, int] | None = None) -> None:
-    session.tf.fake_stage = Stage.STARTED
-    session.tf.stats = stats
-    session.tf.gpus = gpus or {}
+    session.adapter("tensorflow").fake_stage = Stage.STARTED
+    session.adapter("tensorflow").stats = stats
+    session.adapter("tensorflow").gpus = gpus or {}
 
 
 def test_gpus_expected_so_the_cpu_allocator_is_left_alone(tracing, session):
@@ -124,7 +124,7 @@ def test_no_gpu_and_not_started_sets_the_variable_in_the_sessions_environment(tr
 
 def test_a_cpu_only_tensorflow_sees_no_gpu_whatever_the_driver_lists(tracing, session):
     """tensorflow-cpu beside four GPUs (the simulated server): the CPU allocator is what to trace."""
-    session.tf.cpu_only = True
+    session.adapter("tensorflow").cpu_only = True
     assert tracing(True).endswith("TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics")
     assert session.env[tf_runtime.CPU_STATS_ENV] == "true"
 
@@ -155,15 +155,17 @@ def test_silent_while_tensorflow_is_not_started(tracing, shell, capsys):
 
 def test_started_without_statistics_says_how_to_get_them_once(tracing, shell, capsys, session):
     started_with(session, {})
-    assert tracing(True) == "tracing on: " + trace.NO_STATS
-    assert trace.NO_STATS == (
+    no_stats = session.adapter("tensorflow").trace_absent()
+    assert tracing(True) == "tracing on: " + no_stats
+    assert no_stats == (
         "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
         "started without TF_CPU_ALLOCATOR_USE_BFC=true. Restart the kernel and run `%gpu trace` before "
         "`import tensorflow` (it sets the variable), or set it in the kernel's environment"
     )
     # The fake server lists four GPUs that TensorFlow did not find: why comes first, once.
-    why = f"[gpu trace] {session.no_gpu_diagnosis().line()}\n"
-    assert run(shell, capsys, "x = 1") == (True, why + f"[gpu trace] {trace.NO_STATS}\n", "")
+    tf = session.adapter("tensorflow")
+    why = f"[gpu trace] {tf.no_gpu_diagnosis(session.view(tf)).line()}\n"
+    assert run(shell, capsys, "x = 1") == (True, why + f"[gpu trace] {no_stats}\n", "")
     assert run(shell, capsys, "x = 2") == (True, "", "")
 
 
@@ -188,8 +190,8 @@ def test_a_failing_hook_never_breaks_the_cell_and_says_so_once(tracing, shell, c
     def broken():
         raise RuntimeError("allocator gone")
 
-    session.tf.open_peak_window = broken
-    session.tf.fake_stage = Stage.IMPORTED  # a window is opened for an imported framework only, as for any
+    session.adapter("tensorflow").open_peak_window = broken
+    session.adapter("tensorflow").fake_stage = Stage.IMPORTED  # a window is opened for an imported framework only, as for any
     tracing(True)
     capsys.readouterr()
     ok, out, err = run(shell, capsys, "y = 41 + 1")

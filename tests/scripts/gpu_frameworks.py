@@ -43,7 +43,7 @@ if case == "torch_cap":
     except torch.OutOfMemoryError as err:
         result["refused"] = True
         result["explanation"] = oom.explain(session, err)
-    result["fraction_set"] = session.torch.caps_set
+    result["fraction_set"] = session.adapter("pytorch").caps_set
 elif case == "torch_free":
     import torch
 

@@ -36,7 +36,7 @@ def cell(code: str) -> str:
 def stage() -> str:
     from tfgpu_magic.kernel.session import get_session
 
-    return get_session().tf.stage().name
+    return get_session().adapter("tensorflow").stage().name
 
 
 def gpu_options() -> dict:

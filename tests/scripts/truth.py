@@ -117,14 +117,14 @@ def start_facts() -> None:
     """Defect 4: what TensorFlow started with is recorded when it starts."""
     ip.run_line_magic("load_ext", "tfgpu_magic")
     ip.run_cell("import tensorflow as tf\nfrom tensorflow.python.client import device_lib")
-    result["before"] = session().tf.stage().name
+    result["before"] = session().adapter("tensorflow").stage().name
     ip.run_cell("devices = device_lib.list_local_devices()")
-    result["after_device_lib"] = session().tf.stage().name
+    result["after_device_lib"] = session().adapter("tensorflow").stage().name
     ip.run_cell("x = tf.constant(1.0)")
     os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"  # by hand, after the first op
     os.environ["TF_GPU_ALLOCATOR"] = "cuda_malloc_async"
-    result["started_with"] = dict(session().tf.started_with.env)
-    force = session().in_force()
+    result["started_with"] = dict(session().adapter("tensorflow").started_with.env)
+    force = session().adapter("tensorflow").in_force(session().machine.cuda_map(), session().env)
     result["in_force"] = {"growth": force.growth, "allocator": force.allocator}
     result["grow_off"] = gpu("grow off")
 

@@ -7,6 +7,7 @@ framework: it is handed the module by a post-import hook once the user's import 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import importlib.util
@@ -18,9 +19,10 @@ from typing import Any, Callable, Mapping, MutableMapping, Optional, Protocol, r
 from ..command.plan import Plan, Resolution
 
 __all__ = [
-    "CUDA_ENV", "Capture", "Change", "ChartedFigure", "FreeReport", "Host", "Refusal", "CudaRecord", "DeviceMemory", "Framework",
-    "PeakReading", "PeakWindow", "ResettingPeakWindow",
-    "Stage", "UnresettablePeakWindow", "attribute", "capture", "installed", "not_the_framework", "too_late",
+    "CUDA_ENV", "Capture", "Change", "ChartedFigure", "CudaRecord", "DeviceMemory", "Framework", "FreeReport", "GpuShare",
+    "Host", "OomFacts", "PeakReading", "PeakWindow", "Refusal", "ReportView", "Reporting", "ReportingDefaults",
+    "ResettingPeakWindow", "Stage", "UnresettablePeakWindow", "attribute", "capture", "environment_line", "installed",
+    "not_the_framework", "too_late",
 ]
 
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # read by CUDA when it starts in the process
@@ -432,3 +434,206 @@ class UnresettablePeakWindow:
 
     def close(self) -> None:
         pass
+
+
+# -- reports (status, out-of-memory, %%gpu on) ----------------------------------------------------------
+@dataclass(frozen=True)
+class ReportView:
+    """What an adapter's report reads of the kernel, handed over by the caller (never the session):
+    frameworks/ knows nothing of kernel/.  Made for one report; ``notes`` is that report's list,
+    where an adapter says a reading that failed (a note, never a broken ``%gpu``)."""
+
+    cuda_map: tuple[int, ...] = ()  # CUDA device k -> nvidia-smi index, as CUDA numbered them
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the kernel's environment now
+    cuda_env: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)  # as CUDA read them (or will)
+    applied: Any = None  # the Resolution this framework was given (``Session.applied[key]``); None: nothing
+    accepted: Any = None  # the request as resolved when it was accepted; None: it cannot hold
+    exposed_gpus: Optional[tuple[int, ...]] = None  # nvidia-smi indices CUDA shows this kernel; None: unknown
+    visible_gpus: Optional[tuple[int, ...]] = None  # nvidia-smi indices this kernel sees; None: unknown
+    cuda_found: Optional[tuple[int, ...]] = None  # nvidia-smi indices the listing framework found
+    nvml: Any = None  # the machine's Nvml (driver facts: its CUDA version)
+    precision: Optional[str] = None  # the requested mixed-precision policy
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """A framework's part of one GPU (by nvidia-smi index): its names for the devices there, and
+    what its allocator holds on them, summed over them, in bytes (None: no reading)."""
+
+    names: tuple[str, ...] = ()  # "GPU:0", "GPU:1" (two logical GPUs on one physical)
+    in_use_bytes: Optional[int] = None
+    peak_bytes: Optional[int] = None  # the sum of the devices' peaks: an upper bound
+
+
+@dataclass(frozen=True)
+class OomFacts:
+    """What a framework's out-of-memory error says, read by its adapter right after the failure;
+    the kernel adds the driver's view (how full the GPU is, who else is on it, a freer GPU)."""
+
+    device: str  # its own name for the device: "GPU:0", "cuda:1", "gpu:0", "CPU:0"
+    named: str  # the device in its words, inside the GPU's: "GPU 1 (TF GPU:0, NVIDIA A100)"
+    label: str  # the device as said where no GPU is known: "CPU:0", "PyTorch cuda:3"
+    on_gpu: bool  # a GPU's memory ran out (False: the CPU's)
+    gpu: Optional[int] = None  # nvidia-smi index; None: not a GPU, or not mapped to nvidia-smi's numbering
+    lines: tuple[str, ...] = ()  # the failed request, its allocator's figures and its limit
+    steps: tuple[str, ...] = ()  # its own remedies, said first
+    cpu_step: Optional[str] = None  # the last remedy where no GPU ran out (None: a higher `%gpu limit`)
+
+
+def environment_line(label: str, env: Mapping[str, Optional[str]]) -> list[str]:
+    """``label: NAME=value, ...`` for the variables set (none set: no line); an inherited value may
+    be megabytes of anything: shown escaped and cut."""
+    from ..gpus.numbering import shown as cut
+
+    shown = [f"{k}={cut(v, 80)}" for k, v in env.items() if v is not None]
+    return [f"{label}: " + ", ".join(shown)] if shown else []
+
+
+class Reporting(Protocol):
+    """What ``%gpu status``, the out-of-memory explanation and ``%%gpu on`` ask of each adapter.
+
+    Every method is handed a :class:`ReportView` (or the adapter's own report entry), never the
+    session: the kernel loops over its adapters and names none of them.
+    """
+
+    key: str
+    name: str
+
+    def report(self, view: ReportView) -> dict[str, Any]:
+        """Its entry under ``frameworks`` in ``%gpu status --json`` (keys are added, never renamed)."""
+        ...
+
+    def report_keys(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Top-level keys of the report it has always had (scripts read them there); {} for most."""
+        ...
+
+    def status_lines(self, entry: dict[str, Any]) -> list[str]:
+        """Its lines of ``%gpu status`` (text and card alike): ``"Name:       value"`` then
+        ``"  continuation"`` lines; none while it is not imported."""
+        ...
+
+    def in_force(self, view: ReportView) -> Optional[list[str]]:
+        """What it runs with for ``In force``; None where the environment it will read says it
+        (said once for every framework)."""
+        ...
+
+    def in_force_notes(self, view: ReportView) -> list[str]:
+        """Lines of ``In force`` after the GPU settings (a precision policy)."""
+        ...
+
+    def listed_gpus(self, view: ReportView) -> Optional[list[int]]:
+        """nvidia-smi indices it listed and uses (None: it has not listed them itself)."""
+        ...
+
+    def gpu_shares(self, view: ReportView) -> dict[int, GpuShare]:
+        """Its part of each GPU (by nvidia-smi index) it knows of."""
+        ...
+
+    def gpu_keys(self, share: Optional[GpuShare]) -> dict[str, Any]:
+        """Its own keys in every GPU's entry of the report (kept for scripts; new adapters have none)."""
+        ...
+
+    def started_gpus(self, view: ReportView) -> Optional[tuple[int, ...]]:
+        """nvidia-smi indices it started with where it can no longer change them; None: it can."""
+        ...
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        """Whether ``error``, of its ``oom_error_type()``, is about memory (JAX's covers every failure)."""
+        ...
+
+    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+        """What its out-of-memory ``error`` says (None: not an error of its own)."""
+        ...
+
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+        """For ``%%gpu on``: the GPUs it sees (nvidia-smi numbers; None: none it could run on,
+        not imported or not started) and, when ``gpu`` is among them, its scope for a cell there."""
+        ...
+
+    def scope_hint(self) -> tuple[str, str]:
+        """Its scope for a ``%%gpu on`` cell, and what makes it usable: ("tf.device", "`import tensorflow as tf`")."""
+        ...
+
+    def in_use(self) -> bool:
+        """Whether the notebook uses it (imported; JAX: started, as TensorFlow imports jax itself)."""
+        ...
+
+    def attach(self) -> None:
+        """Take the framework from ``sys.modules`` when the caller knows its import has finished."""
+        ...
+
+    def device_label(self, device: str, view: ReportView) -> str:
+        """One of its devices as ``%gpu`` names it: ``GPU 1 (PyTorch cuda:0)``, nvidia-smi's number first."""
+        ...
+
+    def measurement_problem(self, view: ReportView) -> Optional[str]:
+        """Why a cell's peak cannot be measured on it although it started (None: it can, or it has not started)."""
+        ...
+
+    def keep_statistics(self, view: ReportView, alone: bool) -> Optional[str]:
+        """Before a measured cell: make its allocator keep statistics if it can; what it did, to say
+        (None: nothing).  ``alone``: no other framework is in use."""
+        ...
+
+
+class ReportingDefaults:
+    """:class:`Reporting`'s answers for a framework with nothing of its own to say there: no
+    top-level keys, no ``In force`` lines, no listing, no per-GPU part, nothing frozen, no
+    out-of-memory facts, no ``%%gpu on`` scope.  An adapter overrides what it has."""
+
+    def report_keys(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def in_force_lines(self, view: ReportView) -> Optional[list[str]]:
+        return None
+
+    def in_force_notes(self, view: ReportView) -> list[str]:
+        return []
+
+    def listed_gpus(self, view: ReportView) -> Optional[list[int]]:
+        return None
+
+    def gpu_shares(self, view: ReportView) -> dict[int, GpuShare]:
+        return {}
+
+    def gpu_keys(self, share: Optional[GpuShare]) -> dict[str, Any]:
+        return {}
+
+    def started_gpus(self, view: ReportView) -> Optional[tuple[int, ...]]:
+        return None
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        return True
+
+    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+        return None
+
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+        return None, None
+
+    def in_use(self) -> bool:
+        return self.stage() is not Stage.NOT_IMPORTED  # type: ignore[attr-defined]
+
+    def attach(self) -> None:
+        """Take the framework from ``sys.modules`` when the caller knows its import has finished
+        (code on the user's thread after the import, without ``%load_ext``)."""
+        import sys
+
+        module = sys.modules.get(self.module)  # type: ignore[attr-defined]
+        if module is not None and self.stage() is Stage.NOT_IMPORTED:  # type: ignore[attr-defined]
+            self.on_import(module)  # type: ignore[attr-defined]
+
+    def device_label(self, device: str, view: ReportView) -> str:
+        """``GPU 1 (PyTorch cuda:0)`` for its CUDA device ``cuda:0`` (or ``gpu:0``); its name alone unmapped."""
+        named = f"{self.name} {device}"  # type: ignore[attr-defined]
+        try:
+            return f"GPU {view.cuda_map[int(device.rsplit(':', 1)[1])]} ({named})"
+        except (IndexError, ValueError):
+            return named
+
+    def measurement_problem(self, view: ReportView) -> Optional[str]:
+        return None
+
+    def keep_statistics(self, view: ReportView, alone: bool) -> Optional[str]:
+        return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -22,10 +23,11 @@ from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
-from ..command.units import MIB, format_bytes, format_change
+from ..command.units import MIB, format_bytes, format_change, format_size
 from .base import (
-    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, Stage,
-    UnresettablePeakWindow, attribute, capture, installed, not_the_framework, too_late,
+    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, OomFacts, Refusal,
+    ReportingDefaults, ReportView, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework,
+    too_late,
 )
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "Jax",
     "JaxStart",
     "MEM_FRACTION_ENV",
+    "FRACTION_STEP",
     "PREALLOCATE_ENV",
     "fraction_for",
     "limit_problem",
@@ -53,6 +56,10 @@ MEM_FRACTION_ENV = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
 # "platform" allocates and frees on demand through CUDA: the only one that hands memory back, and slow.
 ALLOCATOR_NAMES = {"async": "cuda_async", "platform": "platform", "default": None}
 JAX_DEFAULT_FRACTION = 0.75  # of each GPU's total, taken at the first operation (JAX's documentation)
+# Its out-of-memory messages (XLA): "Out of memory while trying to allocate 4294967296 bytes." or "Failed
+# to allocate request for 1.00GiB (1073741824B) on device ordinal 1".
+_OOM = re.compile(r"allocate (?P<bytes>\d+) bytes|\((?P<b>\d+)B\)")
+_ORDINAL = re.compile(r"device ordinal (?P<ordinal>\d+)")
 # What the adapter uses of ``jax``: a module without them is not JAX (a planted jax.py).
 NEEDS = ("devices", "default_device", "clear_caches")
 JAX_START_ENV = CUDA_ENV + (PREALLOCATE_ENV, ALLOCATOR_ENV, *MEM_FRACTION_ENV, "JAX_PLATFORMS")
@@ -82,7 +89,7 @@ class JaxStart:
         )
 
 
-class Jax:
+class Jax(ReportingDefaults):
     """The adapter: every question to JAX goes through one of these (one per process)."""
 
     key = "jax"
@@ -491,6 +498,137 @@ class Jax:
     def trace_stopped(self) -> None:
         pass
 
+
+
+    # -- reports (status, out-of-memory, %%gpu on) --------------------------------------------------
+    def report(self, view: ReportView) -> dict[str, Any]:
+        """Its entry under ``frameworks`` in ``%gpu status --json``: the stage and, once its backends
+        started, what it started with: the variables as they were then and the options its CUDA
+        plugin made of them (JAX's own reading)."""
+        stage = self.stage()
+        entry: dict[str, Any] = {
+            "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": self.installed(),
+        }
+        if stage is Stage.NOT_IMPORTED:
+            return entry
+        start = self.start()
+        seen = self.started_with
+        memory = self.device_memory()  # before memory_error: a failed reading is recorded by it
+        entry.update({
+            "started": stage is Stage.STARTED,
+            "applied": None if view.applied is None else view.applied.describe(),
+            "platforms": self.platforms(),
+            "started_with": None if start is None else {
+                "preallocate": start.preallocate,
+                "memory_fraction": start.memory_fraction,
+                "allocator": start.allocator,
+                "cuda_visible_devices": start.cuda_visible_devices,
+                "gpu": start.gpu,
+            },
+            "environment_at_start": None if seen is None else dict(seen.env),
+            # True: JAX had started before tfgpu_magic loaded; the variables are the ones found then.
+            "recorded_late": None if seen is None else seen.late,
+            "plugin_error": self.plugin_error,
+            "no_fraction": None if view.accepted is None else limit_problem(view.accepted),
+            "memory_error": self.memory_error,
+            "memory": {
+                device: {"in_use_bytes": m.in_use_bytes, "peak_bytes": m.peak_bytes,
+                         "reserved_bytes": m.reserved_bytes, "limit_bytes": m.limit_bytes}
+                for device, m in memory.items()
+            },
+        })
+        return entry
+
+    def status_lines(self, entry: dict[str, Any]) -> list[str]:
+        """Its stage and what it started with: shown once it is imported."""
+        if not entry.get("imported"):
+            return []
+        label = f"{self.name + ':':<11}"
+        if not entry["started"]:
+            lines = [f"{label} imported, backends not started: every GPU setting still applies"]
+            if entry.get("no_fraction"):
+                lines.append(f"  no memory fraction for {self.name}: {entry['no_fraction']}")
+            return lines
+        start = entry["started_with"]
+        platforms = ", ".join(entry["platforms"]) or "unknown"
+        refused = [f"  its CUDA plugin refuses the variables: {entry['plugin_error']}"] if entry["plugin_error"] else []
+        if start is None or not start["gpu"]:
+            return [f"{label} started on {platforms}: no GPU backend, so GPU settings do not reach it", *refused]
+        fraction = "0.75 (default)" if start["memory_fraction"] is None else f"{start['memory_fraction']:g}"
+        late = f" (as found when tfgpu_magic loaded: {self.name} had started before)" if entry["recorded_late"] else ""
+        lines = [
+            f"{label} started on {platforms} with preallocation {'on' if start['preallocate'] else 'off'}, "
+            f"memory fraction {fraction}, the {start['allocator']} allocator{late}",
+            *refused,
+        ]
+        if entry["memory_error"]:
+            lines.append(f"  note: no memory reading for {entry['memory_error']}")
+        for device, memory in entry["memory"].items():
+            lines.append(
+                f"  {device} {self.name} allocator: {format_bytes(memory['in_use_bytes'])} in use, "
+                f"peak {format_bytes(memory['peak_bytes'])}, pool {format_bytes(memory['reserved_bytes'])}"
+            )
+        return lines
+
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        """Its runtime error covers every failure: only its RESOURCE_EXHAUSTED kind is memory."""
+        return "RESOURCE_EXHAUSTED" in str(error)
+
+    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+        """``JaxRuntimeError``: the request and the device ordinal it names, its pool, its fraction."""
+        oom_type = self.oom_error_type()
+        if oom_type is None or not isinstance(error, oom_type):
+            return None
+        message = str(error)
+        found = _OOM.search(message)
+        request = format_size(int(found.group("bytes") or found.group("b"))) if found is not None else None
+        ordinal = _ORDINAL.search(message)
+        cuda_index = int(ordinal.group("ordinal")) if ordinal else 0
+        requested = [f"Failed request: {request}"] if request else []
+        steps = (
+            f"`del` the arrays you no longer need ({self.name} keeps every live array), then run the cell again",
+            "a smaller batch size (halve it until the cell fits)",
+        )
+        start = self.start()
+        if start is None or not start.gpu:  # JAX on the CPU: no GPU to blame
+            lines = [*requested, f"{self.name}'s allocator: no figures (CUDA has not started); "
+                                 f"limit: none of {self.name}'s own on the CPU (the system's memory)"]
+            label = f"the CPU ({self.name} has no GPU backend)"
+            return OomFacts("CPU:0", label, label, False, None, tuple(lines), steps)
+        device = f"gpu:{cuda_index}"
+        memory = self.device_memory().get(device)
+        figures = "no figures (CUDA has not started)"
+        if memory is not None:
+            reserved = f", {format_size(memory.reserved_bytes)} reserved" if memory.reserved_bytes is not None else ""
+            figures = f"{format_size(memory.in_use_bytes)} in use{reserved}"
+        gpu = view.cuda_map[cuda_index] if cuda_index < len(view.cuda_map) else None
+        if gpu is None:
+            limit = "unknown (the GPU could not be mapped to nvidia-smi's numbering)"
+        else:
+            fraction = f"0.75, {self.name}'s default" if start.memory_fraction is None else f"{start.memory_fraction:g}"
+            pool = f"{format_size(memory.limit_bytes)}, " if memory is not None and memory.limit_bytes else ""
+            limit = f"{pool}memory fraction {fraction} (read when {self.name} started)"
+        named = f"{self.name} {device}"
+        lines = [*requested, f"{self.name}'s allocator: {figures}; limit: {limit}"]
+        return OomFacts(device, named, named, True, gpu, tuple(lines), steps)
+
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+        """For ``%%gpu on``, once its backends started: its GPUs (nvidia-smi numbers), and
+        ``jax.default_device`` on ``gpu``."""
+        if self.stage() is not Stage.STARTED:
+            return None, None
+        cuda_map = list(view.cuda_map)
+        seen = [cuda_map[k] for k in self.gpu_ids() if k < len(cuda_map)]
+        return seen, self.device_scope(cuda_map.index(gpu)) if gpu in seen else None
+
+
+    def scope_hint(self) -> tuple[str, str]:
+        return "jax.default_device", "a first JAX operation"
+
+    def in_use(self) -> bool:
+        """Started: TensorFlow 2.21 imports jax itself where it is installed, so an import says nothing."""
+        return self.stage() is Stage.STARTED
 
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")  # a client's or a device's platform, as JAX names it

@@ -16,16 +16,17 @@ the environment CUDA read.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
-from ..command.units import MIB, format_bytes, format_change
+from ..command.units import MIB, format_bytes, format_change, format_size
 from .base import (
-    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, Refusal, ResettingPeakWindow,
-    Stage, capture, installed, not_the_framework,
+    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, OomFacts, Refusal,
+    ReportingDefaults, ReportView, ResettingPeakWindow, Stage, capture, installed, not_the_framework,
 )
 
 __all__ = [
@@ -44,6 +45,8 @@ NATIVE_ONLY_OPTIONS = (
     "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "expandable_segments",
     "release_lock_on_cudamalloc",
 )
+# Its out-of-memory message: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
+_OOM = re.compile(r"Tried to allocate (?P<size>[\d.]+ [KMGT]?i?B)\.(?: GPU (?P<gpu>\d+))?")
 # What the adapter uses of ``torch``: a module without them is not PyTorch (a planted torch.py).
 NEEDS = (
     "version", "cuda.is_initialized", "cuda._lazy_call", "cuda.device_count", "cuda.memory_allocated",
@@ -61,7 +64,7 @@ class TorchMemory:
     reserved_bytes: int  # held by the allocator's cache (what the driver sees as this process's)
 
 
-class PyTorch:
+class PyTorch(ReportingDefaults):
     """The adapter: every question to PyTorch goes through one of these (one per process)."""
 
     key = "pytorch"
@@ -446,6 +449,99 @@ class PyTorch:
 
     def trace_stopped(self) -> None:
         pass
+
+
+    # -- reports (status, out-of-memory, %%gpu on) --------------------------------------------------
+    def report(self, view: ReportView) -> dict[str, Any]:
+        """Its entry under ``frameworks`` in ``%gpu status --json``: the stage, and once imported
+        its build, allocator, caps and the allocator's figures per device."""
+        stage = self.stage()
+        entry: dict[str, Any] = {
+            "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": self.installed(),
+        }
+        if stage is Stage.NOT_IMPORTED:
+            return entry
+        entry.update({
+            "cuda_build": self.cuda_build(),
+            "allocator": self.backend(),
+            "cuda_started": stage is Stage.STARTED,
+            "applied": None if view.applied is None else view.applied.describe(),
+            "caps": {f"cuda:{k}": {"bytes": b, "fraction_set": self.caps_set.get(k)} for k, b in self.caps_bytes.items()},
+            "cap_errors": list(self.cap_errors),
+            "memory": {
+                device: {"allocated_bytes": m.allocated_bytes, "peak_allocated_bytes": m.peak_allocated_bytes,
+                         "reserved_bytes": m.reserved_bytes}
+                for device, m in self.memory().items()
+            },
+        })
+        entry["memory_error"] = self.memory_error  # after the reading, which records a failure
+        return entry
+
+    def status_lines(self, entry: dict[str, Any]) -> list[str]:
+        """Its stage, allocator and caps: shown once it is imported."""
+        if not entry.get("imported"):
+            return []
+        label = f"{self.name + ':':<11}"
+        if not entry["cuda_build"]:
+            return [f"{label} imported; a CPU build (torch.version.cuda is None): it uses no GPU"]
+        started = "CUDA started: GPU settings other than `limit` are frozen" if entry["cuda_started"] else "CUDA not started"
+        lines = [f"{label} imported, {started}; the {entry['allocator']} allocator"]
+        for device, cap in entry["caps"].items():
+            fraction = cap["fraction_set"]
+            when = f"set as fraction {fraction:.4f}" if fraction is not None else "set when CUDA starts"
+            lines.append(f"  {device} cap: {format_bytes(cap['bytes'])} ({when})")
+        lines.extend(f"  cap not set: {error}" for error in entry["cap_errors"])
+        if entry.get("memory_error"):
+            lines.append(f"  note: no allocator reading for {entry['memory_error']}")
+        for device, memory in entry["memory"].items():
+            lines.append(
+                f"  {device} {self.name} allocator: {format_bytes(memory['allocated_bytes'])} allocated, "
+                f"{format_bytes(memory['reserved_bytes'])} reserved, peak {format_bytes(memory['peak_allocated_bytes'])}"
+            )
+        return lines
+
+
+    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+        """``torch.OutOfMemoryError``: the request and the CUDA device it names, its allocator, its cap."""
+        oom_type = self.oom_error_type()
+        if oom_type is None or not isinstance(error, oom_type):
+            return None
+        found = _OOM.search(str(error))
+        request = found.group("size") if found is not None else None
+        cuda_index = int(found.group("gpu") or 0) if found is not None else 0
+        device = f"cuda:{cuda_index}"
+        memory = self.device_memory().get(device)
+        figures = "no figures (CUDA has not started)"
+        if memory is not None:
+            figures = f"{format_size(memory.in_use_bytes)} in use, {format_size(memory.reserved_bytes)} reserved"
+        gpu = view.cuda_map[cuda_index] if cuda_index < len(view.cuda_map) else None
+        if gpu is None:
+            limit = "unknown (the GPU could not be mapped to nvidia-smi's numbering)"
+        elif self.caps_set.get(cuda_index) is None:
+            limit = f"none set ({self.name} may take the whole GPU)"
+        else:
+            fraction = self.caps_set[cuda_index]
+            limit = f"{format_size(self.caps_bytes[cuda_index])} (`%gpu limit`, set as fraction {fraction:.4f})"
+        lines = ([f"Failed request: {request}"] if request else []) + [f"{self.name}'s allocator: {figures}; limit: {limit}"]
+        steps = (
+            f"`del` the tensors you no longer need, then `%gpu free` (it empties {self.name}'s cache), "
+            "then run the cell again",
+            "a smaller batch size (halve it until the cell fits)",
+            "`with torch.autocast(\"cuda\", dtype=torch.float16):` around the forward pass: half the activations",
+        )
+        named = f"{self.name} {device}"
+        return OomFacts(device, named, named, True, gpu, tuple(lines), steps)
+
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+        """For ``%%gpu on``: the GPUs it can use (nvidia-smi numbers), and ``torch.cuda.device`` on ``gpu``."""
+        if self.stage() is Stage.NOT_IMPORTED:
+            return None, None
+        seen = list(view.cuda_map[: self.found_gpus()])
+        return seen, self.device_scope(list(view.cuda_map).index(gpu)) if gpu in seen else None
+
+
+    def scope_hint(self) -> tuple[str, str]:
+        return "torch.cuda.device", "`import torch`"
 
 
 def _allocator_settings(module: Any) -> Optional[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import threading
 import weakref
@@ -26,10 +27,11 @@ from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
-from ..command.units import format_bytes, format_change
+from ..command.units import MIB, format_bytes, format_change, format_size
+from ..gpus.holdings import allocator_by_gpu
 from .base import (
-    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, PeakReading, Refusal, Stage,
-    capture, installed, not_the_framework, too_late,
+    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, GpuShare, Host, OomFacts,
+    PeakReading, Refusal, ReportView, Stage, capture, environment_line, installed, not_the_framework, too_late,
 )
 from .import_hooks import run_after_import
 
@@ -41,10 +43,12 @@ __all__ = [
     "CUDA_ENV",
     "Capture",
     "InForce",
+    "OomSite",
     "PeakWindow",
     "START_ENV",
     "Stage",
     "TensorFlow",
+    "parse_oom_message",
 ]
 
 START_ENV = ("TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR")  # read by TensorFlow at its first op
@@ -685,6 +689,242 @@ class TensorFlow:
         self.cpu_stats_if_no_gpu = False
 
 
+    # -- reports (status, out-of-memory, %%gpu on) --------------------------------------------------
+    def report(self, view: ReportView) -> dict[str, Any]:
+        """Its entry under ``frameworks`` in ``%gpu status --json``: the stage, the allocator once
+        started, why it found no GPU once it listed them, what it was given, whether installed."""
+        stage = self.stage()
+        entry: dict[str, Any] = {"stage": stage.name.lower(), "description": stage.describe()}
+        if stage is Stage.STARTED:
+            entry["allocator"] = {
+                device: {"current_bytes": s.current_bytes, "peak_bytes": s.peak_bytes}
+                for device, s in self.allocator_stats().items()
+            }
+        if stage >= Stage.ENUMERATED:
+            entry["found_no_gpu"] = self._found_no_gpu(view)
+        entry["applied"] = None if view.applied is None else view.applied.describe()
+        entry["installed"] = self.installed()
+        return entry
+
+    def report_keys(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """``tensorflow`` at the report's top level, as scripts have read it from the start."""
+        return {self.key: {k: v for k, v in entry.items() if k not in ("applied", "installed")}}
+
+    def _found_no_gpu(self, view: ReportView) -> Optional[dict[str, Any]]:
+        """Why it found no GPU while the driver lists some for this kernel (None: it found them)."""
+        try:
+            diagnosis = self.no_gpu_diagnosis(view)
+        except Exception as err:  # one reading's fault is a note, never a broken %gpu
+            view.notes.append(f"could not tell why {self.name} found no GPU ({type(err).__name__}: {err})")
+            return None
+        return None if diagnosis is None else diagnosis.as_json()
+
+    def no_gpu_diagnosis(self, view: ReportView) -> Any:
+        """Why it found no GPU although CUDA was shown some; None when it found its GPUs.
+
+        Made the first time it is asked after the listing, then kept: the build, the driver's CUDA
+        version, the installed packages and what it listed do not change while the kernel lives.
+        """
+        diagnosis = getattr(self, "_no_gpu_diagnosis", None)
+        if diagnosis is None and view.cuda_found == () and view.exposed_gpus:
+            from . import tensorflow_diagnosis  # rarely needed: not at `%load_ext`
+
+            diagnosis = self._no_gpu_diagnosis = tensorflow_diagnosis.diagnose(
+                driver_gpus=len(view.exposed_gpus),
+                build_info=self.build_info(),
+                driver_cuda=view.nvml.cuda_driver_version() if view.nvml is not None else None,
+                installed=distribution_installed,
+            )
+        return diagnosis
+
+    def status_lines(self, entry: dict[str, Any]) -> list[str]:
+        """Its stage, why it found no GPU, its allocator per device: shown once it is imported."""
+        if entry.get("stage", "not_imported") == "not_imported":
+            return []
+        lines = [f"{self.name + ':':<11} {entry['description']}"]
+        no_gpu = entry.get("found_no_gpu")
+        if no_gpu:
+            lines += [f"  found no GPU: {no_gpu['why']}", f"  fix: {no_gpu['fix']}"]
+        for device, stats in entry.get("allocator", {}).items():
+            lines.append(
+                f"  {device} {self.name} allocator: {format_bytes(stats['current_bytes'])} in use, "
+                f"peak {format_bytes(stats['peak_bytes'])}"
+            )
+        return lines
+
+    def in_force_lines(self, view: ReportView) -> Optional[list[str]]:
+        """What it runs with (started), or the environment it will read at its start; None before
+        the import (the environment every framework will read is said once, for all)."""
+        stage = self.stage()
+        if stage is Stage.NOT_IMPORTED:
+            return None
+        if stage is not Stage.STARTED:
+            # The variables as it will read them: CUDA's as CUDA read them once it listed devices.
+            env = dict(self.start_env(view.env))
+            cuda = view.cuda_env if stage is Stage.ENUMERATED else view.env
+            env["CUDA_VISIBLE_DEVICES"] = cuda.get("CUDA_VISIBLE_DEVICES")
+            return environment_line(f"environment for {self.name}'s start", env)
+        force = self.in_force(list(view.cuda_map), view.env)
+        shown = ",".join(map(str, force.visible_nvml)) or "none"
+        lines = [f"GPUs visible to {self.name}: {shown}"]
+        if force.visible_nvml:
+            lines.append(f"memory growth: {'on' if force.growth else 'off'}")
+            for index, sizes in force.logical_mib.items():
+                if sizes:
+                    lines.append(f"GPU {index}: logical GPUs of {', '.join(f'{s} MiB' for s in sizes)}")
+            lines.append(f"allocator: {force.allocator}")
+        return lines
+
+    def in_force_notes(self, view: ReportView) -> list[str]:
+        """The Keras precision policy, once Keras is imported (by whichever back end)."""
+        policy = self.keras_policy()
+        return [] if policy is None else [f"Keras precision: {policy}"]
+
+    def listed_gpus(self, view: ReportView) -> Optional[list[int]]:
+        """The GPUs it listed (nvidia-smi numbers), once it enumerated; None before."""
+        if self.stage() < Stage.ENUMERATED:
+            return None
+        return sorted(set(self.gpu_names(list(view.cuda_map)).values()))
+
+    def gpu_shares(self, view: ReportView) -> dict[int, GpuShare]:
+        """Its ``GPU:j`` names per GPU, and its allocator summed over its logical GPUs there."""
+        names = self.gpu_names(list(view.cuda_map))
+        stats = self.allocator_stats() if self.stage() is Stage.STARTED else {}
+        sums = allocator_by_gpu(stats, names)
+        by_gpu: dict[int, list[str]] = {}
+        for device, index in names.items():
+            by_gpu.setdefault(index, []).append(device)
+        return {
+            index: GpuShare(tuple(by_gpu.get(index, ())), *(sums[index] if index in sums else (None, None)))
+            for index in sorted(set(by_gpu) | set(sums))
+        }
+
+    def gpu_keys(self, share: Optional[GpuShare]) -> dict[str, Any]:
+        """``tensorflow_names``, ``tensorflow_in_use_bytes``, ``tensorflow_peak_bytes`` in every GPU's entry."""
+        return {
+            f"{self.key}_names": list(share.names) if share else [],
+            f"{self.key}_in_use_bytes": share.in_use_bytes if share else None,
+            f"{self.key}_peak_bytes": share.peak_bytes if share else None,
+        }
+
+    def started_gpus(self, view: ReportView) -> Optional[tuple[int, ...]]:
+        """The GPUs it started with (its visibility is frozen then); None before its first op."""
+        if self.stage() is not Stage.STARTED:
+            return None
+        return self.in_force(list(view.cuda_map), view.env).visible_nvml
+
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        return True  # ResourceExhaustedError is about memory
+
+    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts:
+        """Its message names the device (``GPU:0``, in its numbering) and the tensor: any error
+        handed here is read as its own (the kernel tries the other frameworks' types first)."""
+        site = parse_oom_message(str(error))
+        device = site.device or (self.memory_devices() or ("CPU:0",))[0]
+        lines = []
+        if site.request_text:
+            size = f" = {format_size(site.request_bytes)}" if site.request_bytes is not None else ""
+            by = f", allocator {site.allocator}" if site.allocator else ""
+            lines.append(f"Failed request: {site.request_text}{size}{by}")
+        on_gpu = device.startswith("GPU:")
+        gpu = self.gpu_names(list(view.cuda_map)).get(device) if on_gpu else None
+        limit = self._oom_limit_text(gpu, view) if on_gpu else self.cpu_limit_text()
+        stats = self.memory_info(device)
+        if stats is not None:
+            lines.append(f"{self.name}'s allocator: {format_size(stats.current_bytes)} in use; limit: {limit}")
+        else:
+            lines.append(f"{self.name}'s allocator keeps no statistics here; limit: {limit}")
+        steps = [
+            "`%gpu free`: drop Keras models and tensors left by earlier cells (their memory returns to "
+            f"{self.name}'s pool), then run the cell again",
+            "a smaller batch size (halve it until the cell fits)",
+        ]
+        if on_gpu and view.precision != "mixed_float16":
+            steps.append("`%gpu precision mixed_float16`, then rebuild the model: float16 activations take half the memory")
+        return OomFacts(
+            device, f"TF {device}", device, on_gpu, gpu, tuple(lines), tuple(steps),
+            cpu_step=f"a higher {CPU_LIMIT_ENV} (MiB) in the kernel's environment before {self.name} starts, or a GPU",
+        )
+
+    def _oom_limit_text(self, gpu: Optional[int], view: ReportView) -> str:
+        """The cap it was given on nvidia-smi's GPU ``gpu`` (the record, never re-derived from the request)."""
+        if gpu is None:
+            return f"unknown ({self.name}'s GPU numbering could not be mapped to nvidia-smi's)"
+        given = view.applied if self.stage() >= Stage.IMPORTED else view.accepted
+        cap = given.caps_bytes().get(gpu) if given is not None else None
+        if cap is not None:
+            return f"{format_size(cap)} (`%gpu limit`)"
+        info = view.nvml.gpu(gpu) if view.nvml is not None and view.nvml.available() else None
+        if info is not None and info.memory is not None:
+            return f"none set ({self.name} may take most of the GPU's {format_size(info.memory.total_bytes)})"
+        return "none set"
+
+    def cpu_limit_text(self) -> str:
+        """The CPU allocator's cap, as it will read it (its BFC allocator's only where asked for)."""
+        if os.environ.get(CPU_STATS_ENV, "").lower() != "true":
+            return f"none of {self.name}'s own (the default CPU allocator takes what the system gives)"
+        raw = os.environ.get(CPU_LIMIT_ENV)
+        # '²'.isdigit() is True and int('²') fails; int() refuses over 4,300 digits, and TensorFlow
+        # reads the value as an int64 (at most 19 digits), so a longer one is not a limit it uses.
+        if raw and raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) <= 18:
+            return f"{format_size(int(raw) * MIB)} ({CPU_LIMIT_ENV}={raw})"
+        return f"{format_size(CPU_DEFAULT_LIMIT_MIB * MIB)} ({self.name}'s default for the CPU BFC allocator)"
+
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+        """For ``%%gpu on``: the GPUs it lists (listing them now if it has not), and ``tf.device``
+        on the first of its logical GPUs on nvidia-smi's GPU ``gpu``."""
+        if self.stage() is Stage.NOT_IMPORTED:
+            return None, None
+        self.enumerate_devices()
+        names = self.gpu_names(list(view.cuda_map))
+        name = next((n for n, index in names.items() if index == gpu), None)
+        return sorted(set(names.values())), None if name is None else self.device_scope(name)
+
+
+    def scope_hint(self) -> tuple[str, str]:
+        return "tf.device", "`import tensorflow as tf`"
+
+    def in_use(self) -> bool:
+        return self.stage() is not Stage.NOT_IMPORTED
+
+    def device_label(self, device: str, view: ReportView) -> str:
+        """``CPU:0``, or ``GPU 1 (TF GPU:0)``: nvidia-smi's number first, as everywhere in %gpu."""
+        if not device.startswith("GPU:"):
+            return device
+        try:
+            index = self.gpu_names(list(view.cuda_map)).get(device)
+        except Exception:
+            index = None
+        return device if index is None else f"GPU {index} (TF {device})"
+
+    def measurement_problem(self, view: ReportView) -> Optional[str]:
+        """Started, and no allocator of its keeps statistics (no GPU, and the CPU's default allocator)."""
+        if self.stage() is not Stage.STARTED or self.memory_devices():
+            return None
+        return (
+            f"{self.name}'s allocator keeps no statistics in this kernel: no GPU is visible and {self.name} "
+            f"started without {CPU_STATS_ENV}=true. Restart the kernel and run `%gpu trace` "
+            f"before `import {self.module}` (it sets the variable), or set it in the kernel's environment"
+        )
+
+    def keep_statistics(self, view: ReportView, alone: bool) -> Optional[str]:
+        """Before its start with no GPU to be visible: turn on the CPU allocator's statistics (in the
+        kernel's environment, read at its start), if it is the one measured: imported, or alone."""
+        if self.stage() is Stage.STARTED or (self.stage() is Stage.NOT_IMPORTED and not alone):
+            return None
+        if not self.cpu_only_build() and view.visible_gpus:
+            return None  # GPUs are expected: the CPU allocator is left as chosen (None: no NVML, no driver, no GPU)
+        env = view.env
+        if env.get(CPU_STATS_ENV, "").lower() == "true":
+            return None
+        env[CPU_STATS_ENV] = "true"  # type: ignore[index]  # the kernel's environment (the process's)
+        return (
+            f"no GPU will be visible, so {CPU_STATS_ENV}=true is now set for {self.name}'s CPU allocator "
+            "to keep the statistics a budget needs"
+        )
+
+
 def _set_policy_at_keras_import(keras: Any, plan: Plan) -> None:
     if plan.precision is not None:
         keras.mixed_precision.set_global_policy(plan.precision)
@@ -807,3 +1047,42 @@ def _physical_index(device: Any) -> int:
 def _nvml_index(device: Any, cuda_map: list[int]) -> int:
     k = _physical_index(device)
     return cuda_map[k] if k < len(cuda_map) else k
+
+
+# -- its out-of-memory message --------------------------------------------------------------------------
+# "OOM when allocating tensor with shape[268435456] and type float on
+#  /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu_bfc"
+_OOM = re.compile(
+    r"OOM when allocating tensor with shape\[(?P<shape>[\d,\s]*)\] and type (?P<dtype>\w+)"
+    r" on \S*?device:(?P<device>[A-Z_]+:\d+)(?: by allocator (?P<allocator>\S+))?"
+)
+_DEVICE = re.compile(r"device:(?P<device>(?:GPU|CPU):\d+)")
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
+    "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16,
+}
+
+
+@dataclass(frozen=True)
+class OomSite:
+    """What TensorFlow's out-of-memory message says about the failed allocation."""
+
+    device: Optional[str]  # "GPU:0" (TensorFlow's numbering) or "CPU:0"; None when not named
+    request_bytes: Optional[int]
+    request_text: Optional[str]  # "float tensor of shape [268435456]"
+    allocator: Optional[str]  # TensorFlow's allocator name, e.g. "GPU_0_bfc"
+
+
+def parse_oom_message(message: str) -> OomSite:
+    match = _OOM.search(message)
+    if match is None:
+        found = _DEVICE.search(message)
+        return OomSite(found.group("device") if found else None, None, None, None)
+    dims = [int(d) for d in match.group("shape").replace(" ", "").split(",") if d]
+    dtype = match.group("dtype")
+    count = 1
+    for d in dims:
+        count *= d
+    size = _DTYPE_BYTES.get(dtype)
+    text = f"{dtype} tensor of shape [{','.join(map(str, dims))}]"
+    return OomSite(match.group("device"), count * size if size else None, text, match.group("allocator"))

@@ -2,9 +2,10 @@
 
 Memory is split into this kernel, my other processes (same user), other users, and what no
 listed process accounts for.  Where NVML's pids do not match ours (a container without the
-host's pid namespace), this kernel's share falls back to TensorFlow's allocator, and the
-result says which number is shown.  TensorFlow's allocator figures per GPU are summed over the
-logical GPUs on it here too (:func:`tf_by_gpu`), so every reader shows the same number.
+host's pid namespace), this kernel's share falls back to a framework's allocator (the caller
+says which, :class:`AllocatorShare`), and the result says which number is shown.  A framework's
+allocator figures per GPU are summed over its devices there (:func:`allocator_by_gpu`: several
+logical GPUs on one physical), so every reader shows the same number.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .owners import EXITED_NOTE, HIDDEN_NOTE, ProcessDetails, ProcessTable, look
 
 __all__ = [
     "GpuUsage", "HIDDEN", "MINE", "MigListing", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN",
-    "attribute", "entries", "gpu_listing_key", "mig_listing_key", "mig_listings", "tf_by_gpu",
+    "attribute", "entries", "gpu_listing_key", "mig_listing_key", "mig_listings", "allocator_by_gpu", "AllocatorShare",
 ]
 
 
@@ -44,11 +45,20 @@ class GpuUsage:
     index: int
     processes: Optional[tuple[ProcessEntry, ...]]  # None: NVML could not list them
     this_kernel_bytes: Optional[int]
-    this_kernel_source: Optional[str]  # "nvml" (found by pid) or "tensorflow" (allocator in use)
+    this_kernel_source: Optional[str]  # "nvml" (found by pid), or the key of the framework whose allocator is shown
     my_other_bytes: Optional[int]
     others_bytes: Optional[int]
     unattributed_bytes: Optional[int]  # used, but by no listed live process (contexts, exited)
     notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AllocatorShare:
+    """What one framework's allocator holds on a GPU: this kernel's share where NVML lists no pid of ours."""
+
+    in_use_bytes: int
+    source: str  # the framework's key ("this_kernel_source" in the report)
+    name: str  # the framework as shown in the note
 
 
 def attribute(
@@ -57,9 +67,12 @@ def attribute(
     table: ProcessTable,
     my_pid: int,
     me: Optional[str],
-    tf_in_use_bytes: Optional[int] = None,
+    allocator: Optional["AllocatorShare"] = None,
 ) -> GpuUsage:
-    """Split one GPU's memory into this kernel, my other processes, others and the rest."""
+    """Split one GPU's memory into this kernel, my other processes, others and the rest.
+
+    ``allocator``: what a framework's allocator holds on this GPU, shown as this kernel's share
+    where NVML lists no pid of ours (a container with its own pid namespace)."""
     if gpu.lost:
         return GpuUsage(gpu.index, None, None, None, None, None, None, ("the GPU stopped answering",))
     try:
@@ -67,8 +80,8 @@ def attribute(
     except GpuLost:
         return GpuUsage(gpu.index, None, None, None, None, None, None, ("the GPU stopped answering",))
     except Exception as err:  # NVMLError: no permission, not supported
-        return _unlisted(gpu, tf_in_use_bytes, f"NVML could not list the processes ({err})")
-    return _split(gpu, entries(listed, table, my_pid, me, gpu_listing_key(gpu)), tf_in_use_bytes, my_pid)
+        return _unlisted(gpu, allocator, f"NVML could not list the processes ({err})")
+    return _split(gpu, entries(listed, table, my_pid, me, gpu_listing_key(gpu)), allocator, my_pid)
 
 
 def entries(
@@ -112,15 +125,15 @@ def _entry(
     return ProcessEntry(pid, used, kind, details.user, details.command, details.alive, whose, details.note)
 
 
-def _split(gpu: GpuInfo, entries: tuple[ProcessEntry, ...], tf_in_use: Optional[int], my_pid: int) -> GpuUsage:
+def _split(gpu: GpuInfo, entries: tuple[ProcessEntry, ...], allocator: Optional["AllocatorShare"], my_pid: int) -> GpuUsage:
     notes: list[str] = []
     buckets = {w: _bucket([e for e in entries if e.whose == w]) for w in (THIS_KERNEL, MINE, OTHERS)}
     mine, source = buckets[THIS_KERNEL], "nvml"
-    if not any(e.whose == THIS_KERNEL for e in entries) and tf_in_use is not None:
-        mine, source = tf_in_use, "tensorflow"
+    if not any(e.whose == THIS_KERNEL for e in entries) and allocator is not None:
+        mine, source = allocator.in_use_bytes, allocator.source
         notes.append(
             f"NVML does not list this kernel's pid {my_pid} here (a container without the host's "
-            "pid namespace?): showing TensorFlow's allocator in use, which leaves out CUDA's own overhead"
+            f"pid namespace?): showing {allocator.name}'s allocator in use, which leaves out CUDA's own overhead"
         )
     unknown = [e.pid for e in entries if e.used_memory_bytes is None]
     if unknown:
@@ -154,9 +167,10 @@ def hidden_note(pids: list[int]) -> str:
     return f"pid {shown}: {HIDDEN_NOTE}; other users' memory and the unattributed rest are unknown"
 
 
-def _unlisted(gpu: GpuInfo, tf_in_use: Optional[int], why: str) -> GpuUsage:
-    source = "tensorflow" if tf_in_use is not None else None
-    return GpuUsage(gpu.index, None, tf_in_use, source, None, None, None, (why,))
+def _unlisted(gpu: GpuInfo, allocator: Optional["AllocatorShare"], why: str) -> GpuUsage:
+    if allocator is None:
+        return GpuUsage(gpu.index, None, None, None, None, None, None, (why,))
+    return GpuUsage(gpu.index, None, allocator.in_use_bytes, allocator.source, None, None, None, (why,))
 
 
 def _bucket(entries: list[ProcessEntry]) -> Optional[int]:
@@ -175,12 +189,12 @@ def _rest(gpu: GpuInfo, parts: list[Optional[int]]) -> Optional[int]:
 
 
 
-def tf_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict[int, tuple[int, int]]:
-    """TensorFlow's allocator ``(in use, peak)`` bytes per nvidia-smi GPU, summed over its logical GPUs.
+def allocator_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict[int, tuple[int, int]]:
+    """A framework's allocator ``(in use, peak)`` bytes per nvidia-smi GPU, summed over its devices there.
 
-    ``stats`` maps TensorFlow devices (``GPU:0``) to objects with ``current_bytes`` and
+    ``stats`` maps the framework's devices (``GPU:0``) to objects with ``current_bytes`` and
     ``peak_bytes``; ``names`` maps them to nvidia-smi indices.  The peak is the sum of the
-    logical devices' peaks (an upper bound: they need not peak at the same moment).
+    devices' peaks (an upper bound: they need not peak at the same moment).
     """
     result: dict[int, tuple[int, int]] = {}
     for name, reading in stats.items():
@@ -190,6 +204,9 @@ def tf_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict[int, t
         current, peak = result.get(index, (0, 0))
         result[index] = (current + int(reading.current_bytes), peak + int(reading.peak_bytes))
     return result
+
+
+tf_by_gpu = allocator_by_gpu  # the old name, kept while kernel/monitor.py imports it (issue 27)
 
 
 @dataclass(frozen=True)

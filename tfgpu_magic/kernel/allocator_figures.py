@@ -219,10 +219,7 @@ def read_context(session: Any) -> KernelContext:
     limits = ask("the configured limits", lambda: tuple(sorted(dict(session.limit_bytes_by_gpu()).items())), ())
     # What `%gpu use` and CUDA_VISIBLE_DEVICES hid, not what a framework found (see exposed_gpus).
     visible = ask("the visible GPUs", session.exposed_gpus, None)
-    found_none = ask("the frameworks' GPUs", session.tensorflow_found_no_gpu, False)
-    # The session's answer is about the framework whose adapter says so (TensorFlow).
-    names = ask("the frameworks' names", lambda: [f.name for f in session.frameworks() if f.no_gpu_diagnosed], [])
-    found = (names[0] if names else "a framework") if found_none else None
+    found = ask("the frameworks' GPUs", session.found_no_gpu, None)
     return KernelContext(limits, None if visible is None else tuple(visible), found, tuple(notes))
 
 

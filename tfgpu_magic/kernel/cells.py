@@ -4,8 +4,8 @@ Both may share a line (``%%gpu on 1 budget 2G``).  The cell body runs in the use
 ``%%time`` runs it: IPython's input transformations apply, the value of a final expression is
 the cell's result, and exceptions (an out-of-memory error included) reach IPython unchanged.
 
-A budget is checked after the cell has run, against TensorFlow's allocator: the cell's peak is
-the most it held above what was in use when the cell started, per device.  Over budget, the cell
+A budget is checked after the cell has run, against each framework's allocator: the cell's peak
+is the most it held above what was in use when the cell started, per device.  Over budget, the cell
 fails with :class:`BudgetExceeded` (its variables are kept).
 """
 
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from ..command import grammar
 from ..command.units import format_size
-from ..frameworks import tensorflow as tf_adapter
-from ..frameworks.base import Stage
-from . import trace
+from ..frameworks.base import ReportView
 from .session import SessionError
 
 __all__ = ["BudgetExceeded", "CELL_FORMS", "CellCommand", "check_budget", "execute", "parse_cell_line", "run_cell_magic"]
@@ -63,69 +62,71 @@ def run_cell_magic(shell: Any, session: Any, line: str, cell: str) -> Any:
 
 def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: str) -> Any:
     __tracebackhide__ = True
-    tf = session.tf
-    if tf.stage() is Stage.STARTED and not tf.memory_devices():
-        raise SessionError(f"cannot check a budget: {trace.NO_STATS}")
-    others_in_use = any(f.stage() is not Stage.NOT_IMPORTED for f in (session.torch,)) or (
-        session.jax.stage() is Stage.STARTED
-    )
-    tf_measured = tf.stage() is not Stage.NOT_IMPORTED or not others_in_use
-    if tf_measured and trace.enable_cpu_stats(session):
-        print(f"tfgpu_magic: no GPU will be visible, so {tf_adapter.CPU_STATS_ENV}=true is now set "
-              "for TensorFlow's CPU allocator to keep the statistics a budget needs")
-    others = [f for f in session.frameworks() if f is not tf]
-    imported_before = {f.key for f in others if f.stage() is not Stage.NOT_IMPORTED}
-    windows = {f.key: f.open_peak_window() for f in others if f.key in imported_before}
-    window = tf.open_peak_window()
+    frameworks = session.frameworks()
+    view = _view(session)
+    for framework in frameworks:
+        problem = framework.measurement_problem(view)
+        if problem:
+            raise SessionError(f"cannot check a budget: {problem}")
+    in_use = {f.key for f in frameworks if f.in_use()}
+    if view.visible_gpus is not _UNKNOWN:
+        for framework in frameworks:  # the CPU's allocator keeps statistics only if asked before its start
+            said = framework.keep_statistics(view, alone=not in_use - {framework.key})
+            if said:
+                print(f"tfgpu_magic: {said}")
+    windows = {f.key: f.open_peak_window() for f in frameworks}  # one not started yet counts from zero
     try:
         with scope:
             value = execute(shell, cell)
-        readings = window.read()
-        other_readings = {
-            trace.framework_device_label(f.name, device, session): reading
-            for f in others if f.stage() is Stage.STARTED
-            for device, reading in (
-                windows[f.key].peaks() if f.key in windows else trace.readings_since_start(f)
-            ).items()
-        }
+        view = _view(session)  # CUDA may have started in the cell: its numbering is known now
+        readings = [
+            (framework, framework.device_label(device, view), reading)
+            for framework in frameworks for device, reading in windows[framework.key].peaks().items()
+        ]
     finally:
-        window.close()
-        for opened in windows.values():
-            opened.close()
-    if tf.stage() is Stage.STARTED and not readings and not other_readings:
-        raise SessionError(f"the budget could not be checked: {trace.NO_STATS}")
-    if not readings and not other_readings and others_in_use:
-        print("tfgpu_magic: the budget could not be checked: no framework's allocator reported figures "
-              "(PyTorch before it starts CUDA, or JAX without a GPU backend, keeps none)")
-    labels = {device: trace.device_label(device, session) for device in readings}
-    peaks = {labels[d]: (start, stats.peak_bytes) for d, (start, stats) in readings.items()}
-    peaks.update({label: (r.start_bytes, r.peak_bytes) for label, r in other_readings.items() if r.exact})
-    check_budget(budget, peaks)
-    for label, reading in other_readings.items():
+        for window in windows.values():
+            window.close()
+    if not readings:
+        problem = next((p for p in (f.measurement_problem(view) for f in frameworks) if p), None)
+        if problem:
+            raise SessionError(f"the budget could not be checked: {problem}")
+        if in_use:
+            print("tfgpu_magic: the budget could not be checked: no framework's allocator reported figures "
+                  "(a framework keeps none before it starts on a GPU)")
+    check_budget(budget, {label: (r.start_bytes, r.peak_bytes, f.name) for f, label, r in readings if r.exact})
+    for framework, label, reading in readings:
         if not reading.exact and reading.peak_bytes - reading.start_bytes > budget:
-            print(f"tfgpu_magic: {label}: the budget could not be checked: JAX cannot reset its peak, and "
-                  f"the highest it held since it started ({format_size(reading.peak_bytes)}) was before this cell")
+            print(f"tfgpu_magic: {label}: the budget could not be checked: {framework.name} cannot reset its peak, "
+                  f"and the highest it held since it started ({format_size(reading.peak_bytes)}) was before this cell")
     return value
 
 
-def check_budget(budget: int, peaks: dict[str, tuple[int, int]]) -> None:
-    """Raise BudgetExceeded when a device's rise (peak minus start, bytes) is over ``budget``."""
-    for label, (start, peak) in peaks.items():
+_UNKNOWN: Any = object()  # the GPUs this kernel sees could not be read
+
+
+def _view(session: Any) -> ReportView:
+    """The kernel's facts for the adapters (they never see the session), with whether this
+    kernel's GPUs could be read at all."""
+    try:
+        visible = session.visible_gpus()
+        seen = None if visible is None else tuple(visible)
+    except Exception:  # no reading: assume GPUs rather than change the CPU allocator uninvited
+        seen = _UNKNOWN
+    return dataclasses.replace(session.view(), visible_gpus=seen)
+
+
+def check_budget(budget: int, peaks: dict[str, tuple[int, int, str]]) -> None:
+    """Raise BudgetExceeded when a device's rise (peak minus start, bytes) is over ``budget``;
+    ``peaks``: label -> (bytes at the start, bytes at the peak, the framework whose allocator it is)."""
+    for label, (start, peak, whose) in peaks.items():
         rise = peak - start
         if rise > budget:
             shown_rise, shown_budget = _distinct_sizes(rise, budget)
             raise BudgetExceeded(
                 f"{label}: the cell's peak was {shown_rise}, over its budget of {shown_budget} "
-                f"({_whose(label)} allocator held {format_size(start)} when the cell started "
+                f"({whose}'s allocator held {format_size(start)} when the cell started "
                 f"and {format_size(peak)} at the peak)"
             )
-
-
-def _whose(label: str) -> str:
-    for name in ("PyTorch", "JAX"):
-        if f"({name} " in label or label.startswith(f"{name} "):
-            return f"{name}'s"
-    return "TensorFlow's"
 
 
 def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
@@ -138,25 +139,24 @@ def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _gpu_scope(session: Any, gpu: int) -> Iterator[None]:
-    """Each imported framework's device scope for the GPU nvidia-smi numbers ``gpu``
-    (``tf.device``, ``torch.cuda.device``, ``jax.default_device``); SessionError when a framework
+    """Each framework's device scope for the GPU nvidia-smi numbers ``gpu`` (``tf.device``,
+    ``torch.cuda.device``, ``jax.default_device``: its adapter's); SessionError when a framework
     that sees GPUs lacks it, or when none sees a GPU."""
     __tracebackhide__ = True
-    found = _visible_by_framework(session)
+    frameworks = session.frameworks()
+    view = _view(session)
+    found = [(f, *f.gpu_scope(gpu, view)) for f in frameworks]
+    found = [(f, seen, scope) for f, seen, scope in found if seen is not None]
     if not found:  # nothing imported, or only a JAX whose backends have not started
-        raise SessionError(
-            "`%%gpu on` runs the cell under TensorFlow's tf.device, and TensorFlow is not imported: "
-            "run `import tensorflow as tf` in an earlier cell (or `import torch`, or a first JAX "
-            "operation, for torch.cuda.device, jax.default_device)"
-        )
-    scopes, blind = [], []  # blind: (framework, the error) for each framework that sees no GPU
-    for framework, seen in found:
+        raise SessionError(_nothing_to_run_on(frameworks))
+    scopes, blind = [], []  # blind: the error for each framework that sees no GPU
+    for framework, seen, scope in found:
         if not seen:
             blind.append(_not_visible(gpu, [], framework.name))
-        elif gpu not in seen:
+        elif scope is None:
             raise SessionError(_not_visible(gpu, sorted(seen), framework.name))
         else:
-            scopes.append(_scope(session, framework, gpu))
+            scopes.append(scope)
     if not scopes:
         raise SessionError(blind[0])
     with contextlib.ExitStack() as stack:
@@ -165,29 +165,19 @@ def _gpu_scope(session: Any, gpu: int) -> Iterator[None]:
         yield
 
 
-def _visible_by_framework(session: Any) -> list[tuple[Any, list[int]]]:
-    """Each imported framework and the GPUs it sees (nvidia-smi numbers; JAX once started)."""
-    found = []
-    tf, torch, jax = session.tf, session.torch, session.jax
-    if tf.stage() is not Stage.NOT_IMPORTED:
-        tf.enumerate_devices()
-        found.append((tf, sorted(set(session.gpu_by_tf_name().values()))))
-    cuda_map = session.machine.cuda_map()
-    if torch.stage() is not Stage.NOT_IMPORTED:
-        found.append((torch, cuda_map[: torch.found_gpus()]))
-    if jax.stage() is Stage.STARTED:
-        found.append((jax, [cuda_map[k] for k in jax.gpu_ids() if k < len(cuda_map)]))
-    return found
+def _nothing_to_run_on(frameworks: Any) -> str:
+    """No framework can run the cell yet: the first framework's scope, then the others'."""
+    (first, *rest) = frameworks
+    scope, use = first.scope_hint()
+    others = [f.scope_hint() for f in rest]
+    more = f" (or {', or '.join(u for _s, u in others)}, for {', '.join(s for s, _u in others)})" if others else ""
+    return (
+        f"`%%gpu on` runs the cell under {first.name}'s {scope}, and {first.name} is not imported: "
+        f"run {use} in an earlier cell{more}"
+    )
 
 
-def _scope(session: Any, framework: Any, gpu: int) -> Any:
-    if framework is session.tf:
-        name = next(n for n, index in session.gpu_by_tf_name().items() if index == gpu)
-        return framework.device_scope(name)
-    return framework.device_scope(session.machine.cuda_map().index(gpu))
-
-
-def _not_visible(gpu: int, visible: list[int], framework: str = "TensorFlow") -> str:
+def _not_visible(gpu: int, visible: list[int], framework: str) -> str:
     if not visible:
         return f"GPU {gpu} is not visible to {framework}: it sees no GPU; {USAGE}"
     shown = ", ".join(map(str, visible))

@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 
 from ..command import grammar
 from ..command.units import format_bytes
-from ..frameworks.base import Stage
 from ..gpus import claims
 from ..gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 
@@ -122,17 +121,20 @@ def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
 
 
 def _started_with(session: Any, auto: grammar.Auto) -> Optional[tuple[tuple[int, ...], str]]:
-    """Once TensorFlow has started its GPUs are fixed: keep (and claim) them if the count fits."""
-    force = session.in_force() if session.tf.stage() is Stage.STARTED else None
-    if force is None:
+    """Once a framework has started with its GPUs they are fixed: keep (and claim) them if the count fits."""
+    view = session.view()
+    for framework in session.frameworks():
+        visible = framework.started_gpus(view)
+        if visible is not None:
+            break
+    else:
         return None
-    visible = force.visible_nvml
     if len(visible) != auto.count:
         shown = "GPU " + ",".join(map(str, visible)) if visible else "no GPU"
         raise ChoiceError(
-            f"TensorFlow has already started with {shown} visible and cannot change it in a running "
+            f"{framework.name} has already started with {shown} visible and cannot change it in a running "
             f"kernel; put `%gpu use auto{_count_text(auto)}` at the top of the notebook, before "
-            "`import tensorflow`, and restart the kernel"
+            f"`import {framework.module}`, and restart the kernel"
         )
     nvml: Nvml = session.nvml
     with claims.choosing():
@@ -140,7 +142,7 @@ def _started_with(session: Any, auto: grammar.Auto) -> Optional[tuple[tuple[int,
             key = claim_key(nvml, index)
             if key is not None:
                 claims.claim(key)
-    return visible, f"TensorFlow has already started with GPU {_indices(visible)}; keeping it (claimed for this kernel)"
+    return visible, f"{framework.name} has already started with GPU {_indices(visible)}; keeping it (claimed for this kernel)"
 
 
 def _try_once(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> tuple[Optional[tuple[tuple[int, ...], str]], _Look]:

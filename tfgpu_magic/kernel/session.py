@@ -24,21 +24,18 @@ import sys
 import threading
 from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, PlanError, Resolution, resolve
 from ..command.units import format_bytes, format_change
 from ..frameworks import adapters
-from ..frameworks.base import Change, FreeReport, Framework, Refusal, Stage
+from ..frameworks.base import Change, Framework, Refusal, ReportView, Stage
 from ..frameworks.import_hooks import run_after_import
 from ..gpus import numbering
 from ..gpus.nvml import Nvml
 from . import allocator_figures, shares
 from .machine import Machine
-
-if TYPE_CHECKING:  # imported by no_gpu_diagnosis when TensorFlow found no GPU, not at `%load_ext`
-    from ..frameworks.tensorflow_diagnosis import NoGpuDiagnosis
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
 
@@ -75,7 +72,6 @@ class Session:
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         self.hook_errors: list[str] = []
         self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
-        self._no_gpu_diagnosis: Optional[NoGpuDiagnosis] = None  # kept once made: its facts never change
         # The frameworks' allocator figures, read on the user's thread and published for the panel.
         self.figures = allocator_figures.Board()
         # Guards the record above; never held while a framework is called (see the module's doc).
@@ -490,7 +486,7 @@ class Session:
             self._requested = plan
             self._accepted = None if accepted is None else replace(accepted, plan=plan)
         clauses = [c for f in self._frameworks if (c := f.set_precision(plan.precision))]
-        return "; ".join(clauses) or "takes effect when Keras is imported"
+        return "; ".join(clauses) or "recorded; no framework here takes a dtype policy"
 
     # -- reset, free ------------------------------------------------------------------------------
     def reset(self) -> str:
@@ -588,48 +584,41 @@ class Session:
             "it runs in a container with its own pid namespace, where NVML shows host pids",
         )
 
-    # -- TRANSITIONAL: framework-named readers, until status, oom and the monitor read the adapters --
-    @property
-    def tf(self) -> Any:
-        return self.adapter("tensorflow")
+    # -- what the adapters' reports read of the kernel ---------------------------------------------
+    def view(self, framework: Optional[Framework] = None, notes: Optional[list[str]] = None) -> ReportView:
+        """The kernel's facts for an adapter's report (status, the out-of-memory text, `%%gpu on`,
+        the trace): one place that gathers them, so every report reads the same.  ``framework``:
+        whose applied record it carries; ``notes``: where a reading that failed is said."""
+        machine = self.machine
+        try:
+            accepted: Optional[Resolution] = self.resolved()
+        except SessionError:
+            accepted = None  # the request cannot hold: status says so
+        exposed = self.exposed_gpus()
+        try:
+            visible = self.visible_gpus()
+        except Exception:  # no reading: None is "unknown" to every adapter
+            visible = None
+        return ReportView(
+            cuda_map=tuple(machine.cuda_map()),
+            env=machine.env,
+            cuda_env=machine.cuda_env(),
+            applied=None if framework is None else self.applied.get(framework.key),
+            accepted=accepted,
+            exposed_gpus=None if exposed is None else tuple(exposed),
+            visible_gpus=None if visible is None else tuple(visible),
+            cuda_found=machine.cuda_found(),
+            nvml=machine.nvml,
+            precision=self.requested.precision,
+            notes=[] if notes is None else notes,
+        )
 
-    @property
-    def torch(self) -> Any:
-        return self.adapter("pytorch")
-
-    @property
-    def jax(self) -> Any:
-        return self.adapter("jax")
-
-    def in_force(self) -> Any:
-        if self.tf.stage() < Stage.ENUMERATED:
+    def found_no_gpu(self) -> Optional[str]:
+        """The name of the framework CUDA listed the GPUs for, when it found none although CUDA was
+        shown some (a CPU-only build, missing CUDA libraries); None otherwise."""
+        if self.machine.cuda_found() != () or not self.exposed_gpus():
             return None
-        return self.tf.in_force(self.machine.cuda_map(), self.env)
-
-    def tensorflow_found_no_gpu(self) -> bool:
-        return self.machine.cuda_found() == () and bool(self.exposed_gpus())
-
-    def no_gpu_diagnosis(self) -> Any:
-        if self._no_gpu_diagnosis is None and self.tensorflow_found_no_gpu():
-            from ..frameworks import tensorflow_diagnosis as tf_diagnosis
-            from ..frameworks.tensorflow import distribution_installed
-
-            self._no_gpu_diagnosis = tf_diagnosis.diagnose(
-                driver_gpus=len(self.exposed_gpus() or ()),
-                build_info=self.tf.build_info(),
-                driver_cuda=self.nvml.cuda_driver_version(),
-                installed=distribution_installed,
-            )
-        return self._no_gpu_diagnosis
-
-    def gpu_by_tf_name(self) -> dict[str, int]:
-        return self.tf.gpu_names(self.machine.cuda_map())
-
-    def jax_limit_problem(self) -> Optional[str]:
-        from ..frameworks.jax import limit_problem
-
-        accepted = self._accepted
-        return None if accepted is None else limit_problem(accepted)
+        return next((f.name for f in self._frameworks if f.enumerated()), None)
 
     # -- import hooks ---------------------------------------------------------------------------------
     def _install_import_hooks(self) -> None:

@@ -1,27 +1,30 @@
-"""``%gpu status``: what was asked, what is in force, TensorFlow's stage, and who holds what.
+"""``%gpu status``: what was asked, what is in force, each framework's stage, and who holds what.
 
 The report is plain data (JSON-ready) built by :func:`build_report`; :func:`render_text` and
 :func:`render_html` turn it into a terminal table or a notebook card.  For each GPU: memory
 split into this kernel, my other processes, other users and the unattributed rest; the
-processes with owner and memory; claims by ``%gpu use auto``; TensorFlow's allocator once it
-has started.  Reading it never starts TensorFlow.  A missing reading is ``None`` (n/a), never 0.
+processes with owner and memory; claims by ``%gpu use auto``; each framework's allocator once
+it has started.  What a framework has to say comes from its adapter (``frameworks/``, the
+:class:`~tfgpu_magic.frameworks.base.Reporting` methods), handed a frozen view of the kernel:
+this module loops over the session's frameworks and names none of them.  Reading it never
+starts a framework.  A missing reading is ``None`` (n/a), never 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 from typing import Any, Callable, Optional
 
-from ..command.units import format_bytes, sizes_for
-from ..frameworks.base import Stage
+from ..command.units import sizes_for
+from ..frameworks.base import ReportView, Stage, environment_line
 from ..gpus import claims, holdings, owners
-from ..gpus.numbering import shown as _cut
 from ..gpus.nvml import GpuInfo, GpuLost, NvmlUnavailable, ReadingFailed
 from ..safe_text import safe_tree
 from .session import Session, SessionError
 
-__all__ = ["build_report", "render_html", "render_text"]
+__all__ = ["build_report", "header_rows", "render_html", "render_text"]
 
 BAR_WIDTH = 40  # characters of the text bar
 SEGMENTS = (  # report key, label, text bar character, HTML colour (JupyterLab variable, fallback)
@@ -46,126 +49,54 @@ def build_report(
     ``process_table`` gives owners and commands (default: the device source's own, else the
     process-wide psutil table, which remembers owners between refreshes); ``my_pid`` is the process whose memory counts as "this kernel" (default: this
     one); ``viewer`` names it in the rendering (the CLI says "this process").
+
+    Each framework gives its entry under ``frameworks`` (and the top-level keys it has always
+    had); ``display`` holds what the text and the card show of them, in their adapters' words.
     """
-    stage = session.tf.stage()
-    session.meet_enumeration()  # TensorFlow listed its GPUs after the request was accepted: say what CUDA found
+    session.meet_enumeration()  # a framework listed its GPUs after the request was accepted: say what CUDA found
     notes = [*session.notes, *session.hook_errors]
-    report: dict[str, Any] = {
-        "tensorflow": {"stage": stage.name.lower(), "description": stage.describe()},
+    frameworks = session.frameworks()
+    views = _views(session, notes)
+    in_force = _in_force(session, views)
+    entries = {f.key: f.report(views[f.key]) for f in frameworks}
+    report: dict[str, Any] = {}
+    for framework in frameworks:  # keys a framework has always had at the top (scripts read them there)
+        report.update(framework.report_keys(entries[framework.key]))
+    report.update({
         "requested": session.requested.describe(),
         "resolved": None,
-        "in_force": [],
+        "in_force": in_force,
         "allocation": None,
         "gpus": [],
         "nvml_error": None,
         "notes": notes,
         "me": {"pid": os.getpid() if my_pid is None else my_pid, "user": None, "label": viewer},
         "visible_gpus": None,
-    }
-    if stage is Stage.STARTED:
-        report["tensorflow"]["allocator"] = {
-            device: {"current_bytes": s.current_bytes, "peak_bytes": s.peak_bytes}
-            for device, s in session.tf.allocator_stats().items()
-        }
-    report["in_force"] = _in_force(session, stage)
-    if stage >= Stage.ENUMERATED:
-        report["tensorflow"]["found_no_gpu"] = _no_gpu(session, notes)
-        # TensorFlow's own list is what CUDA showed this kernel, known with or without NVML: the
-        # card must not say "GPUs seen: unknown" beside "GPUs visible to TensorFlow: none".
+    })
+    listing = next((f for f in frameworks if f.listed_gpus(views[f.key]) is not None), None)
+    if listing is not None:
+        # The framework's own list is what CUDA showed this kernel, known with or without NVML: the
+        # card must not say "GPUs seen: unknown" beside "GPUs visible to ...: none".
         report["visible_gpus"] = session.visible_gpus()
     _add_resolution(report, session)
-    report["frameworks"] = _frameworks(session, report)
+    report["frameworks"] = entries
+    report["display"] = {
+        "frameworks": [
+            {"key": f.key, "name": f.name, "lines": f.status_lines(entries[f.key])} for f in frameworks
+        ],
+        "listed_by": None if listing is None else listing.name,  # whose listing says which GPUs are visible
+    }
     try:
-        _add_gpus(report, session, process_table)
+        _add_gpus(report, session, process_table, views)
     except NvmlUnavailable as err:
         report["nvml_error"] = str(err)
     return report
 
 
-def _frameworks(session: Session, report: dict[str, Any]) -> dict[str, Any]:
-    """Each framework's stage and what it was given (read from the session's record), with
-    PyTorch's allocator per device once it started CUDA.  TensorFlow's other keys stay where
-    they were (``tensorflow``, ``in_force``): scripts read them there."""
-    frameworks: dict[str, Any] = {"tensorflow": {
-        **report["tensorflow"], "applied": _applied(session, "tensorflow"), "installed": session.tf.installed(),
-    }}
-    torch = session.torch
-    stage = torch.stage()
-    entry: dict[str, Any] = {
-        "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": torch.installed(),
-    }
-    if stage is not Stage.NOT_IMPORTED:
-        entry.update({
-            "cuda_build": torch.cuda_build(),
-            "allocator": torch.backend(),
-            "cuda_started": stage is Stage.STARTED,
-            "applied": _applied(session, "pytorch"),
-            "caps": {f"cuda:{k}": {"bytes": b, "fraction_set": torch.caps_set.get(k)} for k, b in torch.caps_bytes.items()},
-            "cap_errors": list(torch.cap_errors),
-            "memory": {
-                device: {"allocated_bytes": m.allocated_bytes, "peak_allocated_bytes": m.peak_allocated_bytes,
-                         "reserved_bytes": m.reserved_bytes}
-                for device, m in torch.memory().items()
-            },
-        })
-        entry["memory_error"] = torch.memory_error  # after the reading, which records a failure
-    frameworks["pytorch"] = entry
-    frameworks["jax"] = _jax(session)
-    return frameworks
-
-
-def _jax(session: Session) -> dict[str, Any]:
-    """JAX's stage and, once its backends started, what it started with: the variables as they
-    were then and the options its CUDA plugin made of them (JAX's own reading)."""
-    jax = session.jax
-    stage = jax.stage()
-    entry: dict[str, Any] = {
-        "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": jax.installed(),
-    }
-    if stage is Stage.NOT_IMPORTED:
-        return entry
-    start = jax.start()
-    seen = jax.started_with
-    memory = jax.device_memory()  # before memory_error: a failed reading is recorded by it
-    entry.update({
-        "started": stage is Stage.STARTED,
-        "applied": _applied(session, "jax"),
-        "platforms": jax.platforms(),
-        "started_with": None if start is None else {
-            "preallocate": start.preallocate,
-            "memory_fraction": start.memory_fraction,
-            "allocator": start.allocator,
-            "cuda_visible_devices": start.cuda_visible_devices,
-            "gpu": start.gpu,
-        },
-        "environment_at_start": None if seen is None else dict(seen.env),
-        # True: JAX had started before tfgpu_magic loaded; the variables are the ones found then.
-        "recorded_late": None if seen is None else seen.late,
-        "plugin_error": jax.plugin_error,
-        "no_fraction": session.jax_limit_problem(),
-        "memory_error": jax.memory_error,
-        "memory": {
-            device: {"in_use_bytes": m.in_use_bytes, "peak_bytes": m.peak_bytes,
-                     "reserved_bytes": m.reserved_bytes, "limit_bytes": m.limit_bytes}
-            for device, m in memory.items()
-        },
-    })
-    return entry
-
-
-def _applied(session: Session, framework: str) -> Optional[list[str]]:
-    resolution = session.applied.get(framework)
-    return None if resolution is None else resolution.describe()
-
-
-def _no_gpu(session: Session, notes: list[str]) -> Optional[dict[str, Any]]:
-    """Why TensorFlow found no GPU while the driver lists some for this kernel (None: it found them)."""
-    try:
-        diagnosis = session.no_gpu_diagnosis()
-    except Exception as err:  # one reading's fault is a note, never a broken %gpu
-        notes.append(f"could not tell why TensorFlow found no GPU ({type(err).__name__}: {err})")
-        return None
-    return None if diagnosis is None else diagnosis.as_json()
+def _views(session: Session, notes: list[str]) -> dict[str, ReportView]:
+    """Each framework's view of the kernel: the machine's facts, and what it was given."""
+    shared = session.view(notes=notes)
+    return {f.key: dataclasses.replace(shared, applied=session.applied.get(f.key)) for f in session.frameworks()}
 
 
 def _add_resolution(report: dict[str, Any], session: Session) -> None:
@@ -209,7 +140,9 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
     }
 
 
-def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.ProcessTable]) -> None:
+def _add_gpus(
+    report: dict[str, Any], session: Session, table: Optional[owners.ProcessTable], views: dict[str, ReportView]
+) -> None:
     me = report["me"]
     table = table or owners.process_table_for(session.nvml, me["pid"])
     me["user"] = table.current_user()
@@ -217,19 +150,27 @@ def _add_gpus(report: dict[str, Any], session: Session, table: Optional[owners.P
     if session.nvml.count_note:
         report["notes"].append(session.nvml.count_note)
     visible = session.visible_gpus()
-    exposed = session.exposed_gpus()  # what CUDA shows: a GPU TensorFlow did not find was not hidden
+    exposed = session.exposed_gpus()  # what CUDA shows: a GPU a framework did not find was not hidden
     report["visible_gpus"] = visible
-    tf_gpus = session.gpu_by_tf_name()
-    tf_names = _tf_names(tf_gpus)
-    stats = session.tf.allocator_stats() if session.tf.stage() is Stage.STARTED else {}
-    tf_stats = holdings.tf_by_gpu(stats, tf_gpus)
+    frameworks = session.frameworks()
+    shares = {f.key: f.gpu_shares(views[f.key]) for f in frameworks}
     holders = _holders(session, gpus, report["notes"])
     for gpu in gpus:
-        in_use = tf_stats[gpu.index][0] if gpu.index in tf_stats else None
-        usage = holdings.attribute(session.nvml, gpu, table, me["pid"], me["user"], in_use)
-        entry = _gpu_entry(gpu, visible, tf_names)
+        parts = [(f, shares[f.key][gpu.index]) for f in frameworks if gpu.index in shares[f.key]]
+        held = next(  # where NVML lists no pid of ours: the first framework's allocator that holds memory there
+            (holdings.AllocatorShare(s.in_use_bytes, f.key, f.name) for f, s in parts if s.in_use_bytes is not None), None
+        )
+        usage = holdings.attribute(session.nvml, gpu, table, me["pid"], me["user"], held)
+        entry = _gpu_entry(gpu, visible)
+        for framework in frameworks:
+            entry.update(framework.gpu_keys(shares[framework.key].get(gpu.index)))
         entry["shown_to_cuda"] = None if exposed is None else gpu.index in exposed
-        entry.update(_detail(gpu, usage, holders.get(gpu.index), tf_stats.get(gpu.index)))
+        entry.update(_detail(gpu, usage, holders.get(gpu.index)))
+        entry["frameworks"] = [  # each framework's names for its devices here, and its allocator's figures
+            {"key": f.key, "name": f.name, "names": list(s.names), "in_use_bytes": s.in_use_bytes,
+             "peak_bytes": s.peak_bytes}
+            for f, s in parts
+        ]
         entry["mig_instances"] = _mig_rows(session, gpu, table, me) if gpu.mig_enabled else None
         report["gpus"].append(entry)
 
@@ -265,59 +206,32 @@ def _mig_rows(session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: di
     return rows
 
 
-def _in_force(session: Session, stage: Stage) -> list[str]:
-    """What TensorFlow runs with (started), or the environment it will read at its start."""
+def _in_force(session: Session, views: dict[str, ReportView]) -> list[str]:
+    """What each imported framework runs with (its adapter says), or the environment the frameworks
+    will read at their start; then the numbering and the settings that are no GPU's."""
     lines: list[str] = []
     allocation = session.machine.allocation()
     if allocation.restricted:
         lines.append(f"allocated by the environment: {allocation.describe()}")
-    if stage is Stage.STARTED:
-        force = session.in_force()
-        assert force is not None
-        shown = ",".join(map(str, force.visible_nvml)) or "none"
-        lines.append(f"GPUs visible to TensorFlow: {shown}")
-        if force.visible_nvml:
-            lines.append(f"memory growth: {'on' if force.growth else 'off'}")
-            for index, sizes in force.logical_mib.items():
-                if sizes:
-                    lines.append(f"GPU {index}: logical GPUs of {', '.join(f'{s} MiB' for s in sizes)}")
-            lines.append(f"allocator: {force.allocator}")
-    elif stage is not Stage.NOT_IMPORTED:
-        # The variables as TensorFlow will read them: CUDA's as CUDA read them once it listed devices.
-        env = dict(session.tf.start_env(session.env))
-        cuda = session.machine.cuda_env() if stage is Stage.ENUMERATED else session.env
-        env["CUDA_VISIBLE_DEVICES"] = cuda.get("CUDA_VISIBLE_DEVICES")
-        lines += _environment_line("environment for TensorFlow's start", env)
+    frameworks = session.frameworks()
+    own = [f.in_force_lines(views[f.key]) for f in frameworks]
+    if any(part is not None for part in own):
+        lines += [line for part in own if part is not None for line in part]
     else:
         # The frameworks imported (else those installed) read these as they start; CUDA's are
         # read once per process, when the first of them starts it (the record, once made).
-        frameworks = session.imported_frameworks() or [f for f in session.frameworks() if f.installed()]
+        reading = [f for f in frameworks if f.stage() is not Stage.NOT_IMPORTED] or [f for f in frameworks if f.installed()]
         env = {"CUDA_VISIBLE_DEVICES": session.machine.cuda_env().get("CUDA_VISIBLE_DEVICES")}
-        for framework in frameworks:  # as each read them once it did (the record), else as they are now
-            env.update(framework.read_environment(session.env))
-        names = [f.name for f in frameworks]
-        lines += _environment_line(f"environment read at start by {_joined(names) if names else 'CUDA'}", env)
+        for framework in reading:  # as each read them once it did (the record), else as they are now
+            env.update(framework.read_environment(session.machine.env))
+        names = [f.name for f in reading]
+        lines += environment_line(f"environment read at start by {_joined(names) if names else 'CUDA'}", env)
     note = session.machine.numbering_note() if session.nvml.available() else None
     if note:
         lines.append(f"numbering: {note}")
-    policy = session.tf.keras_policy()
-    if policy is not None:
-        lines.append(f"Keras precision: {policy}")
+    for framework in frameworks:
+        lines += framework.in_force_notes(views[framework.key])
     return lines
-
-
-def _environment_line(label: str, env: dict[str, Optional[str]]) -> list[str]:
-    """``label: NAME=value, ...`` for the variables set; an inherited value may be megabytes of
-    anything: shown escaped and cut."""
-    shown = [f"{k}={_cut(v, 80)}" for k, v in env.items() if v is not None]
-    return [f"{label}: " + ", ".join(shown)] if shown else []
-
-
-def _tf_names(tf_gpus: dict[str, int]) -> dict[int, list[str]]:
-    names: dict[int, list[str]] = {}
-    for tf_name, index in tf_gpus.items():
-        names.setdefault(index, []).append(tf_name)
-    return names
 
 
 def _holders(session: Session, gpus: list[GpuInfo], notes: list[str]) -> dict[int, Optional[claims.Holder]]:
@@ -330,7 +244,7 @@ def _holders(session: Session, gpus: list[GpuInfo], notes: list[str]) -> dict[in
     return {index: found.get(key) for index, key in keys.items()}
 
 
-def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]], tf_names: dict[int, list[str]]) -> dict[str, Any]:
+def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]]) -> dict[str, Any]:
     memory = gpu.memory
     return {
         "index": gpu.index,
@@ -341,16 +255,10 @@ def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]], tf_names: dict[int, l
         "memory_used_bytes": memory.used_bytes if memory else None,
         "utilization_percent": gpu.utilization_percent,
         "visible": None if visible is None else gpu.index in visible,
-        "tensorflow_names": tf_names.get(gpu.index, []),
     }
 
 
-def _detail(
-    gpu: GpuInfo,
-    usage: holdings.GpuUsage,
-    holder: Optional[claims.Holder],
-    tf: Optional[tuple[int, int]],
-) -> dict[str, Any]:
+def _detail(gpu: GpuInfo, usage: holdings.GpuUsage, holder: Optional[claims.Holder]) -> dict[str, Any]:
     memory = gpu.memory
     return {
         "pci_bus_id": gpu.pci_bus_id,
@@ -369,8 +277,6 @@ def _detail(
         "claim": None if holder is None else {
             "pid": holder.pid, "user": holder.user, "since": holder.since, "this_kernel": holder.this_process,
         },
-        "tensorflow_in_use_bytes": tf[0] if tf else None,
-        "tensorflow_peak_bytes": tf[1] if tf else None,
         "notes": _notes(gpu, usage),
     }
 
@@ -399,7 +305,7 @@ def render_text(report: dict[str, Any], *, machine: bool = False) -> str:
     """The report as a terminal table; other users' text is shown, never obeyed (see :mod:`.safe_text`).
 
     ``machine=True`` is the terminal's report (``tfgpu``): about the machine and its user, so
-    it leaves out the reading process's own settings, TensorFlow and memory (it holds none).
+    it leaves out the reading process's own settings, frameworks and memory (it holds none).
     """
     report = safe_tree(report)  # every string: commands, users, claims, GPU names, notes
     lines = _machine_header(report) if machine else _kernel_header(report)
@@ -410,11 +316,18 @@ def render_text(report: dict[str, Any], *, machine: bool = False) -> str:
         shown = [(ch, _segment_name(key, name, label))
                  for key, name, ch, _colour in SEGMENTS if label is not None or key != "this_kernel_bytes"]
         lines.append("Bars:       " + "  ".join(f"{ch} {name}" for ch, name in shown))
+    display = report.get("display", {})
+    names = _names(report)
     for gpu in report["gpus"]:
-        lines.append(_gpu_line(gpu, machine))
-        lines.extend("  " + line for line in _gpu_details(gpu, label))
+        lines.append(_gpu_line(gpu, machine, display.get("listed_by")))
+        lines.extend("  " + line for line in _gpu_details(gpu, label, names))
     lines.extend(f"Note: {note}" for note in report["notes"])
     return "\n".join(lines)
+
+
+def _names(report: dict[str, Any]) -> dict[str, str]:
+    """Each framework's key -> its name as shown (its adapter's, recorded in the report)."""
+    return {f["key"]: f["name"] for f in report.get("display", {}).get("frameworks", [])}
 
 
 def _kernel_header(report: dict[str, Any]) -> list[str]:
@@ -422,27 +335,23 @@ def _kernel_header(report: dict[str, Any]) -> list[str]:
     return [f"{label + ':':<11} {value}" if label else f"  {value}" for label, value in header_rows(report)]
 
 
-FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "pytorch": "PyTorch", "jax": "JAX"}
-
-
 def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     """What this kernel asked for, what is in force, each imported framework's stage and allocator,
     who it is: ``(label, value)`` rows, a continuation's label empty.  The text and the HTML card
-    are both made from these rows, so they say the same.  A framework that is not imported has no
-    row (a PyTorch kernel reads nothing of TensorFlow); before any import one row names the
-    installed ones, which the settings will reach."""
+    are both made from these rows, so they say the same.  A framework's rows are its adapter's
+    lines (``display``); one that is not imported has none (a PyTorch kernel reads nothing of
+    TensorFlow); before any import one row names the installed ones, which the settings will reach."""
     frameworks = report.get("frameworks", {})
+    shown = report.get("display", {}).get("frameworks", [])
     imported = [key for key, entry in frameworks.items() if entry.get("stage", "not_imported") != "not_imported"]
     rows = [
         ("Requested", "; ".join(_requested(report)) or "nothing (each framework's defaults)"),
         ("In force", "; ".join(report["in_force"]) or "each framework's defaults"),
     ]
-    if "tensorflow" in imported or not frameworks:  # a report without `frameworks` (an old script's)
-        rows += _tensorflow_rows(report["tensorflow"])
-    rows += _pytorch_rows(frameworks.get("pytorch"))
-    rows += _jax_rows(frameworks.get("jax"))
+    for framework in shown:
+        rows += _rows(framework["lines"])
     if frameworks and not imported:
-        names = [FRAMEWORK_NAMES[key] for key, entry in frameworks.items() if entry.get("installed")]
+        names = [f["name"] for f in shown if frameworks.get(f["key"], {}).get("installed")]
         reach = f"settings reach {_joined(names)} when {'it starts' if len(names) == 1 else 'they start'}" if names else (
             "none is installed in this kernel's environment"
         )
@@ -457,27 +366,6 @@ def _joined(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-def _tensorflow_rows(tf: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = [("TensorFlow", tf["description"])]
-    no_gpu = tf.get("found_no_gpu")
-    if no_gpu:
-        rows += [("", f"found no GPU: {no_gpu['why']}"), ("", f"fix: {no_gpu['fix']}")]
-    for device, stats in tf.get("allocator", {}).items():
-        rows.append((
-            "", f"{device} TensorFlow allocator: {format_bytes(stats['current_bytes'])} in use, "
-            f"peak {format_bytes(stats['peak_bytes'])}",
-        ))
-    return rows
-
-
-def _pytorch_rows(torch: Optional[dict[str, Any]]) -> list[tuple[str, str]]:
-    return _rows(_pytorch_lines(torch))
-
-
-def _jax_rows(jax: Optional[dict[str, Any]]) -> list[tuple[str, str]]:
-    return _rows(_jax_lines(jax))
-
-
 def _rows(lines: list[str]) -> list[tuple[str, str]]:
     """``Label:    value`` and ``  continuation`` lines as rows."""
     rows = []
@@ -488,60 +376,6 @@ def _rows(lines: list[str]) -> list[tuple[str, str]]:
             label, _, value = line.partition(":")
             rows.append((label, value.strip()))
     return rows
-
-
-def _pytorch_lines(torch: Optional[dict[str, Any]]) -> list[str]:
-    """PyTorch's stage, allocator and caps: shown once it is imported."""
-    if not torch or not torch.get("imported"):
-        return []
-    if not torch["cuda_build"]:
-        return ["PyTorch:    imported; a CPU build (torch.version.cuda is None): it uses no GPU"]
-    started = "CUDA started: GPU settings other than `limit` are frozen" if torch["cuda_started"] else "CUDA not started"
-    lines = [f"PyTorch:    imported, {started}; the {torch['allocator']} allocator"]
-    for device, cap in torch["caps"].items():
-        fraction = cap["fraction_set"]
-        when = f"set as fraction {fraction:.4f}" if fraction is not None else "set when CUDA starts"
-        lines.append(f"  {device} cap: {format_bytes(cap['bytes'])} ({when})")
-    lines.extend(f"  cap not set: {error}" for error in torch["cap_errors"])
-    if torch.get("memory_error"):
-        lines.append(f"  note: no allocator reading for {torch['memory_error']}")
-    for device, memory in torch["memory"].items():
-        lines.append(
-            f"  {device} PyTorch allocator: {format_bytes(memory['allocated_bytes'])} allocated, "
-            f"{format_bytes(memory['reserved_bytes'])} reserved, peak {format_bytes(memory['peak_allocated_bytes'])}"
-        )
-    return lines
-
-
-def _jax_lines(jax: Optional[dict[str, Any]]) -> list[str]:
-    """JAX's stage and what it started with: shown once it is imported."""
-    if not jax or not jax.get("imported"):
-        return []
-    if not jax["started"]:
-        lines = ["JAX:        imported, backends not started: every GPU setting still applies"]
-        if jax.get("no_fraction"):
-            lines.append(f"  no memory fraction for JAX: {jax['no_fraction']}")
-        return lines
-    start = jax["started_with"]
-    platforms = ", ".join(jax["platforms"]) or "unknown"
-    refused = [f"  its CUDA plugin refuses the variables: {jax['plugin_error']}"] if jax["plugin_error"] else []
-    if start is None or not start["gpu"]:
-        return [f"JAX:        started on {platforms}: no GPU backend, so GPU settings do not reach it", *refused]
-    fraction = "0.75 (default)" if start["memory_fraction"] is None else f"{start['memory_fraction']:g}"
-    late = " (as found when tfgpu_magic loaded: JAX had started before)" if jax["recorded_late"] else ""
-    lines = [
-        f"JAX:        started on {platforms} with preallocation {'on' if start['preallocate'] else 'off'}, "
-        f"memory fraction {fraction}, the {start['allocator']} allocator{late}",
-        *refused,
-    ]
-    if jax["memory_error"]:
-        lines.append(f"  note: no memory reading for {jax['memory_error']}")
-    for device, memory in jax["memory"].items():
-        lines.append(
-            f"  {device} JAX allocator: {format_bytes(memory['in_use_bytes'])} in use, "
-            f"peak {format_bytes(memory['peak_bytes'])}, pool {format_bytes(memory['reserved_bytes'])}"
-        )
-    return lines
 
 
 def _machine_header(report: dict[str, Any]) -> list[str]:
@@ -569,7 +403,7 @@ def _me_line(report: dict[str, Any]) -> str:
     return f"{label + ':':<11} pid {me['pid']}, user {user}; {sees}"
 
 
-def _gpu_line(gpu: dict[str, Any], machine: bool = False) -> str:
+def _gpu_line(gpu: dict[str, Any], machine: bool = False, listed_by: Optional[str] = None) -> str:
     if gpu["lost"]:
         return f"GPU {gpu['index']}  lost: the GPU stopped answering"
     util = gpu["utilization_percent"]
@@ -583,22 +417,27 @@ def _gpu_line(gpu: dict[str, Any], machine: bool = False) -> str:
         return line
     seen = {True: "visible", False: "hidden", None: "visibility unknown"}[gpu["visible"]]
     if gpu["visible"] is False and gpu.get("shown_to_cuda"):
-        seen = "not found by TensorFlow"  # shown to CUDA, yet TensorFlow listed no GPU there
-    if gpu["tensorflow_names"]:
-        seen += f" (TensorFlow {', '.join(gpu['tensorflow_names'])})"
+        seen = f"not found by {listed_by or 'the framework'}"  # shown to CUDA, yet its listing has no GPU there
+    for part in gpu.get("frameworks", []):
+        if part["names"]:
+            seen += f" ({part['name']} {', '.join(part['names'])})"
     return f"{line}  {seen}"
 
 
-def _gpu_details(gpu: dict[str, Any], label: Optional[str]) -> list[str]:
+def _allocator_lines(gpu: dict[str, Any], size: Callable[[Optional[int]], str]) -> list[str]:
+    """Each framework's allocator on this GPU, where it reports figures."""
+    return [
+        f"{part['name']} allocator: {size(part['in_use_bytes'])} in use, peak {size(part['peak_bytes'])}"
+        for part in gpu.get("frameworks", []) if part["in_use_bytes"] is not None
+    ]
+
+
+def _gpu_details(gpu: dict[str, Any], label: Optional[str], names: dict[str, str]) -> list[str]:
     if "usage" not in gpu or gpu["lost"]:
         return []
     usage, size = gpu["usage"], sizes_for(gpu["memory_total_bytes"])
-    lines = [f"[{_text_bar(usage, gpu['memory_total_bytes'])}] " + _legend(usage, label, size)]
-    if gpu.get("tensorflow_in_use_bytes") is not None:
-        lines.append(
-            f"TensorFlow allocator: {size(gpu['tensorflow_in_use_bytes'])} in use, "
-            f"peak {size(gpu['tensorflow_peak_bytes'])}"
-        )
+    lines = [f"[{_text_bar(usage, gpu['memory_total_bytes'])}] " + _legend(usage, label, size, names)]
+    lines += _allocator_lines(gpu, size)
     if gpu["processes"] is None:
         lines.append("processes: n/a")
     for proc in gpu["processes"] or []:
@@ -643,7 +482,13 @@ def _na(value: Any) -> str:
     return "n/a" if value is None else str(value)
 
 
-def _legend(usage: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str]) -> str:
+def _source(usage: dict[str, Any], names: dict[str, str]) -> str:
+    """`` (TensorFlow allocator)`` where this kernel's share is a framework's allocator, not NVML's."""
+    source = usage.get("this_kernel_source")
+    return "" if source in (None, "nvml") else f" ({names.get(source, source)} allocator)"
+
+
+def _legend(usage: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str], names: dict[str, str]) -> str:
     parts = []
     for key, name, _ch, _colour in SEGMENTS:
         if usage[key] == 0 and key in ("my_other_bytes", "others_bytes", "unattributed_bytes"):
@@ -652,8 +497,8 @@ def _legend(usage: dict[str, Any], label: Optional[str], size: Callable[[Optiona
             continue  # a terminal report: the reading process holds no GPU memory
         name = _segment_name(key, name, label)
         text = f"{name} {size(usage[key])}"
-        if key == "this_kernel_bytes" and usage["this_kernel_source"] == "tensorflow":
-            text += " (TensorFlow allocator)"
+        if key == "this_kernel_bytes":
+            text += _source(usage, names)
         parts.append(text)
     return " · ".join(parts)
 
@@ -734,7 +579,8 @@ def render_html(report: dict[str, Any]) -> str:
     parts = [f'<div class="tfgpu-status" style="{_BOX}">', _summary_html(report)]
     if report["nvml_error"]:
         parts.append(f'<div style="{_MUTED}">GPUs: {_e(report["nvml_error"])}</div>')
-    parts.extend(_gpu_html(gpu, report.get("me", {}).get("label", "this kernel")) for gpu in report["gpus"])
+    listed_by, names = report.get("display", {}).get("listed_by"), _names(report)
+    parts.extend(_gpu_html(gpu, report.get("me", {}).get("label", "this kernel"), listed_by, names) for gpu in report["gpus"])
     parts.extend(f'<div style="{_MUTED}">Note: {_e(note)}</div>' for note in report["notes"])
     parts.append("</div>")
     return "".join(parts)
@@ -748,17 +594,13 @@ def _summary_html(report: dict[str, Any]) -> str:
     return f'<table style="border-collapse: collapse; margin: 0; color: inherit">{body}</table>'
 
 
-def _gpu_html(gpu: dict[str, Any], label: str) -> str:
-    head = f'<div style="font-weight: 600">{_e(_gpu_line(gpu))}</div>'
+def _gpu_html(gpu: dict[str, Any], label: str, listed_by: Optional[str], names: dict[str, str]) -> str:
+    head = f'<div style="font-weight: 600">{_e(_gpu_line(gpu, listed_by=listed_by))}</div>'
     if gpu["lost"] or "usage" not in gpu:
         return f'<div style="{_CARD}">{head}</div>'
     size = sizes_for(gpu["memory_total_bytes"])
-    parts = [head, _bar_html(gpu["usage"], gpu["memory_total_bytes"], label, size)]
-    if gpu.get("tensorflow_in_use_bytes") is not None:
-        parts.append(
-            f"<div>TensorFlow allocator: {_e(size(gpu['tensorflow_in_use_bytes']))} in use, "
-            f"peak {_e(size(gpu['tensorflow_peak_bytes']))}</div>"
-        )
+    parts = [head, _bar_html(gpu["usage"], gpu["memory_total_bytes"], label, size, names)]
+    parts.extend(f"<div>{_e(line)}</div>" for line in _allocator_lines(gpu, size))
     parts.append(_processes_html(gpu["processes"], label, size))
     if gpu.get("claim"):
         parts.append(f"<div>Claimed by {_e(_claim_text(gpu['claim'], label))}</div>")
@@ -773,7 +615,9 @@ def _gpu_html(gpu: dict[str, Any], label: str) -> str:
     return f'<div style="{_CARD}">{"".join(parts)}</div>'
 
 
-def _bar_html(usage: dict[str, Any], total: Optional[int], label: str, size: Callable[[Optional[int]], str]) -> str:
+def _bar_html(
+    usage: dict[str, Any], total: Optional[int], label: str, size: Callable[[Optional[int]], str], names: dict[str, str]
+) -> str:
     segments = []
     for key, name, _ch, colour in SEGMENTS[:-1]:  # free is the empty track behind them
         value = usage[key]
@@ -787,18 +631,18 @@ def _bar_html(usage: dict[str, Any], total: Optional[int], label: str, size: Cal
         'background: var(--jp-layout-color2, #eeeeee); border: 1px solid var(--jp-border-color1, #bdbdbd)">'
         + "".join(segments) + "</div>"
     )
-    return bar + _legend_html(usage, label, size)
+    return bar + _legend_html(usage, label, size, names)
 
 
-def _legend_html(usage: dict[str, Any], label: str, size: Callable[[Optional[int]], str]) -> str:
+def _legend_html(usage: dict[str, Any], label: str, size: Callable[[Optional[int]], str], names: dict[str, str]) -> str:
     items = []
     for key, name, _ch, colour in SEGMENTS:
         name = label if key == "this_kernel_bytes" else name
         if key == "free_bytes":
             colour = "var(--jp-layout-color2, #eeeeee)"
         text = f"{name} {size(usage[key])}"
-        if key == "this_kernel_bytes" and usage["this_kernel_source"] == "tensorflow":
-            text += " (TensorFlow allocator)"
+        if key == "this_kernel_bytes":
+            text += _source(usage, names)
         items.append(
             f'<span style="margin-right: 12px; white-space: nowrap"><span style="display: inline-block; '
             f"width: 9px; height: 9px; margin-right: 4px; background: {colour}; "

@@ -29,25 +29,14 @@ from ..command.units import format_change, format_size
 from ..frameworks.base import PeakReading, PeakWindow, Stage
 
 __all__ = [
-    "NO_STATS",
     "Tracer",
-    "device_label",
     "enable_cpu_stats",
     "format_line",
     "format_reading",
-    "framework_device_label",
     "set_tracing",
 ]
 
 PREFIX = "[gpu trace]"
-# TensorFlow's adapter says this itself (its trace_absent); kept here, equal to it, for the budget
-# of kernel/cells.py, which still reads it from this module.
-NO_STATS = (
-    "TensorFlow's allocator keeps no statistics in this kernel: no GPU is visible and TensorFlow "
-    "started without TF_CPU_ALLOCATOR_USE_BFC=true. Restart the kernel and run `%gpu trace` "
-    "before `import tensorflow` (it sets the variable), or set it in the kernel's environment"
-)
-
 _tracers: "weakref.WeakKeyDictionary[Any, Tracer]" = weakref.WeakKeyDictionary()
 
 
@@ -217,25 +206,25 @@ class Tracer:
                 self._failed(err, f"{framework.name}'s")
                 continue
             if framework.no_gpu_diagnosed:
-                lines += self._no_gpu_line(framework.name, tracing_cpu=bool(readings))
+                lines += self._no_gpu_line(framework, tracing_cpu=bool(readings))
             if not readings:
                 absent = framework.trace_absent()
                 lines += self._once(f"no-stats:{framework.key}", f"{PREFIX} {absent}") if absent else []
                 continue
             lines += [
-                format_reading(_label(framework, device, self.session), reading, seconds)
+                format_reading(_label(framework, device, self.session), reading, seconds, framework.name)
                 for device, reading in readings.items()
             ]
         return lines
 
-    def _no_gpu_line(self, name: str, tracing_cpu: bool) -> list[str]:
+    def _no_gpu_line(self, framework: Any, tracing_cpu: bool) -> list[str]:
         """Once: why the framework found no GPU although the driver lists some for this kernel."""
         if "no-gpu" in self._warned:
             return []
-        diagnosis = self.session.no_gpu_diagnosis()
+        diagnosis = framework.no_gpu_diagnosis(self.session.view(framework))
         if diagnosis is None:
             return []
-        also = f"; tracing {name}'s CPU allocator" if tracing_cpu else ""
+        also = f"; tracing {framework.name}'s CPU allocator" if tracing_cpu else ""
         return self._once("no-gpu", f"{PREFIX} {diagnosis.line()}{also}")
 
     def _once(self, key: str, line: str) -> list[str]:
@@ -257,45 +246,23 @@ class Tracer:
                   "the cell itself is unaffected", file=sys.stderr)
 
 
-def device_label(device: str, session: Any) -> str:
-    """``CPU:0``, or ``GPU 1 (TF GPU:0)``: nvidia-smi's number first, as everywhere in %gpu.
-
-    Kept for the budget of kernel/cells.py; the trace asks each adapter (``trace_label``)."""
-    if not device.startswith("GPU:"):
-        return device
-    try:
-        index = session.gpu_by_tf_name().get(device)
-    except Exception:
-        index = None
-    return device if index is None else f"GPU {index} (TF {device})"
-
-
-def framework_device_label(framework: str, device: str, session: Any) -> str:
-    """``GPU 1 (PyTorch cuda:0)``: nvidia-smi's number first, the framework's own name after."""
-    try:
-        index = session.machine.cuda_map()[int(device.rsplit(":", 1)[1])]
-    except Exception:  # no mapping: the framework's name alone
-        return f"{framework} {device}"
-    return f"GPU {index} ({framework} {device})"
-
-
 def format_line(label: str, start: int, stats: Any, seconds: float) -> str:
     """``[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, 0.31 s``."""
     return format_reading(label, PeakReading(start, stats.current_bytes, stats.peak_bytes), seconds)
 
 
-def format_reading(label: str, reading: PeakReading, seconds: float) -> str:
-    """One device's line; a peak that cannot be reset (JAX) is shown as the bound it is."""
+def format_reading(label: str, reading: PeakReading, seconds: float, whose: str = "the framework") -> str:
+    """One device's line; a peak that cannot be reset (JAX's) is shown as the bound it is, with
+    ``whose`` it is."""
     retained = format_change(reading.start_bytes, reading.now_bytes, format_size)
     if reading.exact:
         rise = reading.peak_bytes - reading.start_bytes
         peak = f"peak {format_size(reading.peak_bytes)} (+{format_size(rise)} in this cell)"
     else:
-        peak = f"peak at most {format_size(reading.peak_bytes)} (JAX cannot reset its peak: the highest since it started)"
+        peak = f"peak at most {format_size(reading.peak_bytes)} ({whose} cannot reset its peak: the highest since it started)"
     return f"{PREFIX} {label}: {peak}, retained {retained}, {seconds:.2f} s"
 
 
 def readings_since_start(framework: Any) -> dict[str, PeakReading]:
     """A framework that started during the cell: all it holds, and its peak, came in the cell."""
     return {d: PeakReading(0, m.in_use_bytes, m.peak_bytes) for d, m in framework.device_memory().items()}
-

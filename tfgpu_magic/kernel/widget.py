@@ -87,7 +87,7 @@ MAX_MESSAGES_PER_S = 2
 
 # A chart whose device left the samples.  GPUs leave when `%gpu use` hides them from this
 # kernel (the sampler follows the session's visible GPUs); the chart stays, frozen, and says why.
-HIDDEN_GPU = "hidden from TensorFlow by %gpu use; no longer sampled"
+HIDDEN_GPU = "hidden from this kernel's frameworks by %gpu use; no longer sampled"
 GONE_DEVICE = "its framework no longer reports this device; no longer sampled"
 
 
