@@ -115,3 +115,15 @@ def test_named_shares_that_do_not_fit_are_refused_and_change_nothing():
     with pytest.raises(SessionError, match="does not fit"):
         session.configure(grammar.parse("limit 60G tensorflow, 30G jax"))
     assert (dict(os.environ), session.requested) == before
+
+
+def test_status_says_how_the_limit_is_divided():
+    from tfgpu_magic.kernel import status
+
+    session, tf = kernel()
+    session.configure(grammar.parse("use 1"))
+    session._on_import(session.adapter("jax"), StandInJax())
+    session.configure(grammar.parse("limit 50%"))
+    report = status.build_report(session)
+    assert "one kernel, one limit: GPU 1's 40.0 GiB: TensorFlow 20.0 GiB, JAX 20.0 GiB" in report["notes"]
+    assert "one kernel, one limit" in status.render_text(report)

@@ -54,7 +54,10 @@ def build_report(
     had); ``display`` holds what the text and the card show of them, in their adapters' words.
     """
     session.meet_enumeration()  # a framework listed its GPUs after the request was accepted: say what CUDA found
+    division = session.limit_division()  # how the kernel's limit is divided between its frameworks
     notes = [*session.notes, *session.hook_errors]
+    if division is not None and division not in notes:
+        notes.append(division)
     frameworks = session.frameworks()
     views = _views(session, notes)
     in_force = _in_force(session, views)
