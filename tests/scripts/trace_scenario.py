@@ -26,7 +26,7 @@ results["error"] = cell("tmp = tf.ones([4 * 1024 * 1024])\nraise ValueError('boo
 # A nested measurement resets TensorFlow's peak mid-cell: the trace still sees the 32 MiB.
 results["nested_reset"] = cell(
     "scratch = tf.ones([8 * 1024 * 1024])\ndel scratch\n"
-    "from tfgpu_magic.kernel.session import get_session\nget_session().adapter("tensorflow").open_peak_window().close()"
+    "from tfgpu_magic.kernel.session import get_session\nget_session().adapter('tensorflow').open_peak_window().close()"
 )
 # Tutorial 2's pattern: %%capture runs its body as a cell of its own; the line stays outside.
 results["capture"] = cell("%%capture status_json\n%gpu status --json")
