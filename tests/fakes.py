@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from tfgpu_magic.frameworks.base import ReportingDefaults
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, InForce, Stage, TensorFlow
 from tfgpu_magic.gpus.owners import OwnerLookupTable
 from tfgpu_magic.gpus.simulated import SimulatedNvml
@@ -218,9 +219,18 @@ class StandInFramework:
         pass
 
 
-class WriteSideDefaults:
-    """The write side of a framework that takes no setting (a stand-in's base): every command
+class WriteSideDefaults(ReportingDefaults):
+    """A framework that takes no setting and has no figures (a stand-in's base): every command
     passes it by, it is given nothing and frees nothing.  Stand-ins override what they test."""
+
+    charted_figures: tuple = ()
+    import_says_little = no_gpu_diagnosed = False
+
+    def figures_absent(self) -> Optional[str]:
+        return None
+
+    def gpu_numbering(self, cuda_map: list[int]) -> dict:
+        return {}
 
     managed_variables: tuple[str, ...] = ()
     environ: Any = None
@@ -272,28 +282,3 @@ class WriteSideDefaults:
         from tfgpu_magic.frameworks.base import FreeReport
 
         return FreeReport()
-
-    # the panel and the trace: no figures of its own
-    charted_figures: tuple = ()
-    import_says_little = no_gpu_diagnosed = False
-
-    def figures_absent(self) -> Optional[str]:
-        return None
-
-    def gpu_numbering(self, cuda_map: list[int]) -> dict:
-        return {}
-
-    def trace_label(self, device: str, gpu: Any) -> str:
-        return device
-
-    def trace_absent(self) -> Optional[str]:
-        return None
-
-    def trace_ready(self, env: Any, visible: Any) -> Optional[bool]:
-        return None
-
-    def trace_reply(self, env: Any, visible: Any, label: Any) -> Optional[str]:
-        return None
-
-    def trace_stopped(self) -> None:
-        pass

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 import pytest
 
 from tfgpu_magic.frameworks.base import (
-    DeviceMemory, GpuShare, OomFacts, ReportingDefaults, ReportView, Stage, UnresettablePeakWindow,
+    DeviceMemory, GpuShare, OomFacts, ReportView, Stage, UnresettablePeakWindow,
 )
 from tfgpu_magic.frameworks.jax import Jax, limit_problem
 from tfgpu_magic.frameworks.pytorch import PyTorch
@@ -37,7 +37,7 @@ class StandInError(Exception):
     """The stand-in framework's out-of-memory error."""
 
 
-class StandIn(WriteSideDefaults, ReportingDefaults):
+class StandIn(WriteSideDefaults):
     """A framework the kernel has never heard of: only the protocol connects them."""
 
     key = "standin"

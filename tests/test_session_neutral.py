@@ -69,27 +69,9 @@ class Made(WriteSideDefaults):
     def takes_share(self) -> bool:
         return True
 
-    def share_fixed(self) -> bool:
-        return False
-
-    def arrived(self, plan: Plan) -> Optional[str]:
-        return None
-
-    def enumerated(self) -> bool:
-        return False
-
-    def cuda_found(self) -> Optional[list[int]]:
-        return None
-
-    def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
-        return {}
-
     def set_precision(self, policy: Optional[str]) -> Optional[str]:
         self._called("set_precision")
         return None
-
-    def side_imports(self) -> dict:
-        return {}
 
     def frozen(self, kept: Plan, host: Host) -> list[str]:
         self._called("frozen")

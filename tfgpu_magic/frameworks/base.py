@@ -637,3 +637,27 @@ class ReportingDefaults:
 
     def keep_statistics(self, view: ReportView, alone: bool) -> Optional[str]:
         return None
+
+    # The trace, for a framework whose allocator keeps its figures whatever the environment.
+    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+        """``GPU 1 (PyTorch cuda:0)``: nvidia-smi's number first, its own name after."""
+        name = self.name  # type: ignore[attr-defined]
+        return f"{name} {device}" if gpu is None else f"GPU {gpu} ({name} {device})"
+
+    def trace_absent(self) -> Optional[str]:
+        """Started without figures (the panel's note says why): nothing of it to trace."""
+        why = self.figures_absent()  # type: ignore[attr-defined]
+        return None if why is None else f"{self.name}: no allocator figures {why}; nothing of it to trace"  # type: ignore[attr-defined]
+
+    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+        """Nothing to set up: its allocator keeps its figures whatever the environment."""
+        return None
+
+    def trace_reply(
+        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
+    ) -> Optional[str]:
+        """None: the trace's reply names it with the others."""
+        return None
+
+    def trace_stopped(self) -> None:
+        pass

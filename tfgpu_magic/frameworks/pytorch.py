@@ -19,7 +19,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, MutableMapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
@@ -424,32 +424,9 @@ class PyTorch(ReportingDefaults):
         """``cuda:k`` -> nvidia-smi index: CUDA's device k."""
         return {f"cuda:{k}": index for k, index in enumerate(cuda_map)}
 
-    def trace_label(self, device: str, gpu: Optional[int]) -> str:
-        """``GPU 1 (PyTorch cuda:0)``: nvidia-smi's number first, its own name after."""
-        return f"{self.name} {device}" if gpu is None else f"GPU {gpu} ({self.name} {device})"
-
     # Its import alone says the user works with it; the no-GPU diagnosis is TensorFlow's.
     import_says_little = False
     no_gpu_diagnosed = False
-
-    def trace_absent(self) -> Optional[str]:
-        """Started without figures (the panel's note says why): nothing of it to trace."""
-        why = self.figures_absent()
-        return None if why is None else f"{self.name}: no allocator figures {why}; nothing of it to trace"
-
-    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
-        """Nothing to set up: its allocator keeps its figures whatever the environment."""
-        return None
-
-    def trace_reply(
-        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
-    ) -> Optional[str]:
-        """None: the trace's reply names it with the others."""
-        return None
-
-    def trace_stopped(self) -> None:
-        pass
-
 
     # -- reports (status, out-of-memory, %%gpu on) --------------------------------------------------
     def report(self, view: ReportView) -> dict[str, Any]:
