@@ -124,8 +124,11 @@ def test_on_explains_what_it_needs(kernel):
         "imported: run `import tensorflow as tf` in an earlier cell (or `import torch`, or a first JAX "
         "operation, for torch.cuda.device, jax.default_device)\n"
     )
-    assert kernel["on_no_gpu"]["err"] == f"UsageError: GPU 1 is not visible to TensorFlow: it sees no GPU; {VALID}\n"
-    assert kernel["on_and_budget"]["err"] == f"UsageError: GPU 0 is not visible to TensorFlow: it sees no GPU; {VALID}\n"
+    # Issue 27: the refusal no longer offers `%%gpu on 1` as a valid form where no GPU number would do.
+    no_gpu = "it sees no GPU, so `%%gpu on` has nothing to run the cell on here; `%%gpu budget 2G` still measures the cell"
+    assert kernel["on_no_gpu"]["err"] == f"UsageError: GPU 1 is not visible to TensorFlow: {no_gpu}\n"
+    assert kernel["on_and_budget"]["err"] == f"UsageError: GPU 0 is not visible to TensorFlow: {no_gpu}\n"
+    assert "%%gpu on 1" not in kernel["on_no_gpu"]["err"]
     assert kernel["bad_size"]["err"] == (
         f"UsageError: 'lots' is not a size (like 512M, 2G or 1.5GiB; a bare number is MiB); {VALID}\n"
     )

@@ -178,8 +178,11 @@ def _nothing_to_run_on(frameworks: Any) -> str:
 
 
 def _not_visible(gpu: int, visible: list[int], framework: str) -> str:
-    if not visible:
-        return f"GPU {gpu} is not visible to {framework}: it sees no GPU; {USAGE}"
+    if not visible:  # no GPU number would do: the usage line would offer `%%gpu on 1` in vain
+        return (
+            f"GPU {gpu} is not visible to {framework}: it sees no GPU, so `%%gpu on` has nothing to run the "
+            "cell on here; `%%gpu budget 2G` still measures the cell"
+        )
     shown = ", ".join(map(str, visible))
     return f"GPU {gpu} is not visible to {framework} (visible: GPU {shown}, as nvidia-smi numbers them); {USAGE}"
 
