@@ -127,3 +127,35 @@ def test_status_says_how_the_limit_is_divided():
     report = status.build_report(session)
     assert "one kernel, one limit: GPU 1's 40.0 GiB: TensorFlow 20.0 GiB, JAX 20.0 GiB" in report["notes"]
     assert "one kernel, one limit" in status.render_text(report)
+
+
+def test_jax_imported_by_tensorflow_takes_its_part_when_the_notebook_starts_it(capsys):
+    """The issue's case: `import tensorflow` imports jax itself; `%gpu limit 50%`; then JAX's first
+    operation: JAX's part is set just before it reads its variables, and TensorFlow's is given again."""
+    session, tf = kernel()
+    session.configure(grammar.parse("use 1"))
+    jax_module = StandInJax()
+    jax = session.adapter("jax")
+    jax.imported_by_tensorflow = True  # what on_import records while tensorflow initialises
+    session._on_import(jax, jax_module)
+    jax.imported_by_tensorflow = True
+    session.configure(grammar.parse("limit 50%"))
+    assert tf.applied[-1][1] == {1: (GPU1_MIB // 2,)} and os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    jax_module.devices()  # the notebook's first JAX operation
+    assert jax.start().memory_fraction == 0.25  # what JAX read: its half of the kernel's limit
+    assert tf.applied[-1][1] == {1: (GPU1_MIB // 4,)}  # TensorFlow (not started) given its half again
+    assert "TensorFlow 20.0 GiB, JAX 20.0 GiB" in capsys.readouterr().err
+
+
+def test_jax_started_after_tensorflow_took_the_whole_limit_gets_the_least_and_says_so(capsys):
+    session, tf = kernel()
+    session.configure(grammar.parse("use 1"))
+    jax_module = StandInJax()
+    jax = session.adapter("jax")
+    session._on_import(jax, jax_module)
+    jax.imported_by_tensorflow = True
+    session.configure(grammar.parse("limit 50%"))
+    tf.fake_stage = Stage.STARTED  # TensorFlow ran its first op with the whole limit
+    jax_module.devices()
+    assert jax.start().memory_fraction == 0.0001  # nothing left: the smallest fraction JAX is given
+    assert "TensorFlow 40.0 GiB, JAX 1 MiB" in capsys.readouterr().err

@@ -111,6 +111,8 @@ class Jax(ReportingDefaults):
         self.warn: Optional[Callable[[str], None]] = None  # the kernel's: said at JAX's start, to whoever uses it
         self.given: Optional[Resolution] = None  # the request given to it, read at its start
         self.imported_by_tensorflow = False  # see on_import
+        self.in_use_now = False  # its backends are starting: the notebook uses it, whoever imported it
+        self.starting: Optional[Callable[[], None]] = None  # the kernel's, just before its backends start
         self.refused: Optional[str] = None  # why what `import jax` gave is not JAX
         self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
         self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the session
@@ -142,6 +144,14 @@ class Jax(ReportingDefaults):
         """Just before JAX starts its backends: record the variables and JAX's reading of them."""
         if self.started_with is not None:
             return
+        if not late and self.starting is not None:
+            # Its first operation says the notebook uses it (TensorFlow's import of jax says
+            # nothing): the kernel gives it its part of the limit now, before it reads its variables.
+            self.in_use_now = True
+            try:
+                self.starting()
+            except Exception:  # JAX starts, with what the environment holds
+                pass
         self.started_with = capture(JAX_START_ENV, late=late, env=self.environ)
         make_options = attribute(self._jax, "_src.lib.xla_client.generate_pjrt_gpu_plugin_options")
         if make_options is None:
@@ -286,7 +296,9 @@ class Jax(ReportingDefaults):
         """Imported by the notebook (TensorFlow 2.21 imports jax for its own use), or started on a GPU."""
         if self.stage() is Stage.NOT_IMPORTED:
             return False
-        return not self.imported_by_tensorflow or (self.stage() is Stage.STARTED and self._started_a_gpu())
+        return not self.imported_by_tensorflow or self.in_use_now or (
+            self.stage() is Stage.STARTED and self._started_a_gpu()
+        )
 
     def share_fixed(self) -> bool:
         return self.stage() is Stage.STARTED

@@ -57,6 +57,8 @@ class Session:
         for framework in self._frameworks:
             if hasattr(framework, "warn"):
                 framework.warn = self._hook_failed  # said at a moment of its own (JAX's start)
+            if hasattr(framework, "starting"):  # a framework that reads its settings as it starts (JAX)
+                framework.starting = functools.partial(self._starting, framework)
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
         self._requested = Plan()
         # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
@@ -409,6 +411,18 @@ class Session:
     def _sharing_note(self, resolution: Resolution) -> Optional[str]:
         named = tuple(key for key, _ in resolution.plan.shares or ())
         return shares.sharing_note(list(resolution.gpus), self._sharers(named=named))
+
+    def _starting(self, framework: Framework) -> None:
+        """Just before ``framework`` reads its settings, on the starting thread: its part of the
+        kernel's limit now that it is known to be used (JAX imported by TensorFlow was not counted),
+        and the others' parts again where they can still change."""
+        accepted = self._accepted
+        if accepted is None or not any(g.cap_mib is not None for g in accepted.gpus):
+            return
+        part = self._share_of(framework, accepted)
+        framework.prepare(Change(None, "", accepted.plan, accepted.plan, part, self.machine))
+        self._give(framework, part)
+        self._reshare(framework, accepted)
 
     def _reshare(self, newcomer: Framework, resolution: Resolution) -> None:
         """A framework took a part of the limit: the others whose part can still change get theirs
