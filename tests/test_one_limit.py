@@ -159,3 +159,14 @@ def test_jax_started_after_tensorflow_took_the_whole_limit_gets_the_least_and_sa
     jax_module.devices()
     assert jax.start().memory_fraction == 0.0001  # nothing left: the smallest fraction JAX is given
     assert "TensorFlow 40.0 GiB, JAX 1 MiB" in capsys.readouterr().err
+
+
+def test_a_cuda_build_of_torch_that_sees_no_gpu_takes_no_part():
+    """torch's CUDA build on a machine without a GPU (the package index's default): no part of the
+    limit goes to it, so JAX keeps the whole of it (found by a fresh-clone run with that build)."""
+    session, tf = kernel(Stage.NOT_IMPORTED)
+    session.configure(grammar.parse("use 1"))
+    session._on_import(session.adapter("pytorch"), cuda_torch([]))  # torch.cuda.device_count() == 0
+    session._on_import(session.adapter("jax"), StandInJax())
+    session.configure(grammar.parse("limit 25%"))
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"

@@ -225,7 +225,11 @@ class PyTorch(ReportingDefaults):
         return True
 
     def takes_share(self) -> bool:
-        return self.cuda_build()
+        """A CUDA build that sees a GPU (the CUDA build on a machine without one takes no part)."""
+        try:
+            return self.found_gpus() > 0
+        except Exception:  # no answer: it is not counted
+            return False
 
     def share_fixed(self) -> bool:
         return False  # set_per_process_memory_fraction changes its cap at any time
