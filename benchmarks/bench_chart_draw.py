@@ -19,8 +19,14 @@ import threading
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run", "--disable-sync"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -42,8 +48,10 @@ def main() -> None:
     handler = functools.partial(Quiet, directory=str(REPO))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = (f"http://127.0.0.1:{server.server_port}/benchmarks/chart_draw.html"
-           f"?gpus={args.gpus}&points={args.points}&updates={args.updates}")
+    url = (
+        f"http://127.0.0.1:{server.server_port}/benchmarks/chart_draw.html"
+        f"?gpus={args.gpus}&points={args.points}&updates={args.updates}"
+    )
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -58,10 +66,14 @@ def main() -> None:
     finally:
         server.shutdown()
     print(f"Chromium {version}, headless, --disable-gpu")
-    print(f"{result['gpus']} GPUs x 7 series x {result['points']} points, "
-          f"{result['charts']} charts, {result['updates']} updates:")
-    print(f"  one update (receive + trim + draw all charts): median {result['median_ms']:.2f} ms, "
-          f"p95 {result['p95_ms']:.2f} ms, max {result['max_ms']:.2f} ms")
+    print(
+        f"{result['gpus']} GPUs x 7 series x {result['points']} points, "
+        f"{result['charts']} charts, {result['updates']} updates:"
+    )
+    print(
+        f"  one update (receive + trim + draw all charts): median {result['median_ms']:.2f} ms, "
+        f"p95 {result['p95_ms']:.2f} ms, max {result['max_ms']:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import median_ms  # noqa: E402
+from timing import median_ms
 
-from tfgpu_magic.gpus import claims  # noqa: E402
-from tfgpu_magic.gpus.nvml import Nvml  # noqa: E402
-from tfgpu_magic.gpus.simulated import shared_server  # noqa: E402
+from tfgpu_magic.gpus import claims
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import status
-from tfgpu_magic.kernel.session import Session  # noqa: E402
+from tfgpu_magic.kernel.session import Session
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,8 +50,13 @@ def tfgpu_json_ms(directory: str, runs: int = 3) -> float:
     samples = []
     for _ in range(runs):
         began = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tfgpu_magic", "--demo", "--json"], env=env, check=True,
-                       stdout=subprocess.DEVNULL, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "tfgpu_magic", "--demo", "--json"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            cwd=REPO,
+        )
         samples.append((time.perf_counter() - began) * 1000)
     return sorted(samples)[len(samples) // 2]
 
@@ -62,7 +67,9 @@ def main() -> None:
     counts = [int(c) for c in parser.parse_args().counts.split(",")]
     keys = [gpu.uuid for gpu in shared_server().gpus]
     session = Session(nvml=Nvml(lib=shared_server(os.getpid())), env={})
-    print(f"{'planted':>9}  {'holders(4 GPUs)':>16}  {'%gpu (in the kernel)':>21}  {'tfgpu --json (fresh process)':>29}")
+    print(
+        f"{'planted':>9}  {'holders(4 GPUs)':>16}  {'%gpu (in the kernel)':>21}  {'tfgpu --json (fresh process)':>29}"
+    )
     for count in counts:
         with tempfile.TemporaryDirectory(prefix="tfgpu-flood-") as directory:
             os.environ[claims.ENV_DIR] = directory

@@ -66,8 +66,16 @@ def collector_part(kernels: int, runs: int = 500) -> None:
     nvml = Nvml(lib=server)
     pids = [p.pid for gpu in server.gpus for p in gpu.processes if p.alive][:kernels]
     described = [
-        KernelDescription(f"kernel-{n}", "python3", f"work/notebook_{n}.ipynb", f"notebook_{n}.ipynb", "notebook",
-                          "idle", "2026-11-22T10:00:00.000000Z", pid)
+        KernelDescription(
+            f"kernel-{n}",
+            "python3",
+            f"work/notebook_{n}.ipynb",
+            f"notebook_{n}.ipynb",
+            "notebook",
+            "idle",
+            "2026-11-22T10:00:00.000000Z",
+            pid,
+        )
         for n, pid in enumerate(pids)
     ]
     reply = inventory(nvml, described, owners.process_table_for(nvml), {pid: os.getpid() for pid in pids})
@@ -84,7 +92,9 @@ def collector_part(kernels: int, runs: int = 500) -> None:
     series = sum(1 for line in text.decode().splitlines() if line and not line.startswith("#"))
     print(f"Part 1: tfgpu_magic's collector alone, in process: {len(described)} kernels, 8 fake GPUs")
     print(f"  families of one reading           {families_ms:6.3f} ms")
-    print(f"  families and exposition text      {exposition_ms:6.3f} ms  ({series} series, {len(text)} bytes)")
+    print(
+        f"  families and exposition text      {exposition_ms:6.3f} ms  ({series} series, {len(text)} bytes)"
+    )
 
 
 # -- part 2: a real server ------------------------------------------------------------------------
@@ -95,19 +105,24 @@ def server_part(kernels: int, rounds: int) -> tuple[float, float]:
         "ResourceUseDisplay": {"enable_prometheus_metrics": False},
         "TfgpuMagic": {"refresh_interval": 0.5},
     }
-    with standin.Sleepers(8) as sleepers, JupyterServer(
-        config=config,
-        config_py=f"import standin\nstandin.install(standin.KernelsFromFile({pids_file!r}, {sleepers.pids!r}))\n",
-        pythonpath=[peers.ensure_installed()],
-    ) as server:
+    with (
+        standin.Sleepers(8) as sleepers,
+        JupyterServer(
+            config=config,
+            config_py=f"import standin\nstandin.install(standin.KernelsFromFile({pids_file!r}, {sleepers.pids!r}))\n",
+            pythonpath=[peers.ensure_installed()],
+        ) as server,
+    ):
         client = server.client
         started = time.perf_counter()
         server.start_kernels(kernels)
         server.wait_until_quiet()
         with open(pids_file, "w") as f:
             json.dump(server.kernel_pids(), f)
-        print(f"Part 2: real jupyter server on loopback, {kernels} real kernels (started and quiet in "
-              f"{time.perf_counter() - started:.1f} s), tfgpu_magic and jupyter-resource-usage {JRU_VERSION} enabled")
+        print(
+            f"Part 2: real jupyter server on loopback, {kernels} real kernels (started and quiet in "
+            f"{time.perf_counter() - started:.1f} s), tfgpu_magic and jupyter-resource-usage {JRU_VERSION} enabled"
+        )
         deadline = time.monotonic() + 30
         while True:  # the first scrape starts the reading: wait until the kernels' series are there
             status, body = client.call("GET", "/metrics")
@@ -118,8 +133,10 @@ def server_part(kernels: int, rounds: int) -> tuple[float, float]:
         status, usage = client.call("GET", "/api/metrics/v1")
         assert status == 200, (status, usage)
         ours = sum(1 for line in body.decode().splitlines() if line.startswith("tfgpu_"))
-        print(f"  /metrics: {len(body)} bytes ({ours} tfgpu_ series of {body.count(b'tfgpu_kernel_gpu_memory_bytes{')} "
-              f"kernels' memory, and jupyter_server's own); /api/metrics/v1: {len(usage)} bytes")
+        print(
+            f"  /metrics: {len(body)} bytes ({ours} tfgpu_ series of {body.count(b'tfgpu_kernel_gpu_memory_bytes{')} "
+            f"kernels' memory, and jupyter_server's own); /api/metrics/v1: {len(usage)} bytes"
+        )
         timings: dict[str, list[float]] = {"/metrics": [], "/api/metrics/v1": []}
         for round_ in range(rounds):
             paths = list(timings) if round_ % 2 == 0 else list(reversed(timings))
@@ -130,8 +147,10 @@ def server_part(kernels: int, rounds: int) -> tuple[float, float]:
                 assert status == 200, (path, status)
                 time.sleep(0.01)
         for path, samples in timings.items():
-            print(f"  GET {path:<16} median {statistics.median(samples):6.2f} ms  p95 {quantile(samples, 0.95):6.2f} ms"
-                  f"  ({len(samples)} requests)")
+            print(
+                f"  GET {path:<16} median {statistics.median(samples):6.2f} ms  p95 {quantile(samples, 0.95):6.2f} ms"
+                f"  ({len(samples)} requests)"
+            )
         return statistics.median(timings["/metrics"]), statistics.median(timings["/api/metrics/v1"])
 
 
@@ -140,11 +159,15 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=300, help="requests to each endpoint, interleaved")
     args = parser.parse_args()
-    print(f"{time.strftime('%Y-%m-%d')}, {platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     collector_part(args.kernels)
     scrape, usage = server_part(args.kernels, args.rounds)
-    print(f"Ratio: a /metrics scrape costs {scrape / usage:.2f}x jupyter-resource-usage's /api/metrics/v1 "
-          f"(medians, {scrape:.2f} ms vs {usage:.2f} ms)")
+    print(
+        f"Ratio: a /metrics scrape costs {scrape / usage:.2f}x jupyter-resource-usage's /api/metrics/v1 "
+        f"(medians, {scrape:.2f} ms vs {usage:.2f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -21,13 +21,13 @@ import time
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+import tensorflow as tf
+from IPython.core.interactiveshell import InteractiveShell
 
-import tfgpu_magic  # noqa: E402
-from tfgpu_magic.gpus.simulated import SimulatedNvml  # noqa: E402
-from tfgpu_magic.kernel import trace  # noqa: E402
-from tfgpu_magic.kernel.session import get_session  # noqa: E402
+import tfgpu_magic
+from tfgpu_magic.gpus.simulated import SimulatedNvml
+from tfgpu_magic.kernel import trace
+from tfgpu_magic.kernel.session import get_session
 
 ROUNDS = 5000
 

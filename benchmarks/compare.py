@@ -29,7 +29,7 @@ import platform
 import statistics
 import subprocess
 import sys
-from typing import Any, Optional
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -42,7 +42,10 @@ SECTIONS = ("refresh", "scaling", "monitor", "endpoint", "startup")
 
 def run_section(script: str, *args: Any) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, os.path.join(HERE, script), *map(str, args)], capture_output=True, text=True, check=False
+        [sys.executable, os.path.join(HERE, script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -57,14 +60,32 @@ class Table:
         self.rows: list[dict[str, Any]] = []
 
     def add(
-        self, section: str, what: str, ours: tuple[float, float], peer: str, theirs: tuple[float, float], unit: str,
+        self,
+        section: str,
+        what: str,
+        ours: tuple[float, float],
+        peer: str,
+        theirs: tuple[float, float],
+        unit: str,
         spread: str = "p95",
     ) -> None:
         """``ours`` and ``theirs``: (median, ``spread``), the spread being the 95th percentile or the largest window."""
-        self.rows.append({"section": section, "what": what, "ours": ours, "peer": peer, "theirs": theirs, "unit": unit,
-                          "spread": spread, "ratio": ours[0] / theirs[0] if theirs[0] else None})
-        print(f"  {what:<44} ours {_figure(ours, unit, spread):>22}   {peer:<24} {_figure(theirs, unit, spread):>22}",
-              flush=True)
+        self.rows.append(
+            {
+                "section": section,
+                "what": what,
+                "ours": ours,
+                "peer": peer,
+                "theirs": theirs,
+                "unit": unit,
+                "spread": spread,
+                "ratio": ours[0] / theirs[0] if theirs[0] else None,
+            }
+        )
+        print(
+            f"  {what:<44} ours {_figure(ours, unit, spread):>22}   {peer:<24} {_figure(theirs, unit, spread):>22}",
+            flush=True,
+        )
 
     def markdown(self) -> str:
         """The rows as README.md's table (what, ours, peer and theirs, ratio)."""
@@ -91,27 +112,46 @@ def _figure(pair: tuple[float, float], unit: str, spread: str = "p95") -> str:
 def refresh(table: Table, gpus: int, processes: int, rounds: int, section: str) -> dict[str, Any]:
     result = run_section("vs_refresh.py", gpus, processes, rounds)
     found = result["contenders"]
-    print(f"\n[{section}] a status refresh, {gpus} GPUs, {processes} processes of {', '.join(result['owners'])} "
-          f"(stand-in NVML call {result['standin_call_ms'] * 1000:.1f} us each)")
+    print(
+        f"\n[{section}] a status refresh, {gpus} GPUs, {processes} processes of {', '.join(result['owners'])} "
+        f"(stand-in NVML call {result['standin_call_ms'] * 1000:.1f} us each)"
+    )
     for name, data in found.items():
-        print(f"  {name}: {data['nvml_calls']} NVML calls a refresh, {data['processes_shown']} processes shown")
+        print(
+            f"  {name}: {data['nvml_calls']} NVML calls a refresh, {data['processes_shown']} processes shown"
+        )
     for case in ("warm", "cold"):
         for peer in ("nvitop", "gpustat"):
-            table.add(section, f"refresh, {case}, {gpus} GPUs / {processes} procs", tuple(found["tfgpu_magic"][case]),
-                      peer, tuple(found[peer][case]), "ms")
+            table.add(
+                section,
+                f"refresh, {case}, {gpus} GPUs / {processes} procs",
+                tuple(found["tfgpu_magic"][case]),
+                peer,
+                tuple(found[peer][case]),
+                "ms",
+            )
     return result
 
 
 def monitor(table: Table, rounds: int, seconds: float) -> dict[str, Any]:
     result = run_section("vs_monitor.py", rounds, seconds)
-    print(f"\n[monitor] 10 samples/s on {result['gpus']} busy GPUs, {rounds} rounds of {seconds:g} s windows, "
-          "whole-process CPU less the same process idle")
+    print(
+        f"\n[monitor] 10 samples/s on {result['gpus']} busy GPUs, {rounds} rounds of {seconds:g} s windows, "
+        "whole-process CPU less the same process idle"
+    )
     found = result["contenders"]
     for name, data in found.items():
-        print(f"  {name}: {data['messages_per_s']:.1f} messages/s sent, idle {statistics.median(data['idle_percent_core']):.3f} % of a core")
+        print(
+            f"  {name}: {data['messages_per_s']:.1f} messages/s sent, idle {statistics.median(data['idle_percent_core']):.3f} % of a core"
+        )
     ours, theirs = found["tfgpu_magic"], found["jupyterlab-nvdashboard"]
-    for key, what, unit in (("percent_core", "monitor, % of a core at 10 Hz", "%"), ("us_per_tick", "monitor, CPU per tick", "us")):
-        table.add("monitor", what, _spread(ours[key]), "jupyterlab-nvdashboard", _spread(theirs[key]), unit, "max")
+    for key, what, unit in (
+        ("percent_core", "monitor, % of a core at 10 Hz", "%"),
+        ("us_per_tick", "monitor, CPU per tick", "us"),
+    ):
+        table.add(
+            "monitor", what, _spread(ours[key]), "jupyterlab-nvdashboard", _spread(theirs[key]), unit, "max"
+        )
     return result
 
 
@@ -129,21 +169,37 @@ def endpoint(table: Table, rounds: int) -> dict[str, Any]:
         print(f"\n[endpoint] a real jupyter server, real kernels, {mode}")
         for size, data in result["sizes"].items():
             found = data["contenders"]
-            print(f"  {size} kernels: {data['new_readings']} of {rounds} replies new readings, "
-                  f"{data['kernels_holding_memory']} kernels holding memory, {data['other_users']} other users' processes")
-            table.add("endpoint", f"GET status, {size} kernels, {'read each' if interval == 0 else 'cached 2 s'}",
-                      tuple(found["tfgpu_magic"]), "jupyter-resource-usage", tuple(found["jupyter-resource-usage"]), "ms")
+            print(
+                f"  {size} kernels: {data['new_readings']} of {rounds} replies new readings, "
+                f"{data['kernels_holding_memory']} kernels holding memory, {data['other_users']} other users' processes"
+            )
+            table.add(
+                "endpoint",
+                f"GET status, {size} kernels, {'read each' if interval == 0 else 'cached 2 s'}",
+                tuple(found["tfgpu_magic"]),
+                "jupyter-resource-usage",
+                tuple(found["jupyter-resource-usage"]),
+                "ms",
+            )
     return results
 
 
 def startup(table: Table, rounds: int) -> dict[str, Any]:
     result = run_section("vs_startup.py", rounds)
     found = result["contenders"]
-    print(f"\n[startup] in a fresh kernel, {rounds} kernels each; `import tfgpu_magic` alone "
-          f"{_figure(tuple(found['tfgpu_magic (import only)']['fresh']), 'ms')}")
+    print(
+        f"\n[startup] in a fresh kernel, {rounds} kernels each; `import tfgpu_magic` alone "
+        f"{_figure(tuple(found['tfgpu_magic (import only)']['fresh']), 'ms')}"
+    )
     for peer, line in (("nvitop", "import nvitop"), ("gpustat", "import gpustat")):
-        table.add("startup", "%load_ext tfgpu_magic, fresh kernel", tuple(found["tfgpu_magic"]["fresh"]), line,
-                  tuple(found[peer]["fresh"]), "ms")
+        table.add(
+            "startup",
+            "%load_ext tfgpu_magic, fresh kernel",
+            tuple(found["tfgpu_magic"]["fresh"]),
+            line,
+            tuple(found[peer]["fresh"]),
+            "ms",
+        )
     return result
 
 
@@ -158,10 +214,14 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and 5 s monitor windows: a smoke run, not figures")
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of: {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rounds and 5 s monitor windows: a smoke run, not figures"
+    )
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated sections of: {', '.join(SECTIONS)}"
+    )
     args = parser.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(only) - set(SECTIONS)
@@ -172,7 +232,9 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     today = datetime.date.today().isoformat()
     print(f"{today}, {machine()}")
-    print(f"tfgpu_magic {__version__} against {peers.versions()}; NVML: the stand-in of benchmarks/standin.py")
+    print(
+        f"tfgpu_magic {__version__} against {peers.versions()}; NVML: the stand-in of benchmarks/standin.py"
+    )
     quick = args.quick
     table, raw = Table(), {"date": today, "machine": machine(), "peers": peers.PINNED}
     if "refresh" in only:

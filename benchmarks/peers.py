@@ -37,9 +37,23 @@ def ensure_installed() -> str:
     except OSError:
         installed = ""
     if installed != wanted:
-        print(f"Installing the peers into {os.path.relpath(PEERS_DIR, ROOT)} (first run only): {wanted}", flush=True)
+        print(
+            f"Installing the peers into {os.path.relpath(PEERS_DIR, ROOT)} (first run only): {wanted}",
+            flush=True,
+        )
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", PEERS_DIR, *wanted.split()],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--upgrade",
+                "--target",
+                PEERS_DIR,
+                *wanted.split(),
+            ],
             check=True,
         )
         with open(stamp, "w") as f:

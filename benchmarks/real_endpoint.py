@@ -23,8 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from servers import Client, JupyterServer  # noqa: E402
-from timing import quantile  # noqa: E402
+from servers import Client, JupyterServer
+from timing import quantile
 
 MIB = 2**20
 ALLOCATE = """
@@ -47,7 +47,9 @@ CHILD = "import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c',
 def run_in_kernel(server: JupyterServer, kernel_id: str, code: str) -> None:
     from jupyter_client import BlockingKernelClient
 
-    client = BlockingKernelClient(connection_file=os.path.join(server.workdir, "runtime", f"kernel-{kernel_id}.json"))
+    client = BlockingKernelClient(
+        connection_file=os.path.join(server.workdir, "runtime", f"kernel-{kernel_id}.json")
+    )
     client.load_connection_file()
     client.start_channels()
     try:
@@ -84,7 +86,7 @@ def poll(client: Client, seconds: float, last: float) -> tuple[list[float], list
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         start = time.perf_counter()
-        status, body = client.call("GET", "/tfgpu/api/status")
+        _status, body = client.call("GET", "/tfgpu/api/status")
         elapsed = (time.perf_counter() - start) * 1000
         generated_at = json.loads(body)["generated_at"]
         (cached if generated_at == last else refreshed).append(elapsed)
@@ -97,15 +99,21 @@ def show(reply: dict) -> None:
     print(f"driver: {reply['driver']}, user {reply['user']}")
     for gpu in reply["gpus"]:
         split = {k: None if v is None else round(v / MIB) for k, v in gpu["split"].items()}
-        print(f"  GPU {gpu['index']} {gpu['name']}: used {gpu['memory_used_bytes'] // MIB} MiB of "
-              f"{gpu['memory_total_bytes'] // MIB} MiB; split in MiB {split}; notes {gpu['notes']}")
+        print(
+            f"  GPU {gpu['index']} {gpu['name']}: used {gpu['memory_used_bytes'] // MIB} MiB of "
+            f"{gpu['memory_total_bytes'] // MIB} MiB; split in MiB {split}; notes {gpu['notes']}"
+        )
     for kernel in reply["kernels"]:
         memory = {gpu: held // MIB for gpu, held in kernel["gpu_memory_bytes"].items()}
-        print(f"  kernel {kernel['path']}: pid {kernel['pid']}, children {kernel['child_pids']}, MiB per GPU {memory}, "
-              f"state {kernel['execution_state']}, note {kernel['note']}")
+        print(
+            f"  kernel {kernel['path']}: pid {kernel['pid']}, children {kernel['child_pids']}, MiB per GPU {memory}, "
+            f"state {kernel['execution_state']}, note {kernel['note']}"
+        )
     for key in ("my_other_processes", "other_users", "unattributed"):
         for entry in reply[key]:
-            print(f"  {key}: pid {entry['pid']} on GPU {entry['gpu']}: {(entry['used_memory_bytes'] or 0) // MIB} MiB")
+            print(
+                f"  {key}: pid {entry['pid']} on GPU {entry['gpu']}: {(entry['used_memory_bytes'] or 0) // MIB} MiB"
+            )
     print(f"  notes: {reply['notes']}")
 
 
@@ -119,17 +127,30 @@ def main() -> None:
             client = server.client
             a, b = start_session(client, "kernel_a.ipynb"), start_session(client, "kernel_b.ipynb")
             run_in_kernel(server, a["kernel"]["id"], ALLOCATE.format(size=2048 * MIB))
-            run_in_kernel(server, b["kernel"]["id"], CHILD.format(code=ALLOCATE.format(size=1024 * MIB) + HOLD))
+            run_in_kernel(
+                server, b["kernel"]["id"], CHILD.format(code=ALLOCATE.format(size=1024 * MIB) + HOLD)
+            )
             outside = subprocess.Popen([sys.executable, "-c", ALLOCATE.format(size=512 * MIB) + HOLD])
             reply = wait_for_attribution(client, kernels=2)
-            print(f"Kernel A allocated 2048 MiB itself; kernel B's child 1024 MiB; pid {outside.pid} (not a kernel) 512 MiB.")
+            print(
+                f"Kernel A allocated 2048 MiB itself; kernel B's child 1024 MiB; pid {outside.pid} (not a kernel) 512 MiB."
+            )
             show(reply)
-            smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                                 capture_output=True, text=True).stdout
-            print("nvidia-smi --query-compute-apps=pid,used_memory:\n  " + "\n  ".join(smi.strip().splitlines()))
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+            ).stdout
+            print(
+                "nvidia-smi --query-compute-apps=pid,used_memory:\n  " + "\n  ".join(smi.strip().splitlines())
+            )
             refreshed, cached = poll(client, args.seconds, last=reply["generated_at"])
-            print(f"GET, reply cached        median {statistics.median(cached):6.2f} ms  p95 {quantile(cached, 0.95):6.2f} ms  ({len(cached)} requests)")
-            print(f"GET that made a refresh  median {statistics.median(refreshed):6.2f} ms  p95 {quantile(refreshed, 0.95):6.2f} ms  ({len(refreshed)} requests)")
+            print(
+                f"GET, reply cached        median {statistics.median(cached):6.2f} ms  p95 {quantile(cached, 0.95):6.2f} ms  ({len(cached)} requests)"
+            )
+            print(
+                f"GET that made a refresh  median {statistics.median(refreshed):6.2f} ms  p95 {quantile(refreshed, 0.95):6.2f} ms  ({len(refreshed)} requests)"
+            )
         finally:
             if outside is not None:
                 outside.kill()

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
@@ -52,10 +53,10 @@ class JupyterServer:
     def __init__(
         self,
         settings: Sequence[str] = (),
-        config: Optional[dict[str, Any]] = None,
+        config: dict[str, Any] | None = None,
         config_py: str = "",
         pythonpath: Sequence[str] = (),
-        env: Optional[dict[str, str]] = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = tempfile.mkdtemp(prefix="tfgpu-bench-server-")
         self.port, self.token = free_port(), secrets.token_hex(16)
@@ -65,7 +66,9 @@ class JupyterServer:
         shutil.copy(os.path.join(ROOT, "jupyter-config", "server-config", "tfgpu_magic.json"), config_d)
         # Settings go in the .py file: jupyter_server reads only jpserver_extensions from config.d.
         settings_py = "".join(
-            f"c.{section}.{name} = {value!r}\n" for section, values in (config or {}).items() for name, value in values.items()
+            f"c.{section}.{name} = {value!r}\n"
+            for section, values in (config or {}).items()
+            for name, value in values.items()
         )
         with open(os.path.join(config_dir, "jupyter_server_config.py"), "w") as f:
             f.write(settings_py + config_py)
@@ -78,14 +81,23 @@ class JupyterServer:
             "JUPYTER_RUNTIME_DIR": os.path.join(self.workdir, "runtime"),  # the kernels' connection files
         }
         command = [
-            sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
-            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.workdir}", *settings,
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.workdir}",
+            *settings,
         ]
         if os.geteuid() == 0:
             command.append("--allow-root")
         self.log_path = os.path.join(self.workdir, "server.log")
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+            self.process = subprocess.Popen(
+                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir
+            )
         self.client = self._wait_until_up()
 
     @property
@@ -108,8 +120,12 @@ class JupyterServer:
     def start_kernels(self, count: int, first: int = 0) -> None:
         """``count`` notebook kernels through ``POST api/sessions``, as opening notebooks does."""
         for n in range(first, first + count):
-            body = {"path": f"notebook_{n}.ipynb", "name": f"notebook_{n}.ipynb", "type": "notebook",
-                    "kernel": {"name": "python3"}}
+            body = {
+                "path": f"notebook_{n}.ipynb",
+                "name": f"notebook_{n}.ipynb",
+                "type": "notebook",
+                "kernel": {"name": "python3"},
+            }
             status, reply = self.client.call("POST", "/api/sessions", body)
             if status != 201:
                 raise RuntimeError(f"could not start a kernel: {status} {reply[:200]!r}")
@@ -118,7 +134,8 @@ class JupyterServer:
         import psutil
 
         return [
-            child.pid for child in psutil.Process(self.pid).children()
+            child.pid
+            for child in psutil.Process(self.pid).children()
             if any("ipykernel" in part for part in child.cmdline())
         ]
 

@@ -25,8 +25,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -57,7 +58,7 @@ class LiveServer(SimulatedNvml):
         reading.gpu = (37 * tenth + 11 * int(handle)) % 101
         return reading
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Optional[int] = None) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimpleNamespace:
         gpu = self.gpus[int(handle)]
         step = int(time.monotonic() / 2)
         for proc in gpu.processes[-1:]:  # the last process listed: another user's training job
@@ -65,15 +66,21 @@ class LiveServer(SimulatedNvml):
         return super().nvmlDeviceGetMemoryInfo(handle, version)
 
 
-def server_listing(pids: list[int], gpus: int, live: bool = False, gone: Optional[int] = None) -> SimulatedNvml:
+def server_listing(pids: list[int], gpus: int, live: bool = False, gone: int | None = None) -> SimulatedNvml:
     """``gpus`` GPUs listing ``pids`` round-robin (pid n on GPU n % gpus), each pid holding
     256 + 64·n MiB; ``gone``: the pid of an exited process NVML still lists (on GPU 0)."""
     kind = LiveServer if live else SimulatedNvml
     sizes = (81920, 40960, 24576)
-    server = kind([
-        SimulatedGpu(name=f"NVIDIA Stand-in {sizes[i % 3] // 1024}GB", total_mib=sizes[i % 3], utilization=(17 * i) % 100)
-        for i in range(gpus)
-    ])
+    server = kind(
+        [
+            SimulatedGpu(
+                name=f"NVIDIA Stand-in {sizes[i % 3] // 1024}GB",
+                total_mib=sizes[i % 3],
+                utilization=(17 * i) % 100,
+            )
+            for i in range(gpus)
+        ]
+    )
     for n, pid in enumerate(pids):
         server.gpus[n % gpus].processes.append(SimulatedProcess(pid, 256 + 64 * n))
     if gone is not None:
@@ -149,7 +156,9 @@ def install(server: SimulatedNvml) -> Counter:
         elif name.startswith(("nvmlDevice", "nvmlSystem", "nvmlUnit", "nvmlGpu", "nvmlVgpu")):
             setattr(pynvml, name, refused)
     pynvml._nvmlGetFunctionPointer = no_symbol
-    pynvml.nvmlDeviceGetMPSComputeRunningProcesses = answering("nvmlDeviceGetMPSComputeRunningProcesses", lambda h: [])
+    pynvml.nvmlDeviceGetMPSComputeRunningProcesses = answering(
+        "nvmlDeviceGetMPSComputeRunningProcesses", lambda h: []
+    )
     return calls
 
 
@@ -159,17 +168,21 @@ def point_nvitop_at_pynvml() -> None:
     import pynvml
     from nvitop.api import libnvml
 
-    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
-                 "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMemoryInfo"):
+    for name in (
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+        "nvmlDeviceGetMemoryInfo",
+    ):
         setattr(libnvml, name, getattr(pynvml, name))
 
 
 # -- real processes of several users --------------------------------------------------------------
-def _tool(name: str) -> Optional[str]:
+def _tool(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
 
 
-def bench_users() -> list[Optional[str]]:
+def bench_users() -> list[str | None]:
     """The owners sleepers are started as: the benchmark users when root (created if missing), else only me (None)."""
     if os.geteuid() != 0:
         return [None]
@@ -182,7 +195,9 @@ def bench_users() -> list[Optional[str]]:
             useradd = _tool("useradd")
             if useradd is None:
                 return [None]
-            subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+            subprocess.run(
+                [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True
+            )
     return [None, *BENCH_USERS]
 
 
@@ -193,7 +208,9 @@ class Sleepers:
         users = bench_users()
         self.owners = sorted({u or "me" for u in users})
         self.procs = [
-            subprocess.Popen(["/bin/sleep", str(SLEEP_S)], user=users[n % len(users)], stdin=subprocess.DEVNULL)
+            subprocess.Popen(
+                ["/bin/sleep", str(SLEEP_S)], user=users[n % len(users)], stdin=subprocess.DEVNULL
+            )
             for n in range(count)
         ]
         self.pids = [p.pid for p in self.procs]
@@ -244,7 +261,7 @@ class KernelsFromFile(SimulatedNvml):
         self._reload()
         return super()._processes(handle, kind)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Optional[int] = None) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimpleNamespace:
         self._reload()  # used memory counts the listed processes
         return super().nvmlDeviceGetMemoryInfo(handle, version)
 

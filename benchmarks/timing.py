@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 
 def median_ms(work: Callable[[], object], runs: int) -> float:
@@ -33,14 +33,14 @@ def summary(samples: Sequence[float]) -> tuple[float, float]:
 def interleaved(
     contenders: dict[str, Callable[[], object]],
     rounds: int,
-    prepare: Optional[dict[str, Callable[[], object]]] = None,
+    prepare: dict[str, Callable[[], object]] | None = None,
 ) -> dict[str, list[float]]:
     """Milliseconds of one call of each contender per round, the order rotating every round.
 
-    Rounds alternate the contenders, so a slow spell of the machine (another process, the CPU's
-    clock) falls on all of them alike; each is called once first, untimed (its imports and first
-    start).  ``prepare[name]`` runs before each timed call of ``name``, untimed (to empty its caches
-for a cold reading).
+        Rounds alternate the contenders, so a slow spell of the machine (another process, the CPU's
+        clock) falls on all of them alike; each is called once first, untimed (its imports and first
+        start).  ``prepare[name]`` runs before each timed call of ``name``, untimed (to empty its caches
+    for a cold reading).
     """
     names = list(contenders)
     for work in contenders.values():

@@ -27,10 +27,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import peers  # noqa: E402
-import standin  # noqa: E402
-from servers import JupyterServer  # noqa: E402
-from timing import summary  # noqa: E402
+import peers
+import standin
+from servers import JupyterServer
+from timing import summary
 
 SIZES = (1, 10, 20)
 PATHS = {"tfgpu_magic": "/tfgpu/api/status", "jupyter-resource-usage": "/api/metrics/v1"}
@@ -63,8 +63,7 @@ def main() -> None:
     result: dict[str, Any] = {"sizes": {}}
     with standin.Sleepers(8) as sleepers:
         config_py = (
-            "import standin\n"
-            f"standin.install(standin.KernelsFromFile({pids_file!r}, {sleepers.pids!r}))\n"
+            f"import standin\nstandin.install(standin.KernelsFromFile({pids_file!r}, {sleepers.pids!r}))\n"
         )
         config = {
             "ServerApp": {"jpserver_extensions": {"jupyter_resource_usage": True}},

@@ -30,13 +30,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import peers  # noqa: E402
-import standin  # noqa: E402
-from servers import BENCHMARKS, ROOT, JupyterServer  # noqa: E402
+import peers
+import standin
+from servers import BENCHMARKS, ROOT, JupyterServer
 
 GPUS = 8
 INTERVAL_S = 0.1
@@ -69,7 +70,9 @@ class Kernel:
         self.client.wait_for_ready(timeout=60)
         self.pid = self.manager.provisioner.process.pid
         self.comm_messages = 0
-        self.run(f"import os, standin\nstandin.install(standin.monitor_server(os.getpid(), {others!r}, {GPUS}))")
+        self.run(
+            f"import os, standin\nstandin.install(standin.monitor_server(os.getpid(), {others!r}, {GPUS}))"
+        )
         self.run("%load_ext tfgpu_magic")
         self._draining = True
         self._drain = threading.Thread(target=self._drain_iopub, daemon=True)
@@ -117,8 +120,10 @@ class DashboardSocket:
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 
-        request = HTTPRequest(f"ws://127.0.0.1:{server.port}/nvdashboard/gpu_resource",
-                              headers={"Authorization": f"token {server.token}"})
+        request = HTTPRequest(
+            f"ws://127.0.0.1:{server.port}/nvdashboard/gpu_resource",
+            headers={"Authorization": f"token {server.token}"},
+        )
         self._socket = await websocket_connect(request, on_message_callback=self._on_message)
         self._ready.set()
 
@@ -169,7 +174,9 @@ def main() -> None:
         )
         extensions = {"ServerApp": {"jpserver_extensions": {"jupyterlab_nvdashboard": True}}}
         try:
-            with JupyterServer(config=extensions, config_py=config_py, pythonpath=[peers.PEERS_DIR]) as server:
+            with JupyterServer(
+                config=extensions, config_py=config_py, pythonpath=[peers.PEERS_DIR]
+            ) as server:
                 socket = DashboardSocket(server)
                 time.sleep(2)  # the server's own start-up work settles
                 runs: dict[str, list[float]] = {"tfgpu_magic": [], "jupyterlab-nvdashboard": []}
@@ -177,11 +184,21 @@ def main() -> None:
                 sent = {"tfgpu_magic": 0, "jupyterlab-nvdashboard": 0}
                 for round_ in range(rounds):
                     ours_first = round_ % 2 == 0
-                    for name in (["tfgpu_magic", "jupyterlab-nvdashboard"] if ours_first else ["jupyterlab-nvdashboard", "tfgpu_magic"]):
+                    for name in (
+                        ["tfgpu_magic", "jupyterlab-nvdashboard"]
+                        if ours_first
+                        else ["jupyterlab-nvdashboard", "tfgpu_magic"]
+                    ):
                         if name == "tfgpu_magic":
                             before = kernel.comm_messages
-                            runs[name].append(window(kernel.pid, seconds, lambda: kernel.run("%gpu monitor --interval 0.1"),
-                                                     lambda: kernel.run("%gpu monitor off")))
+                            runs[name].append(
+                                window(
+                                    kernel.pid,
+                                    seconds,
+                                    lambda: kernel.run("%gpu monitor --interval 0.1"),
+                                    lambda: kernel.run("%gpu monitor off"),
+                                )
+                            )
                             sent[name] += kernel.comm_messages - before
                         else:
                             before = socket.messages
@@ -197,7 +214,7 @@ def main() -> None:
     ticks = seconds / INTERVAL_S
     result: dict[str, Any] = {"seconds": seconds, "rounds": rounds, "gpus": GPUS, "contenders": {}}
     for name in runs:
-        net = [run - rest for run, rest in zip(runs[name], idle[name])]
+        net = [run - rest for run, rest in zip(runs[name], idle[name], strict=False)]
         result["contenders"][name] = {
             "percent_core": [100 * n / seconds for n in net],
             "us_per_tick": [1e6 * n / ticks for n in net],

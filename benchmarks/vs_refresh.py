@@ -27,15 +27,16 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ["TFGPU_MAGIC_CLAIM_DIR"] = tempfile.mkdtemp(prefix="tfgpu-bench-claims-")
 
-import peers  # noqa: E402
-import standin  # noqa: E402
-from timing import interleaved, median_ms, summary  # noqa: E402
+import peers
+import standin
+from timing import interleaved, median_ms, summary
 
 
 def ours() -> tuple[Callable[[], Any], Callable[[], Any]]:
@@ -70,7 +71,13 @@ def nvitop() -> tuple[Callable[[], Any], Callable[[], Any]]:
             for device in devices:
                 memory, utilization = device.memory_info(), device.gpu_utilization()
                 processes = device.processes()
-                rows.append((memory, utilization, [(p.pid, p.username(), p.command(), p.gpu_memory()) for p in processes.values()]))
+                rows.append(
+                    (
+                        memory,
+                        utilization,
+                        [(p.pid, p.username(), p.command(), p.gpu_memory()) for p in processes.values()],
+                    )
+                )
                 kept.append(processes)
         del kept[: -len(devices)]
         return rows
@@ -113,7 +120,12 @@ def main() -> None:
         made = {"tfgpu_magic": ours(), "nvitop": nvitop(), "gpustat": gpustat()}
         refreshes = {name: pair[0] for name, pair in made.items()}
         forgets = {name: pair[1] for name, pair in made.items()}
-        result: dict[str, Any] = {"gpus": gpus, "processes": processes, "owners": sleepers.owners, "contenders": {}}
+        result: dict[str, Any] = {
+            "gpus": gpus,
+            "processes": processes,
+            "owners": sleepers.owners,
+            "contenders": {},
+        }
         import pynvml
 
         nvml_call_ms = median_ms(lambda: [pynvml.nvmlDeviceGetMemoryInfo(0) for _ in range(1000)], 20) / 1000
@@ -122,7 +134,10 @@ def main() -> None:
             refresh()
             before = sum(calls.values())
             found = refresh()
-            result["contenders"][name] = {"nvml_calls": sum(calls.values()) - before, "processes_shown": shown(name, found)}
+            result["contenders"][name] = {
+                "nvml_calls": sum(calls.values()) - before,
+                "processes_shown": shown(name, found),
+            }
         for case, prepare in (("warm", None), ("cold", forgets)):
             samples = interleaved(refreshes, rounds if case == "warm" else max(10, rounds // 3), prepare)
             for name, ms in samples.items():

@@ -23,8 +23,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import peers  # noqa: E402
-from timing import summary  # noqa: E402
+import peers
+from timing import summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,11 +56,16 @@ def time_in_fresh_kernel(line: str) -> float:
         for _ in range(3):
             client.execute_interactive("pass", timeout=60, output_hook=lambda _msg: None)
         reply = client.execute_interactive(
-            TIMED.format(line=line), user_expressions={"ms": "_bench_ms"}, timeout=60, output_hook=lambda _msg: None
+            TIMED.format(line=line),
+            user_expressions={"ms": "_bench_ms"},
+            timeout=60,
+            output_hook=lambda _msg: None,
         )
         content: dict[str, Any] = reply["content"]
         if content["status"] != "ok":
-            raise RuntimeError(f"{line!r} failed in the kernel: {content.get('ename')}: {content.get('evalue')}")
+            raise RuntimeError(
+                f"{line!r} failed in the kernel: {content.get('ename')}: {content.get('evalue')}"
+            )
         return float(content["user_expressions"]["ms"]["data"]["text/plain"])
     finally:
         client.stop_channels()
@@ -84,7 +89,11 @@ def main() -> None:
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             samples[name].append(time_in_fresh_kernel(LINES[name]))
-    print(json.dumps({"contenders": {name: {"fresh": summary(ms), "samples": ms} for name, ms in samples.items()}}))
+    print(
+        json.dumps(
+            {"contenders": {name: {"fresh": summary(ms), "samples": ms} for name, ms in samples.items()}}
+        )
+    )
 
 
 if __name__ == "__main__":

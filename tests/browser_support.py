@@ -20,8 +20,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -48,16 +48,24 @@ def has_labextension() -> bool:
 def notebook(*sources: str) -> str:
     """An nbformat 4 notebook (JSON) with one code cell per source, on the python3 kernel."""
     cells = [
-        {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
-         "outputs": [], "source": source}
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": f"c{i}",
+            "metadata": {},
+            "outputs": [],
+            "source": source,
+        }
         for i, source in enumerate(sources)
     ]
-    return json.dumps({
-        "cells": cells,
-        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    })
+    return json.dumps(
+        {
+            "cells": cells,
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+    )
 
 
 def free_port() -> int:
@@ -83,8 +91,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def jupyter_server(root: pathlib.Path, home: pathlib.Path, *, log_name: str,
-                   args: Sequence[str] = (), app: str = "lab") -> Iterator[Server]:
+def jupyter_server(
+    root: pathlib.Path, home: pathlib.Path, *, log_name: str, args: Sequence[str] = (), app: str = "lab"
+) -> Iterator[Server]:
     """``jupyter lab`` (or ``notebook``) on loopback with a token; stopped by its pid at the end."""
     port, token = free_port(), secrets.token_hex(16)
     data = home / "data"
@@ -110,11 +119,23 @@ def jupyter_server(root: pathlib.Path, home: pathlib.Path, *, log_name: str,
     )
     ARTIFACTS.mkdir(exist_ok=True)
     log = open(ARTIFACTS / log_name, "w")
-    command = [sys.executable, "-m", "jupyter", app, "--no-browser", "--allow-root",
-               "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
-               f"--ServerApp.root_dir={root}"]
+    command = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        app,
+        "--no-browser",
+        "--allow-root",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+    ]
     if app == "lab":
-        command += ["--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        command += [
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
     proc = subprocess.Popen([*command, *args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -272,4 +293,3 @@ def child_kernels(server_pid: int) -> list[int]:
         except psutil.Error:
             continue
     return sorted(kernels)
-

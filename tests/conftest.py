@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel.session import Session
-from tfgpu_magic.frameworks import adapters
 
 pytest_plugins = ["pytester"]  # tests/test_browser_artifacts.py runs pytest itself
 
@@ -140,10 +140,14 @@ def run_python(args: list[str], env: dict | None = None, timeout: int = 240) -> 
     """
     item = _running[0]
     if item is not None and item.get_closest_marker("slow") is None:
-        pytest.fail(f"{item.nodeid} starts a fresh Python ({' '.join(args)[:60]}) but is not marked "
-                    "`slow`: mark it, so that `make test-fast` never starts one", pytrace=False)
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          env=fresh_env(env), timeout=timeout, cwd=ROOT)
+        pytest.fail(
+            f"{item.nodeid} starts a fresh Python ({' '.join(args)[:60]}) but is not marked "
+            "`slow`: mark it, so that `make test-fast` never starts one",
+            pytrace=False,
+        )
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=fresh_env(env), timeout=timeout, cwd=ROOT
+    )
 
 
 def run_scenario(name: str, *args: str, env: dict | None = None, timeout: int = 240) -> dict:
@@ -173,8 +177,9 @@ def run_in_fresh_kernel(cells: list[str], cwd: Path) -> list[list[dict]]:
     from nbclient import NotebookClient
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(cwd)}}
+    ).execute()
     return [cell["outputs"] for cell in nb.cells]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 from tfgpu_magic.frameworks.base import ReportingDefaults
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, InForce, Stage, TensorFlow
@@ -15,7 +15,7 @@ from tfgpu_magic.kernel.monitor import THREAD_NAME
 
 
 def fake_process_table(
-    server: SimulatedNvml, me: str = "me", my_pid: Optional[int] = None, hides_others: bool = False
+    server: SimulatedNvml, me: str = "me", my_pid: int | None = None, hides_others: bool = False
 ) -> OwnerLookupTable:
     """The simulated server's process table (``owner_of``) as an ``owners.ProcessTable``;
     ``hides_others``: as with ``/proc`` mounted ``hidepid``, a process not alive is hidden, not exited."""
@@ -43,24 +43,30 @@ class FakeTensorFlow(TensorFlow):
     def __init__(
         self,
         stage: Stage = Stage.NOT_IMPORTED,
-        gpus: Optional[dict[str, int]] = None,
-        stats: Optional[dict[str, Optional[AllocatorStats]]] = None,
-        found: Optional[list[int]] = None,
-        oom_error: Optional[type] = None,
+        gpus: dict[str, int] | None = None,
+        stats: dict[str, AllocatorStats | None] | None = None,
+        found: list[int] | None = None,
+        oom_error: type | None = None,
         cpu_only: bool = False,
     ) -> None:
         super().__init__()
         self.fake_stage = stage
         self.cpu_only = cpu_only  # a tensorflow-cpu install: never sees a GPU
         self.gpus = dict(gpus or {})
-        self.stats: dict[str, Optional[AllocatorStats]] = stats if stats is not None else {}  # shared, tests mutate it
+        self.stats: dict[str, AllocatorStats | None] = (
+            stats if stats is not None else {}
+        )  # shared, tests mutate it
         self.found = list(found or [])
         self.oom_error = oom_error
         self.resets: list[str] = []
         self.scopes: list[str] = []
         self.reset_works = True
         self.applied: list[tuple] = []
-        self.build: Optional[dict] = {"is_cuda_build": not cpu_only, "cuda_version": "12.5.1", "cudnn_version": "9"}
+        self.build: dict | None = {
+            "is_cuda_build": not cpu_only,
+            "cuda_version": "12.5.1",
+            "cudnn_version": "9",
+        }
 
     def stage(self) -> Stage:
         return self.fake_stage
@@ -72,7 +78,7 @@ class FakeTensorFlow(TensorFlow):
     def cpu_only_build(self) -> bool:
         return self.cpu_only
 
-    def build_info(self) -> Optional[dict]:
+    def build_info(self) -> dict | None:
         return None if self.build is None or self.fake_stage is Stage.NOT_IMPORTED else dict(self.build)
 
     def enumerate_devices(self) -> None:
@@ -97,7 +103,7 @@ class FakeTensorFlow(TensorFlow):
             return {}
         return {name: s for name, s in self.stats.items() if s is not None}
 
-    def memory_info(self, device: str) -> Optional[AllocatorStats]:
+    def memory_info(self, device: str) -> AllocatorStats | None:
         return self.stats.get(device) if self.fake_stage is Stage.STARTED else None
 
     def memory_devices(self) -> tuple[str, ...]:
@@ -118,10 +124,10 @@ class FakeTensorFlow(TensorFlow):
         finally:
             self.scopes.append("exit")
 
-    def oom_error_type(self) -> Optional[type]:
+    def oom_error_type(self) -> type | None:
         return self.oom_error
 
-    def keras_policy(self) -> Optional[str]:
+    def keras_policy(self) -> str | None:
         return None
 
 
@@ -148,7 +154,7 @@ def monitor_threads() -> list[threading.Thread]:
 
 
 # -- the frameworks' allocator figures, as the panel's sampler is given them ---------------------------
-def tf_figures(stats: dict, gpus: Optional[dict] = None) -> Any:
+def tf_figures(stats: dict, gpus: dict | None = None) -> Any:
     """A sampler's ``figures`` source: TensorFlow (the fake adapter, started) with ``stats`` per
     device and ``gpus`` (``GPU:j`` -> nvidia-smi index), read again at each call, as the kernel
     reads it after each cell.  Tests tick the sampler on their own thread, or stand in for it."""
@@ -162,8 +168,16 @@ class StandInFramework:
     """Any framework's adapter as plain state: its key, name, figures and stage, and the thread of
     every call made to it (``threads``), so a test can say who asked."""
 
-    def __init__(self, key: str, name: str, charted: tuple, memory: Optional[dict] = None,
-                 stage: Stage = Stage.STARTED, absent: Optional[str] = None, numbering: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        name: str,
+        charted: tuple,
+        memory: dict | None = None,
+        stage: Stage = Stage.STARTED,
+        absent: str | None = None,
+        numbering: dict | None = None,
+    ) -> None:
         self.key, self.name, self.charted_figures = key, name, charted
         self.memory = dict(memory or {})  # device -> DeviceMemory; tests change it
         self.fake_stage, self.absent, self.numbering = stage, absent, numbering
@@ -180,7 +194,7 @@ class StandInFramework:
         self._called()
         return dict(self.memory) if self.fake_stage is Stage.STARTED else {}
 
-    def figures_absent(self) -> Optional[str]:
+    def figures_absent(self) -> str | None:
         self._called()
         return self.absent
 
@@ -203,16 +217,20 @@ class StandInFramework:
         self._called()
         return UnresettablePeakWindow(self.device_memory)
 
-    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+    def trace_label(self, device: str, gpu: int | None) -> str:
         return f"{self.name} {device}" if gpu is None else f"GPU {gpu} ({self.name} {device})"
 
-    def trace_absent(self) -> Optional[str]:
-        return None if self.absent is None else f"{self.name}: no allocator figures {self.absent}; nothing of it to trace"
+    def trace_absent(self) -> str | None:
+        return (
+            None
+            if self.absent is None
+            else f"{self.name}: no allocator figures {self.absent}; nothing of it to trace"
+        )
 
-    def trace_ready(self, env: Any, visible: Any) -> Optional[bool]:
+    def trace_ready(self, env: Any, visible: Any) -> bool | None:
         return None
 
-    def trace_reply(self, env: Any, visible: Any, label: Any) -> Optional[str]:
+    def trace_reply(self, env: Any, visible: Any, label: Any) -> str | None:
         return None
 
     def trace_stopped(self) -> None:
@@ -226,7 +244,7 @@ class WriteSideDefaults(ReportingDefaults):
     charted_figures: tuple = ()
     import_says_little = no_gpu_diagnosed = False
 
-    def figures_absent(self) -> Optional[str]:
+    def figures_absent(self) -> str | None:
         return None
 
     def gpu_numbering(self, cuda_map: list[int]) -> dict:
@@ -239,7 +257,7 @@ class WriteSideDefaults(ReportingDefaults):
     def takes(self, command: Any) -> bool:
         return False
 
-    def consider(self, change: Any) -> Optional[str]:
+    def consider(self, change: Any) -> str | None:
         return None
 
     def prepare(self, change: Any) -> None:
@@ -254,19 +272,19 @@ class WriteSideDefaults(ReportingDefaults):
     def share_fixed(self) -> bool:
         return False
 
-    def arrived(self, plan: Any) -> Optional[str]:
+    def arrived(self, plan: Any) -> str | None:
         return None
 
     def enumerated(self) -> bool:
         return False
 
-    def cuda_found(self) -> Optional[list[int]]:
+    def cuda_found(self) -> list[int] | None:
         return None
 
     def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
         return {}
 
-    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+    def set_precision(self, policy: str | None) -> str | None:
         return None
 
     def side_imports(self) -> dict:

@@ -28,8 +28,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -70,7 +71,7 @@ def clean_env(home: Path, pythonpath: Sequence[str] = ()) -> dict[str, str]:
 def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
     """``check()``'s first truthy value, polled; an error naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    last_error: Optional[BaseException] = None
+    last_error: BaseException | None = None
     while time.monotonic() < deadline:
         try:
             value = check()
@@ -79,7 +80,9 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: fl
         except (OSError, ValueError, KeyError) as err:
             last_error = err
         time.sleep(interval)
-    raise TimeoutError(f"{what}: not within {timeout} s" + (f" (last error: {last_error})" if last_error else ""))
+    raise TimeoutError(
+        f"{what}: not within {timeout} s" + (f" (last error: {last_error})" if last_error else "")
+    )
 
 
 def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
@@ -107,17 +110,17 @@ class JupyterServer:
         home: Path,
         *,
         base_url: str = "/",
-        device_source: Optional[str] = SIMULATED,
+        device_source: str | None = SIMULATED,
         args: Sequence[str] = (),
         pythonpath: Sequence[str] = (),
-        extra_config: Optional[dict[str, Any]] = None,
+        extra_config: dict[str, Any] | None = None,
     ) -> None:
         self.home = home
         self.root = home / "notebooks"
         self.base_url = base_url
         self.port = free_port()
         self.token = secrets.token_hex(16)
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         config = home / "config-path" / "jupyter_server_config.d"
         config.mkdir(parents=True)
         self.root.mkdir()
@@ -127,9 +130,16 @@ class JupyterServer:
         self.env = clean_env(home, pythonpath)
         self.env["JUPYTER_CONFIG_PATH"] = str(config.parent)
         self.command = [
-            sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
-            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
-            f"--ServerApp.base_url={base_url}", *args,
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            f"--ServerApp.base_url={base_url}",
+            *args,
         ]
         if device_source is not None:
             self.command.append(f"--TfgpuMagic.device_source={device_source}")
@@ -140,9 +150,11 @@ class JupyterServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> "JupyterServer":
+    def start(self) -> JupyterServer:
         log = open(self.home / "server.log", "w")
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        self.proc = subprocess.Popen(
+            self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
+        )
         log.close()
         return self
 
@@ -162,7 +174,7 @@ class JupyterServer:
         return f"http://{self.address}{self.base_url}{path.lstrip('/')}"
 
     def request(
-        self, method: str, path: str, body: Any = None, authorization: Optional[str] = "token"
+        self, method: str, path: str, body: Any = None, authorization: str | None = "token"
     ) -> tuple[int, bytes]:
         """``(status, body)``; ``authorization``: the scheme to send the token with, or None for none."""
         headers = {"Authorization": f"{authorization} {self.token}"} if authorization else {}
@@ -243,19 +255,29 @@ class Prometheus:
         self.home = home
         self.port = free_port()
         self.config = home / "prometheus.yml"
-        self.config.write_text(yaml.safe_dump({"global": {"evaluation_interval": "1s"}, "scrape_configs": scrape_configs}))
-        self.proc: Optional[subprocess.Popen] = None
+        self.config.write_text(
+            yaml.safe_dump({"global": {"evaluation_interval": "1s"}, "scrape_configs": scrape_configs})
+        )
+        self.proc: subprocess.Popen | None = None
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Prometheus":
+    def start(self) -> Prometheus:
         log = open(self.home / "prometheus.log", "w")
         self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={self.config}", f"--storage.tsdb.path={self.home / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, stdout=log, stderr=subprocess.STDOUT, cwd=self.home,
+            [
+                PROMETHEUS,
+                f"--config.file={self.config}",
+                f"--storage.tsdb.path={self.home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.home,
         )
         log.close()
         return self
@@ -294,8 +316,12 @@ class Prometheus:
 
     def wait_for(self, expr: str, count: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
         """``expr``'s result once it has at least ``count`` series."""
-        return wait_until(f"{expr!r} with {count} series", lambda: (r := self.query(expr)) and len(r) >= count and r,
-                          timeout, interval=0.5)
+        return wait_until(
+            f"{expr!r} with {count} series",
+            lambda: (r := self.query(expr)) and len(r) >= count and r,
+            timeout,
+            interval=0.5,
+        )
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -307,7 +333,7 @@ def dashboard() -> dict[str, Any]:
     return json.loads(DASHBOARD.read_text(encoding="utf-8"))
 
 
-def panels(board: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+def panels(board: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every panel, those inside rows included."""
     found = []
     for panel in (board or dashboard())["panels"]:
@@ -316,7 +342,7 @@ def panels(board: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     return [p for p in found if p.get("type") != "row"]
 
 
-def as_grafana_sends(expr: str, values: Optional[dict[str, str]] = None) -> str:
+def as_grafana_sends(expr: str, values: dict[str, str] | None = None) -> str:
     """A panel's query as Grafana sends it with every variable at "All" (the dashboard's allValue, ``.*``)."""
     values = values or {}
 
@@ -337,7 +363,11 @@ class Stack:
     while a test runs, but every idle kernel holding memory has a due time).
     """
 
-    NOTEBOOKS = [("plain", "explore.ipynb"), ("alice", "train.ipynb"), ("alice", "eval.ipynb")]
+    NOTEBOOKS: ClassVar[list[tuple[str, str]]] = [
+        ("plain", "explore.ipynb"),
+        ("alice", "train.ipynb"),
+        ("alice", "eval.ipynb"),
+    ]
 
     def __init__(self, home: Path, culler: bool = True) -> None:
         self.home = home
@@ -347,8 +377,11 @@ class Stack:
         self.plain = JupyterServer(home / "plain", args=args)
         self.alice = JupyterServer(home / "alice", base_url="/user/alice/", args=args)
         self.servers = [self.plain, self.alice]
-        self.prometheus: Optional[Prometheus] = None
-        self.instance = {id(self.plain): self.plain.address, id(self.alice): f"{self.alice.address}/user/alice"}
+        self.prometheus: Prometheus | None = None
+        self.instance = {
+            id(self.plain): self.plain.address,
+            id(self.alice): f"{self.alice.address}/user/alice",
+        }
         self.kernels: dict[str, tuple[JupyterServer, str]] = {}  # notebook -> (server, kernel id)
 
     def start(self) -> None:
@@ -363,11 +396,14 @@ class Stack:
         (self.home / "wrong-token").write_text("not-the-token")
         wrong = as_tested(jobs["jupyter"], self.plain.address, self.home / "wrong-token")
         wrong["job_name"] = "wrong-token"
-        self.prometheus = Prometheus(self.home, [
-            as_tested(jobs["jupyter"], self.plain.address, self.home / "plain-token"),
-            as_tested(jobs["jupyterhub"], self.alice.address, self.home / "alice-token"),
-            wrong,
-        ]).start()
+        self.prometheus = Prometheus(
+            self.home,
+            [
+                as_tested(jobs["jupyter"], self.plain.address, self.home / "plain-token"),
+                as_tested(jobs["jupyterhub"], self.alice.address, self.home / "alice-token"),
+                wrong,
+            ],
+        ).start()
         self.prometheus.wait_until_ready()
 
     def open_notebook(self, server_name: str, notebook: str, code: str = "x = 1") -> str:
@@ -395,7 +431,11 @@ class Stack:
             server.stop()
 
     def logs(self) -> str:
-        parts = [f"--- {s.base_url} ---\n{s.log()[-2000:]}" for s in self.servers if (s.home / "server.log").exists()]
+        parts = [
+            f"--- {s.base_url} ---\n{s.log()[-2000:]}"
+            for s in self.servers
+            if (s.home / "server.log").exists()
+        ]
         if self.prometheus is not None:
             parts.append(f"--- prometheus ---\n{self.prometheus.log()[-2000:]}")
         return "\n".join(parts)

@@ -22,7 +22,10 @@ from tfgpu_magic.kernel.monitor import THREAD_NAME, Sampler
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 ME = 4242
-TORCH = (ChartedFigure("allocated", "in_use_bytes", "allocated"), ChartedFigure("reserved", "reserved_bytes", "reserved"))
+TORCH = (
+    ChartedFigure("allocated", "in_use_bytes", "allocated"),
+    ChartedFigure("reserved", "reserved_bytes", "reserved"),
+)
 
 pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
 
@@ -36,11 +39,14 @@ def by_key(sample):
 
 
 # -- what the adapters answer --------------------------------------------------------------------------
-@pytest.mark.parametrize("adapter", [TensorFlow(), PyTorch(), Jax(), FakeTensorFlow()], ids=lambda a: type(a).__name__)
+@pytest.mark.parametrize(
+    "adapter", [TensorFlow(), PyTorch(), Jax(), FakeTensorFlow()], ids=lambda a: type(a).__name__
+)
 def test_every_adapter_answers_the_figures_questions_without_its_framework(adapter):
     assert isinstance(adapter, Framework)
-    assert adapter.charted_figures and all(f.field in {x.name for x in dataclasses.fields(DeviceMemory)}
-                                           for f in adapter.charted_figures)
+    assert adapter.charted_figures and all(
+        f.field in {x.name for x in dataclasses.fields(DeviceMemory)} for f in adapter.charted_figures
+    )
     assert adapter.figures_absent() is None  # not imported: nothing to say
 
 
@@ -62,8 +68,7 @@ def test_tensorflow_says_why_it_has_no_figures():
 # -- reading ----------------------------------------------------------------------------------------------
 def test_started_frameworks_are_read_and_mapped_to_nvidia_smi_numbers():
     tf = FakeTensorFlow(Stage.STARTED, gpus={"GPU:0": 1}, stats={"GPU:0": AllocatorStats(1 * GIB, 2 * GIB)})
-    torch = torch_like({"cuda:0": DeviceMemory(3 * GIB, 4 * GIB, reserved_bytes=5 * GIB)},
-                       numbering=None)
+    torch = torch_like({"cuda:0": DeviceMemory(3 * GIB, 4 * GIB, reserved_bytes=5 * GIB)}, numbering=None)
     torch.gpu_numbering = lambda cuda_map: {f"cuda:{k}": i for k, i in enumerate(cuda_map)}
     figures = allocator_figures.read([tf, torch], lambda: [2, 0], clock=lambda: 1700000000.0)
     assert figures.read_at == 1700000000.0 and figures.notes == ()
@@ -88,7 +93,9 @@ def test_imported_frameworks_without_figures_are_notes_and_the_others_are_left_o
     figures = allocator_figures.read(
         [
             torch_like(stage=Stage.IMPORTED, absent="on this build (CPU only: no CUDA allocator)"),
-            StandInFramework("jax", "JAX", (), stage=Stage.STARTED, absent="on this build (its CPU backend keeps none)"),
+            StandInFramework(
+                "jax", "JAX", (), stage=Stage.STARTED, absent="on this build (its CPU backend keeps none)"
+            ),
             StandInFramework("tensorflow", "TensorFlow", (), stage=Stage.NOT_IMPORTED, absent="never asked"),
         ],
         lambda: [0],
@@ -107,8 +114,9 @@ def test_a_failing_framework_is_a_note_and_the_others_are_still_read():
         raise RuntimeError("CUDA error: an illegal memory access")
 
     broken.device_memory = fails
-    fine = StandInFramework("jax", "JAX", (ChartedFigure("in_use", "in_use_bytes", "in use"),),
-                            {"jax:0": DeviceMemory(7, 8)})
+    fine = StandInFramework(
+        "jax", "JAX", (ChartedFigure("in_use", "in_use_bytes", "in use"),), {"jax:0": DeviceMemory(7, 8)}
+    )
     figures = allocator_figures.read([broken, fine], lambda: [3])
     assert figures.notes == (
         "PyTorch: allocator figures could not be read (RuntimeError: CUDA error: an illegal memory access)",
@@ -128,7 +136,10 @@ def test_devices_that_cannot_be_numbered_are_charted_on_their_own_with_a_note():
     assert device.gpu is None and device.label == "PyTorch cuda:0"
     sample = Sampler(Nvml(lib=shared_server(ME)), ME, figures=lambda: figures).tick()
     alone = by_key(sample)["pytorch:cuda:0"]
-    assert alone.label == "PyTorch cuda:0" and alone.figures == (("pytorch", "allocated", 1), ("pytorch", "reserved", 3))
+    assert alone.label == "PyTorch cuda:0" and alone.figures == (
+        ("pytorch", "allocated", 1),
+        ("pytorch", "reserved", 3),
+    )
     assert alone.total_bytes is None  # no driver readings for it: a gap, not 0
 
 
@@ -156,23 +167,34 @@ def test_publishing_never_raises_into_the_users_cell():
 
 # -- the sampler: figures per GPU, the older wire fields, and never a framework from its thread -----------------
 def test_the_sampler_puts_each_frameworks_figures_on_its_gpu_and_sums_logical_gpus():
-    tf = FakeTensorFlow(Stage.STARTED, gpus={"GPU:0": 1, "GPU:1": 1},
-                        stats={"GPU:0": AllocatorStats(100 * MIB, 150 * MIB), "GPU:1": AllocatorStats(300 * MIB, 320 * MIB)})
-    torch = torch_like({"cuda:0": DeviceMemory(1 * GIB, 2 * GIB, reserved_bytes=3 * GIB)}, numbering={"cuda:0": 1})
+    tf = FakeTensorFlow(
+        Stage.STARTED,
+        gpus={"GPU:0": 1, "GPU:1": 1},
+        stats={"GPU:0": AllocatorStats(100 * MIB, 150 * MIB), "GPU:1": AllocatorStats(300 * MIB, 320 * MIB)},
+    )
+    torch = torch_like(
+        {"cuda:0": DeviceMemory(1 * GIB, 2 * GIB, reserved_bytes=3 * GIB)}, numbering={"cuda:0": 1}
+    )
     board = Board()
     board.publish(lambda: [tf, torch], lambda: [0, 1, 2, 3])
     gpu1 = by_key(Sampler(Nvml(lib=shared_server(ME)), ME, figures=board.latest).tick())["gpu1"]
     assert gpu1.figures == (
-        ("tensorflow", "in_use", 400 * MIB), ("tensorflow", "peak", 470 * MIB),
-        ("pytorch", "allocated", 1 * GIB), ("pytorch", "reserved", 3 * GIB),
+        ("tensorflow", "in_use", 400 * MIB),
+        ("tensorflow", "peak", 470 * MIB),
+        ("pytorch", "allocated", 1 * GIB),
+        ("pytorch", "reserved", 3 * GIB),
     )
     assert (gpu1.tf_in_use_bytes, gpu1.tf_peak_bytes) == (400 * MIB, 470 * MIB)  # the stable wire fields
 
 
 def test_the_panel_sends_each_frameworks_series_with_its_label_and_the_notes():
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
-    torch = torch_like({"cuda:0": DeviceMemory(1 * GIB, 2 * GIB, reserved_bytes=3 * GIB)}, numbering={"cuda:0": 1})
-    jax = StandInFramework("jax", "JAX", (), stage=Stage.STARTED, absent="on this build (its CPU backend keeps none)")
+    torch = torch_like(
+        {"cuda:0": DeviceMemory(1 * GIB, 2 * GIB, reserved_bytes=3 * GIB)}, numbering={"cuda:0": 1}
+    )
+    jax = StandInFramework(
+        "jax", "JAX", (), stage=Stage.STARTED, absent="on this build (its CPU backend keeps none)"
+    )
     board = Board(clock=lambda: 1700000000.0)
     board.publish(lambda: [torch, jax], lambda: [0, 1])
     s = Sampler(Nvml(lib=shared_server(ME)), ME, figures=board.latest)
@@ -181,7 +203,9 @@ def test_the_panel_sends_each_frameworks_series_with_its_label_and_the_notes():
         {"framework": "pytorch", "series": "allocated", "label": "PyTorch allocator: allocated"},
         {"framework": "pytorch", "series": "reserved", "label": "PyTorch allocator: reserved"},
     ]
-    assert sent["d"]["gpu1"]["frameworks"] == {"pytorch": {"allocated": [GIB, GIB], "reserved": [3 * GIB, 3 * GIB]}}
+    assert sent["d"]["gpu1"]["frameworks"] == {
+        "pytorch": {"allocated": [GIB, GIB], "reserved": [3 * GIB, 3 * GIB]}
+    }
     assert "frameworks" not in sent["d"]["gpu0"]  # nothing of any framework there: no series, not zeros
     assert sent["figure_notes"] == ["JAX: no allocator figures on this build (its CPU backend keeps none)"]
     assert sent["figures_read_at"] == 1700000000.0
@@ -210,8 +234,10 @@ def test_the_sampler_thread_never_calls_an_adapter():
 def _recording(adapter, calls: list) -> None:
     """Wrap every method of a real adapter so that each call records its thread."""
     for name in dir(type(adapter)):
-        if name.startswith("__") or not callable(getattr(type(adapter), name, None)) or isinstance(
-            getattr(type(adapter), name), type
+        if (
+            name.startswith("__")
+            or not callable(getattr(type(adapter), name, None))
+            or isinstance(getattr(type(adapter), name), type)
         ):
             continue
         method = getattr(adapter, name)
@@ -259,14 +285,18 @@ def test_every_gpu_command_publishes(gpu):
     gpu("status --json")
     figures = board.latest()
     assert figures.read_at is not None
-    assert [(d.device, d.gpu, d.values) for d in figures.devices] == [("GPU:0", 1, (("in_use", 3 * MIB), ("peak", 4 * MIB)))]
+    assert [(d.device, d.gpu, d.values) for d in figures.devices] == [
+        ("GPU:0", 1, (("in_use", 3 * MIB), ("peak", 4 * MIB)))
+    ]
 
 
 def test_each_cell_end_publishes_and_a_second_install_replaces_the_first(shell, session):
     allocator_figures.install(shell, session)
     allocator_figures.install(shell, session)  # a second %load_ext
     try:
-        hooks = [h for h in shell.events.callbacks["post_run_cell"] if getattr(h, "__name__", "") == "after_cell"]
+        hooks = [
+            h for h in shell.events.callbacks["post_run_cell"] if getattr(h, "__name__", "") == "after_cell"
+        ]
         assert len(hooks) == 1
         board = allocator_figures.board_of(session)
         session.adapter("tensorflow").fake_stage = Stage.IMPORTED
@@ -277,11 +307,17 @@ def test_each_cell_end_publishes_and_a_second_install_replaces_the_first(shell, 
 
 
 # -- the trace: every started framework, by its adapter's name -----------------------------------------------
-def test_the_trace_reports_each_started_framework_by_name_and_says_once_which_keeps_no_figures(session, monkeypatch):
+def test_the_trace_reports_each_started_framework_by_name_and_says_once_which_keeps_no_figures(
+    session, monkeypatch
+):
     from tfgpu_magic.kernel import trace
 
-    torch = torch_like({"cuda:0": DeviceMemory(1 * GIB, 1 * GIB, reserved_bytes=2 * GIB)}, numbering={"cuda:0": 2})
-    jax = StandInFramework("jax", "JAX", (), stage=Stage.STARTED, absent="on this build (its CPU backend keeps none)")
+    torch = torch_like(
+        {"cuda:0": DeviceMemory(1 * GIB, 1 * GIB, reserved_bytes=2 * GIB)}, numbering={"cuda:0": 2}
+    )
+    jax = StandInFramework(
+        "jax", "JAX", (), stage=Stage.STARTED, absent="on this build (its CPU backend keeps none)"
+    )
     monkeypatch.setattr(session, "frameworks", lambda: (torch, jax))
     tracer = trace.Tracer(shell=None, session=session)
     tracer.pre_run_cell(None)
@@ -306,4 +342,6 @@ def test_the_trace_reply_names_the_frameworks_by_their_adapters(session, monkeyp
 
 
 def test_the_traces_no_stats_text_is_tensorflows_own():
-    assert FakeTensorFlow(Stage.STARTED).trace_absent().startswith("TensorFlow's allocator keeps no statistics")
+    assert (
+        FakeTensorFlow(Stage.STARTED).trace_absent().startswith("TensorFlow's allocator keeps no statistics")
+    )

@@ -10,12 +10,12 @@ import json
 from fakes import FakeTensorFlow
 
 from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import NVML_ERROR_UNKNOWN, NVMLError, shared_server
 from tfgpu_magic.kernel import monitor, oom, status
 from tfgpu_magic.kernel.session import Session
-from tfgpu_magic.frameworks import adapters
 
 GIB = 1 << 30
 HALF_OF_80G = 40960 * (1 << 20)  # `limit 50%` of an 80 GiB GPU, resolved in MiB
@@ -25,7 +25,11 @@ def started_session(*commands: str) -> tuple[Session, object]:
     """A kernel that asked ``commands``, imported TensorFlow (the hook gives it the request) and
     ran its first op on GPU 1."""
     server = shared_server()
-    session = Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow(gpus={"GPU:0": 1}, found=[1])))
+    session = Session(
+        nvml=Nvml(lib=server),
+        env={},
+        frameworks=adapters(tensorflow=FakeTensorFlow(gpus={"GPU:0": 1}, found=[1])),
+    )
     for command in commands:
         session.configure(grammar.parse(command))
     session._on_import(session.adapter("tensorflow"), None)
@@ -91,7 +95,9 @@ def test_a_resolution_made_while_a_command_holds_the_session_is_not_kept():
     new one: what it resolved is used for that reading only, never stored over the new request."""
     import threading
 
-    session = Session(nvml=Nvml(lib=shared_server()), env={}, frameworks=adapters(tensorflow=FakeTensorFlow()))
+    session = Session(
+        nvml=Nvml(lib=shared_server()), env={}, frameworks=adapters(tensorflow=FakeTensorFlow())
+    )
     with session._lock:  # as `configure` holds it
         seen = []
         reader = threading.Thread(target=lambda: seen.append(session.resolved()))

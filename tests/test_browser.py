@@ -27,7 +27,13 @@ from browser_support import (
 )
 
 LEGEND = [
-    "Time", "Total", "Used (all)", "This kernel", "Limit", "TensorFlow allocator: in use", "TensorFlow allocator: peak",
+    "Time",
+    "Total",
+    "Used (all)",
+    "This kernel",
+    "Limit",
+    "TensorFlow allocator: in use",
+    "TensorFlow allocator: peak",
     "GPU util",
 ]
 TITLES = [
@@ -41,7 +47,9 @@ CLOCK = r"^\d{1,2}:\d{2}:\d{2}( [AP]M)?$"  # the browser's locale: en-US in head
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"
+    ),
     pytest.mark.skipif(
         not (REPO / "tfgpu_magic" / "static" / "widget.js").is_file() or not has_labextension(),
         reason="the front ends are not built (npm install && npm run build)",
@@ -346,8 +354,10 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     page.wait_for_function("() => document.querySelector('#jp-right-stack .tfgpu-narrow')", timeout=10_000)
     width = panel.evaluate("el => el.clientWidth")
     assert width < 480
-    widest = panel.evaluate("el => Math.max(...[...el.querySelectorAll('.u-legend, canvas, .tfgpu-head')]"
-                            ".map(e => e.getBoundingClientRect().right)) - el.getBoundingClientRect().right")
+    widest = panel.evaluate(
+        "el => Math.max(...[...el.querySelectorAll('.u-legend, canvas, .tfgpu-head')]"
+        ".map(e => e.getBoundingClientRect().right)) - el.getBoundingClientRect().right"
+    )
     assert widest <= 1, f"something sticks out of the {width} px side bar by {widest} px"
     shot(panel, "monitor-sidebar-panel.png")
     assert page.locator(".jp-Notebook .tfgpu-monitor").count() == 0  # not in the notebook
@@ -358,22 +368,23 @@ def test_the_sidebar_opens_beside_the_notebook(open_notebook):
     run_cell(page, 2)
     page.locator(".jp-Notebook .tfgpu-monitor").wait_for(timeout=30_000)
     time.sleep(0.5)  # its ResizeObserver has run
-    assert "tfgpu-narrow" not in page.locator(".jp-Notebook .tfgpu-monitor").get_attribute("class")  # 1200 px wide
+    assert "tfgpu-narrow" not in page.locator(".jp-Notebook .tfgpu-monitor").get_attribute(
+        "class"
+    )  # 1200 px wide
     interval = panel.locator(".tfgpu-select").first
-    page.wait_for_function(
-        "el => el.value === '1'", arg=interval.element_handle(), timeout=15_000
-    )
+    page.wait_for_function("el => el.value === '1'", arg=interval.element_handle(), timeout=15_000)
     shot(page, "monitor-two-panels.png")
     run_cell(page, 3)
     assert wait_for_output(page, 3, "sampler running:").startswith("sampler running: True")
-
 
 
 def test_use_auto_hides_gpus_with_a_note_and_a_later_panel_titles_the_visible_ones(open_notebook):
     page = open_notebook("useauto.ipynb")
     run_cell(page, 0)
     run_cell(page, 1)
-    page.wait_for_function("() => +document.querySelector('.tfgpu-monitor')?.dataset.points >= 3", timeout=60_000)
+    page.wait_for_function(
+        "() => +document.querySelector('.tfgpu-monitor')?.dataset.points >= 3", timeout=60_000
+    )
     first = page.locator(".tfgpu-monitor").first
     assert first.locator(".tfgpu-device-title").all_inner_texts() == TITLES[:4]
     run_cell(page, 2)
@@ -383,13 +394,17 @@ def test_use_auto_hides_gpus_with_a_note_and_a_later_panel_titles_the_visible_on
         "() => document.querySelectorAll('.tfgpu-monitor')[0].querySelectorAll('.tfgpu-gone').length === 3",
         timeout=15_000,
     )
-    assert [n.strip() for n in notes.all_inner_texts()].count("hidden from this kernel's frameworks by %gpu use; no longer sampled") == 3
+    assert [n.strip() for n in notes.all_inner_texts()].count(
+        "hidden from this kernel's frameworks by %gpu use; no longer sampled"
+    ) == 3
     shot(first, "monitor-use-auto-first.png")
 
     run_cell(page, 3)  # a panel opened after `%gpu use auto`, without --interval
     page.wait_for_function("() => document.querySelectorAll('.tfgpu-monitor').length === 2", timeout=30_000)
     later = page.locator(".tfgpu-monitor").nth(1)
-    page.wait_for_function("() => +document.querySelectorAll('.tfgpu-monitor')[1].dataset.points >= 3", timeout=30_000)
+    page.wait_for_function(
+        "() => +document.querySelectorAll('.tfgpu-monitor')[1].dataset.points >= 3", timeout=30_000
+    )
     assert later.locator(".tfgpu-device-title").all_inner_texts() == ["GPU 1 · NVIDIA A100-SXM4-80GB"]
     # One GPU takes the whole width, not one column of two (issue 16, item 8).
     card, row = later.locator(".tfgpu-device").bounding_box(), later.locator(".tfgpu-devices").bounding_box()
@@ -416,12 +431,27 @@ def test_frameworks_without_allocator_figures_are_named_and_a_started_one_is_dra
     finally:
         shot(page, "frameworks-without-figures.png")
     cuda = "CPU only: no CUDA allocator" if "torch None" in printed else "until it starts CUDA"
-    assert figures.inner_text().strip() == (
-        f"PyTorch: no allocator figures on this build ({cuda})"
-        if cuda.startswith("CPU") else f"PyTorch: no allocator figures {cuda} (not started in this kernel)"
-    ) + " · JAX: no allocator figures on this build (its CPU backend keeps none)"
-    legend = [t.strip() for t in panel.locator(".tfgpu-device").first.locator(".u-legend .u-series th").all_inner_texts()]
-    assert legend == ["Time", "Total", "Used (all)", "This kernel", "Limit", "GPU util"]  # no framework line at all
+    assert (
+        figures.inner_text().strip()
+        == (
+            f"PyTorch: no allocator figures on this build ({cuda})"
+            if cuda.startswith("CPU")
+            else f"PyTorch: no allocator figures {cuda} (not started in this kernel)"
+        )
+        + " · JAX: no allocator figures on this build (its CPU backend keeps none)"
+    )
+    legend = [
+        t.strip()
+        for t in panel.locator(".tfgpu-device").first.locator(".u-legend .u-series th").all_inner_texts()
+    ]
+    assert legend == [
+        "Time",
+        "Total",
+        "Used (all)",
+        "This kernel",
+        "Limit",
+        "GPU util",
+    ]  # no framework line at all
     shot(panel, "frameworks-notes.png")
 
     run_cell(page, 3)
@@ -441,8 +471,14 @@ def test_frameworks_without_allocator_figures_are_named_and_a_started_one_is_dra
     card = panel.locator(".tfgpu-device").first
     legend = [t.strip() for t in card.locator(".u-legend .u-series th").all_inner_texts()]
     assert legend == [
-        "Time", "Total", "Used (all)", "This kernel", "Limit",
-        "PyTorch allocator: allocated", "PyTorch allocator: reserved", "GPU util",
+        "Time",
+        "Total",
+        "Used (all)",
+        "This kernel",
+        "Limit",
+        "PyTorch allocator: allocated",
+        "PyTorch allocator: reserved",
+        "GPU util",
     ]
     key = card.get_attribute("data-key")
     gib = 2**30

@@ -16,7 +16,10 @@ def test_every_open_page_is_saved_with_its_dialogs_text():
         page.set_content('<div class="jp-Dialog"><h2>Select Kernel</h2><p>Kernel: Python 3</p></div>')
         saved = save_failure_artifacts("tests/test_x.py::test_y[a b]")
     names = sorted(p.name for p in saved)
-    assert names == ["FAILED-tests_test_x.py__test_y_a_b_-page0.png", "FAILED-tests_test_x.py__test_y_a_b_-page0.txt"]
+    assert names == [
+        "FAILED-tests_test_x.py__test_y_a_b_-page0.png",
+        "FAILED-tests_test_x.py__test_y_a_b_-page0.txt",
+    ]
     assert (ARTIFACTS / names[0]).stat().st_size > 0
     text = (ARTIFACTS / names[1]).read_text()
     assert "open dialog: Select Kernel Kernel: Python 3" in text
@@ -47,10 +50,15 @@ def test_the_hook_runs_when_a_browser_test_fails(pytester, monkeypatch):
             assert False
         """
     )
-    result = pytester.runpytest_subprocess("-p", "conftest", "-p", "no:cacheprovider", "-o", "markers=browser: x")
+    result = pytester.runpytest_subprocess(
+        "-p", "conftest", "-p", "no:cacheprovider", "-o", "markers=browser: x"
+    )
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "browser artefacts" in out and "FAILED-test_the_hook_runs_when_a_browser_test_fails.py__test_fails-page0.png" in out
+    assert (
+        "browser artefacts" in out
+        and "FAILED-test_the_hook_runs_when_a_browser_test_fails.py__test_fails-page0.png" in out
+    )
     text = ARTIFACTS / "FAILED-test_the_hook_runs_when_a_browser_test_fails.py__test_fails-page0.txt"
     assert "open dialog: Kernel Restarting" in text.read_text()
     for path in ARTIFACTS.glob("FAILED-test_the_hook_runs_when_a_browser_test_fails.py__test_fails-*"):

@@ -68,8 +68,14 @@ def test_a_peak_equal_to_the_budget_passes_one_byte_more_fails():
 
 
 def test_every_device_is_checked():
-    with pytest.raises(BudgetExceeded, match=r"^GPU 2 \(TF GPU:1\): the cell's peak was 3,072 MiB, over its budget of 2,048 MiB"):
-        check_budget(2048 * MIB, {"GPU 1 (TF GPU:0)": (0, MIB, "TensorFlow"), "GPU 2 (TF GPU:1)": (MIB, 3073 * MIB, "TensorFlow")})
+    with pytest.raises(
+        BudgetExceeded,
+        match=r"^GPU 2 \(TF GPU:1\): the cell's peak was 3,072 MiB, over its budget of 2,048 MiB",
+    ):
+        check_budget(
+            2048 * MIB,
+            {"GPU 1 (TF GPU:0)": (0, MIB, "TensorFlow"), "GPU 2 (TF GPU:1)": (MIB, 3073 * MIB, "TensorFlow")},
+        )
 
 
 # -- a real kernel ---------------------------------------------------------------------------------

@@ -83,7 +83,9 @@ def test_the_directory_is_shared_by_every_user_and_each_claim_file_by_its_owner(
     info = mine.stat()
     assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.geteuid(), 0o644)  # only its owner writes it
     assert mine.read_text() == f"pid={os.getpid()}\nkey=GPU-aaa\n"
-    assert stat.S_IMODE((claim_dir / "tfgpu_magic-choose.lock").stat().st_mode) == 0o644  # flock needs no write access
+    assert (
+        stat.S_IMODE((claim_dir / "tfgpu_magic-choose.lock").stat().st_mode) == 0o644
+    )  # flock needs no write access
     claims.release("GPU-aaa")
     assert claim_files(claim_dir) == []  # released: its file goes too
 
@@ -146,7 +148,9 @@ def test_a_stuck_chooser_stalls_others_only_briefly(claim_dir, monkeypatch):
         ]
         notes: list[str] = []
         with monkeypatch.context() as patched:  # readers never even try the lock (issue 17)
-            patched.setattr(claims, "_flock_within", lambda *a: pytest.fail("a reader waited for the choose lock"))
+            patched.setattr(
+                claims, "_flock_within", lambda *a: pytest.fail("a reader waited for the choose lock")
+            )
             assert claims.holders(["GPU-eee"], notes=notes)["GPU-eee"].this_process
         assert notes == []
     finally:
@@ -160,7 +164,10 @@ def test_a_file_in_place_of_the_directory_is_reported(tmp_path, monkeypatch):
     with pytest.raises(claims.ClaimError) as info:
         with claims.choosing():
             pass
-    assert str(info.value) == f"the claim path {blocker} is not a directory (set $TFGPU_MAGIC_CLAIM_DIR to another)"
+    assert (
+        str(info.value)
+        == f"the claim path {blocker} is not a directory (set $TFGPU_MAGIC_CLAIM_DIR to another)"
+    )
 
 
 def test_a_forked_child_does_not_keep_the_parents_claim():
@@ -276,4 +283,8 @@ def test_a_strict_umask_still_lets_others_see_and_lock(claim_dir):
         os.umask(old)
     [mine] = claim_files(claim_dir)
     assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o1777
-    assert stat.S_IMODE(mine.stat().st_mode) == stat.S_IMODE((claim_dir / "tfgpu_magic-choose.lock").stat().st_mode) == 0o644
+    assert (
+        stat.S_IMODE(mine.stat().st_mode)
+        == stat.S_IMODE((claim_dir / "tfgpu_magic-choose.lock").stat().st_mode)
+        == 0o644
+    )

@@ -24,8 +24,9 @@ import subprocess
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 
@@ -46,8 +47,15 @@ TABLE: list[tuple[str, str, str]] = []  # (attack, by whom, result) for the summ
 class Child:
     """A forked child running as ``uid``: its result comes back through a pipe; it may stay alive."""
 
-    def __init__(self, uid: Optional[int], fn: Callable[..., Any], *args: Any, hold: bool = False,
-                 timeout: float = 15.0, before: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        uid: int | None,
+        fn: Callable[..., Any],
+        *args: Any,
+        hold: bool = False,
+        timeout: float = 15.0,
+        before: Callable[[], None] | None = None,
+    ):
         result_r, result_w = os.pipe()
         hold_r, hold_w = os.pipe()
         pid = os.fork()
@@ -66,11 +74,11 @@ class Child:
                     value: Any = ("ok", fn(*args))
                 except claims.ClaimError as err:
                     value = ("ClaimError", str(err))
-                except BaseException:  # noqa: BLE001 - a traceback is what the tests look for
+                except BaseException:
                     value = ("traceback", traceback.format_exc())
                 try:
                     data = pickle.dumps(value)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     data = pickle.dumps(("traceback", "unpicklable result " + repr(value)))
                 os.write(result_w, data)
                 os.close(result_w)
@@ -116,7 +124,7 @@ class Child:
             os.waitpid(self.pid, 0)
 
 
-def as_user(uid: Optional[int], fn: Callable[..., Any], *args: Any, timeout: float = 15.0, **kw: Any) -> Any:
+def as_user(uid: int | None, fn: Callable[..., Any], *args: Any, timeout: float = 15.0, **kw: Any) -> Any:
     child = Child(uid, fn, *args, timeout=timeout, **kw)
     child.stop()
     return child.result
@@ -142,8 +150,14 @@ def look(keys: list[str]) -> dict[str, Any]:
         found = claims.holders(keys)
     return {
         "holders": {
-            k: None if h is None else {"uid": getattr(h, "uid", "no uid field"), "pid": h.pid,
-                                       "text": h.describe(), "user": h.user}
+            k: None
+            if h is None
+            else {
+                "uid": getattr(h, "uid", "no uid field"),
+                "pid": h.pid,
+                "text": h.describe(),
+                "user": h.user,
+            }
             for k, h in found.items()
         },
         "notes": notes,
@@ -185,6 +199,7 @@ def attack_table():
         out.mkdir(exist_ok=True)
         (out / "claims-attack-table.txt").write_text("\n".join(lines) + "\n")
 
+
 @pytest.fixture
 def shared(monkeypatch):
     """A claim directory like the real one (root's, mode 1777) that the test uids can reach."""
@@ -218,7 +233,9 @@ def clean(result: Any) -> None:
 
 
 def no_raw_escapes(view: dict) -> None:
-    shown = [h["text"] for h in view["holders"].values() if h] + [str(h["user"]) for h in view["holders"].values() if h]
+    shown = [h["text"] for h in view["holders"].values() if h] + [
+        str(h["user"]) for h in view["holders"].values() if h
+    ]
     for text in shown + list(view["notes"]):
         assert not any(ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0 for ch in text), repr(text)
 
@@ -297,7 +314,9 @@ def test_forged_records_of_bs_own_are_shown_as_b_and_harmless(shared):
     directory, children = shared
     a_holds(children)
     start(B, hold_forged, str(directory / f"{SAFE}.{B}.00000000000000aa.lock"), children=children)
-    start(B, hold_forged, str(directory / f"{SAFE}.{A}.00000000000000bb.lock"), children=children)  # named as A
+    start(
+        B, hold_forged, str(directory / f"{SAFE}.{A}.00000000000000bb.lock"), children=children
+    )  # named as A
     result = as_user(C, look, [KEY])
     clean(result)
     no_raw_escapes(result[1])
@@ -308,7 +327,11 @@ def test_forged_records_of_bs_own_are_shown_as_b_and_harmless(shared):
 def hold_forged_pid(directory: str, key: str) -> int:
     """B's own claim, under B's real identity, with a record that says pid 4242 and alice."""
     pid = os.getpid()
-    fd = os.open(os.path.join(directory, f"{key}.{B}.{pid}.{start_of(pid)}.lock"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(
+        os.path.join(directory, f"{key}.{B}.{pid}.{start_of(pid)}.lock"),
+        os.O_RDWR | os.O_CREAT | os.O_EXCL,
+        0o644,
+    )
     os.write(fd, f"pid=4242\nkey={key}\nuser=alice\n".encode())
     fcntl.flock(fd, fcntl.LOCK_EX)
     return pid
@@ -327,7 +350,11 @@ def test_a_forged_pid_and_user_name_are_attributed_to_their_real_owner(shared):
     assert found is not None and found["uid"] == B and "alice" not in found["text"], found
     assert found["text"] == f"pid {b_kernel.pid} (uid {B})"  # the process table's pid, not the record's
     TABLE.append(
-        ("forged `pid=4242 user=alice` in B's own claim", "B", "shown as B's real pid and uid: the record is not believed")
+        (
+            "forged `pid=4242 user=alice` in B's own claim",
+            "B",
+            "shown as B's real pid and uid: the record is not believed",
+        )
     )
 
 
@@ -341,9 +368,9 @@ def test_a_claim_cannot_be_deleted_or_replaced_by_another_user(shared):
         out = []
         for name in names:
             path = os.path.join(directory, name)
-            out.append(errno_of(lambda: os.unlink(path)))
-            out.append(errno_of(lambda: os.rename(path, path + ".x")))
-            out.append(errno_of(lambda: os.symlink("/etc/passwd", path)))
+            out.append(errno_of(lambda path=path: os.unlink(path)))
+            out.append(errno_of(lambda path=path: os.rename(path, path + ".x")))
+            out.append(errno_of(lambda path=path: os.symlink("/etc/passwd", path)))
         return out
 
     result = as_user(B, delete_all, str(directory), names)
@@ -354,7 +381,7 @@ def test_a_claim_cannot_be_deleted_or_replaced_by_another_user(shared):
 
 
 def test_running_the_reader_first_gives_nobody_the_directory(monkeypatch, shared):
-    directory, children = shared
+    directory, _children = shared
     fresh = directory.parent / "fresh"
     os.chmod(directory.parent, 0o1777)  # like /tmp: anyone can create the claim directory
     monkeypatch.setenv(claims.ENV_DIR, str(fresh))
@@ -368,7 +395,7 @@ def test_running_the_reader_first_gives_nobody_the_directory(monkeypatch, shared
 
 @pytest.mark.parametrize("mode", [0o700, 0o755, 0o1777, 0o777])
 def test_a_directory_made_by_another_user_is_refused_in_one_line(monkeypatch, shared, mode):
-    directory, children = shared
+    directory, _children = shared
     theirs = directory.parent / f"theirs-{mode:o}"
     theirs.mkdir()
     os.chown(theirs, B, B)
@@ -383,7 +410,7 @@ def test_a_directory_made_by_another_user_is_refused_in_one_line(monkeypatch, sh
 
 
 def test_a_root_directory_writable_by_all_without_the_sticky_bit_is_refused(shared):
-    directory, children = shared
+    directory, _children = shared
     os.chmod(directory, 0o777)
     result = as_user(A, take, KEY)
     clean(result)
@@ -392,7 +419,7 @@ def test_a_root_directory_writable_by_all_without_the_sticky_bit_is_refused(shar
 
 
 def test_a_symlink_in_place_of_the_directory_is_refused(monkeypatch, shared):
-    directory, children = shared
+    directory, _children = shared
     os.chmod(directory.parent, 0o1777)
     target = directory.parent / "b-dir"
     as_user(B, os.mkdir, str(target), 0o777)
@@ -430,13 +457,15 @@ def test_symlinks_0600_files_and_directories_under_claim_names_are_skipped(share
     result = as_user(C, look, [KEY, KEY2])
     clean(result)
     view = result[1]
-    assert view["holders"][KEY2] is not None and view["holders"][KEY2]["uid"] == A, view  # one bad entry hides nothing
+    assert view["holders"][KEY2] is not None and view["holders"][KEY2]["uid"] == A, (
+        view
+    )  # one bad entry hides nothing
     assert any("that are not claim files" in note for note in view["notes"]), view  # counted, never opened
     a_still_holds(attack="symlink, 0600 file, directory and socket under claim names")
 
 
 def test_a_read_only_claim_directory_gives_one_line(shared):
-    directory, children = shared
+    directory, _children = shared
     os.chmod(directory, 0o555)
     result = as_user(A, take, KEY)
     clean(result)
@@ -446,13 +475,16 @@ def test_a_read_only_claim_directory_gives_one_line(shared):
 
 
 def _mount_tmpfs(directory: Path, options: str) -> bool:
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
-                          stderr=subprocess.DEVNULL, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
     return done.returncode == 0
 
 
 def test_a_read_only_file_system_gives_one_line(shared):
-    directory, children = shared
+    directory, _children = shared
     if not _mount_tmpfs(directory, "size=256k,mode=1777"):
         pytest.skip("cannot mount a tmpfs here")
     subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
@@ -464,7 +496,7 @@ def test_a_read_only_file_system_gives_one_line(shared):
 
 
 def test_a_full_file_system_gives_one_line(shared):
-    directory, children = shared
+    directory, _children = shared
     if not _mount_tmpfs(directory, "size=64k,mode=1777"):
         pytest.skip("cannot mount a tmpfs here")
     with contextlib.suppress(OSError), open(directory / "filler", "wb") as f:
@@ -482,7 +514,7 @@ def test_a_full_file_system_gives_one_line(shared):
 
 
 def test_a_file_size_limit_on_the_record_gives_one_line(shared):
-    directory, children = shared
+    directory, _children = shared
 
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -493,7 +525,9 @@ def test_a_file_size_limit_on_the_record_gives_one_line(shared):
     assert result[0] == "ClaimError", result
     assert as_user(C, look, [KEY])[1]["holders"][KEY] is None
     assert owned_by(str(directory), A) == []  # nothing left behind
-    TABLE.append(("claim record cannot be written (RLIMIT_FSIZE 0)", "A's own limit", result[1] + " (nothing left)"))
+    TABLE.append(
+        ("claim record cannot be written (RLIMIT_FSIZE 0)", "A's own limit", result[1] + " (nothing left)")
+    )
 
 
 def hold_choose_lock(directory: str) -> bool:
@@ -569,7 +603,9 @@ def lock_and_leave(path: str, how: str) -> bool:
     """Lock ``path`` in a child that outlives the process that took the lock (issue 17, item 1):
     /proc/locks then names a pid that no longer exists."""
     if how == "flock(1)":
-        subprocess.run(["flock", "-x", "-n", path, "sh", "-c", "sleep 300 >/dev/null 2>&1 &"], check=True, timeout=10)
+        subprocess.run(
+            ["flock", "-x", "-n", path, "sh", "-c", "sleep 300 >/dev/null 2>&1 &"], check=True, timeout=10
+        )
         return True
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -599,8 +635,16 @@ def test_a_lock_left_by_a_dead_locker_on_a_dead_kernels_file_keeps_no_claim_aliv
         assert as_user(A, take, KEY) == ("ok", True)  # as can A's own new kernel
         assert not any((directory / name).exists() for name in leftovers)  # which removed its left-over
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", str(B)], check=False)  # the lockers' children (B runs nothing else)
-    TABLE.append((f"lock a dead kernel's left-over, then let the locker exit ({how})", "B", "no claim: A, C take the GPU"))
+        subprocess.run(
+            ["pkill", "-KILL", "-u", str(B)], check=False
+        )  # the lockers' children (B runs nothing else)
+    TABLE.append(
+        (
+            f"lock a dead kernel's left-over, then let the locker exit ({how})",
+            "B",
+            "no claim: A, C take the GPU",
+        )
+    )
 
 
 def claim_and_release_forever(key: str) -> bool:
@@ -634,7 +678,9 @@ def test_kernels_killed_while_claiming_leave_nothing_that_lasts(shared):
     a_holds(children)
     left = sorted(n for n in os.listdir(directory) if n != "tfgpu_magic-choose.lock")
     assert len(left) == 1 and left[0].startswith(f"{SAFE}.{A}."), left  # only A's live claim
-    TABLE.append(("300 kill -9 during A's claims", "A's own bad luck", "no note for anyone; A's next claim cleans up"))
+    TABLE.append(
+        ("300 kill -9 during A's claims", "A's own bad luck", "no note for anyone; A's next claim cleans up")
+    )
 
 
 def plant_flood(directory: str, count: int) -> int:
@@ -687,7 +733,9 @@ def test_a_flooded_claim_directory_costs_readers_nothing_per_entry(shared):
     assert view["holders"][KEY]["uid"] == A, view
     assert calls["open"] + calls["stat"] < 20, calls
     assert any("that are not claim files" in note for note in view["notes"]), view
-    a_still_holds(attack=f"20,000 entries named like claims (a reader made {calls['open'] + calls['stat']} file calls)")
+    a_still_holds(
+        attack=f"20,000 entries named like claims (a reader made {calls['open'] + calls['stat']} file calls)"
+    )
 
 
 def test_a_hard_link_to_a_claim_does_not_claim_another_gpu(shared):
@@ -711,7 +759,11 @@ def test_escape_sequences_in_entry_names_are_neutralised(shared):
     directory, children = shared
 
     def plant(directory: str) -> None:
-        for name in (f"{SAFE}.\x1b[2J\x1b]0;pwn\x07.x.lock", f"{SAFE}.{B}.\x9b31m.lock", f"{SAFE}.{B}.\u202e.lock"):
+        for name in (
+            f"{SAFE}.\x1b[2J\x1b]0;pwn\x07.x.lock",
+            f"{SAFE}.{B}.\x9b31m.lock",
+            f"{SAFE}.{B}.\u202e.lock",
+        ):
             Path(directory, name).write_text("")
         Path(directory, f"{SAFE}.{A}.0000000000000fed.lock").write_text("")
 
@@ -729,7 +781,7 @@ def racer(key: str, go: int) -> bool:
 
 
 def test_racing_users_without_the_directory_lock_never_share_a_gpu(shared):
-    directory, children = shared
+    _directory, _children = shared
     rounds_won = 0
     for round_ in range(8):
         go_r, go_w = os.pipe()
@@ -763,9 +815,16 @@ def test_racing_users_without_the_directory_lock_never_share_a_gpu(shared):
             os.waitpid(pid, 0)
         os.close(go_r)
         os.close(go_w)
-        assert set(won) <= {b"0", b"1"} and won.count(b"1") <= 1, (round_, won)  # no error, one winner at most
+        assert set(won) <= {b"0", b"1"} and won.count(b"1") <= 1, (
+            round_,
+            won,
+        )  # no error, one winner at most
         rounds_won += won.count(b"1")
     assert rounds_won >= 1  # racing does not simply make everyone lose
     TABLE.append(
-        ("three users claim one GPU at the same instant, no directory lock", "A, B, C", "never two winners (8 rounds)")
+        (
+            "three users claim one GPU at the same instant, no directory lock",
+            "A, B, C",
+            "never two winners (8 rounds)",
+        )
     )

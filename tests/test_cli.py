@@ -20,7 +20,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-W", "error", "-m", "tfgpu_magic", *args],
-        capture_output=True, text=True, env=env, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=ROOT,
     )
 
 
@@ -57,10 +61,16 @@ def test_runs_as_a_module_without_ipython_or_tensorflow():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["gpus"][3]["processes"][0]["alive"] is False
     probe = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, tfgpu_magic.__main__ as m; m.main(['--demo']); "
-         "print(sorted(k for k in ('IPython', 'tensorflow', 'pynvml') if k in sys.modules))"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import sys, tfgpu_magic.__main__ as m; m.main(['--demo']); "
+            "print(sorted(k for k in ('IPython', 'tensorflow', 'pynvml') if k in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
     )
     assert probe.stdout.splitlines()[-1] == "[]"
 

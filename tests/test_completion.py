@@ -83,7 +83,9 @@ def test_load_ext_registers_the_completion():
         "    print([c.text for c in ip.Completer.completions('%gpu monitor --s', 16)])\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT
+    )
     assert out.stdout.strip().splitlines()[-1] == "['--sidebar']"
 
 

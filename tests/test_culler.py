@@ -12,11 +12,11 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, ClassVar
 
 import pytest
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
 from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
+from pytest_jupyter.jupyter_server import *  # noqa: F403  the fixtures: jp_serverapp, jp_fetch, ...
 from traitlets import TraitError
 
 from tfgpu_magic.gpus.simulated import LiveKernelsNvml, SimulatedGpu, SimulatedProcess
@@ -31,8 +31,13 @@ AN_HOUR_AGO = "2026-11-18T10:06:40.000000Z"
 
 def kernel(**fields: Any) -> dict[str, Any]:
     entry = {
-        "id": "k", "name": "python3", "path": "a.ipynb", "execution_state": "idle", "last_activity": AN_HOUR_AGO,
-        "gpu_memory_bytes": {"1": 8 * GIB}, "total_gpu_memory_bytes": 8 * GIB,
+        "id": "k",
+        "name": "python3",
+        "path": "a.ipynb",
+        "execution_state": "idle",
+        "last_activity": AN_HOUR_AGO,
+        "gpu_memory_bytes": {"1": 8 * GIB},
+        "total_gpu_memory_bytes": 8 * GIB,
     }
     return {**entry, **fields}
 
@@ -101,7 +106,7 @@ def test_the_reply_says_the_policy_and_when_each_kernel_is_due():
 
 # -- one pass, with stand-ins for the server ----------------------------------------------------
 class Server:
-    def __init__(self, live: dict[str, tuple[str, Optional[float]]]) -> None:
+    def __init__(self, live: dict[str, tuple[str, float | None]]) -> None:
         self.live = live
         self.shut: list[str] = []
 
@@ -110,7 +115,7 @@ class Server:
         self.live.pop(kernel_id)
 
 
-def one_pass(entries: list[dict[str, Any]], live: dict[str, tuple[str, Optional[float]]], caplog) -> list[str]:
+def one_pass(entries: list[dict[str, Any]], live: dict[str, tuple[str, float | None]], caplog) -> list[str]:
     server = Server(live)
     before = {"gpus": [{"index": 1, "memory_used_bytes": 30 * GIB, "split": {}}], "kernels": entries}
     after = {"gpus": [{"index": 1, "memory_used_bytes": 22 * GIB, "split": {}}], "kernels": []}
@@ -122,11 +127,18 @@ def one_pass(entries: list[dict[str, Any]], live: dict[str, tuple[str, Optional[
     async def fresh():
         return next(fresh_readings)
 
-    def state(kernel_id: str) -> Optional[LiveState]:
+    def state(kernel_id: str) -> LiveState | None:
         return LiveState(*server.live[kernel_id]) if kernel_id in server.live else None
 
-    culler = Culler(CullPolicy(after_s=60), reading, fresh, state, server.shutdown,
-                    logging.getLogger("culler-test"), clock=lambda: NOW)
+    culler = Culler(
+        CullPolicy(after_s=60),
+        reading,
+        fresh,
+        state,
+        server.shutdown,
+        logging.getLogger("culler-test"),
+        clock=lambda: NOW,
+    )
     with caplog.at_level(logging.WARNING, "culler-test"):
         return asyncio.run(culler.check())
 
@@ -134,8 +146,14 @@ def one_pass(entries: list[dict[str, Any]], live: dict[str, tuple[str, Optional[
 def test_a_due_kernel_is_shut_down_and_the_log_says_what_it_held_and_what_came_back(caplog):
     read_at = NOW - 3600
     assert one_pass([kernel(id="a")], {"a": ("idle", read_at)}, caplog) == ["a"]
-    assert "shut down kernel a (a.ipynb, python3): idle 60 min while holding GPU memory (GPU 1: 8,192 MiB" in caplog.text
-    assert "GPU 1: 30.0 GiB in use before the culling, 22.0 GiB after (8,192 MiB back, the driver's reading)" in caplog.text
+    assert (
+        "shut down kernel a (a.ipynb, python3): idle 60 min while holding GPU memory (GPU 1: 8,192 MiB"
+        in caplog.text
+    )
+    assert (
+        "GPU 1: 30.0 GiB in use before the culling, 22.0 GiB after (8,192 MiB back, the driver's reading)"
+        in caplog.text
+    )
 
 
 def test_a_kernel_that_ran_a_cell_since_the_reading_is_spared(caplog):
@@ -155,8 +173,11 @@ def test_memory_change_lines_without_a_reading_say_so():
 def test_no_memory_is_said_to_come_back_unless_the_driver_shows_less_in_use():
     """Issue 28, 3: the same use before and after (or more) is no gain, and a listed pid is said."""
     before = {"pids_visible": True, "gpus": [{"index": 1, "memory_used_bytes": 30 * GIB}]}
-    after = {"pids_visible": True, "gpus": [{"index": 1, "memory_used_bytes": 31 * GIB}],
-             "unattributed": [{"gpu": 1, "pid": 42, "used_memory_bytes": 8 * GIB}]}
+    after = {
+        "pids_visible": True,
+        "gpus": [{"index": 1, "memory_used_bytes": 31 * GIB}],
+        "unattributed": [{"gpu": 1, "pid": 42, "used_memory_bytes": 8 * GIB}],
+    }
     assert memory_change_lines(before, after, [kernel(pid=42, child_pids=[])]) == [
         "tfgpu_magic: GPU 1: 30.0 GiB in use before the culling, 31.0 GiB after: the driver shows no memory freed yet",
         "tfgpu_magic: the driver still lists pid 42 of the culled kernels",
@@ -167,15 +188,24 @@ def test_no_memory_is_said_to_come_back_unless_the_driver_shows_less_in_use():
 class Manager:
     """A kernel manager's message rule, as jupyter_server's (its default untracked types)."""
 
-    untracked = set(MappingKernelManager.class_traits()["untracked_message_types"].default())
+    untracked: ClassVar[set[str]] = set(
+        MappingKernelManager.class_traits()["untracked_message_types"].default()
+    )
 
     def track_message_type(self, message_type):
         return message_type not in self.untracked
 
 
-def iopub(msg_type: str, parent_type: Optional[str] = None, parent_id: str = "", subshell: Optional[str] = None,
-          **content: Any) -> dict[str, Any]:
-    parent = {} if parent_type is None else {"msg_type": parent_type, "msg_id": parent_id, "subshell_id": subshell}
+def iopub(
+    msg_type: str,
+    parent_type: str | None = None,
+    parent_id: str = "",
+    subshell: str | None = None,
+    **content: Any,
+) -> dict[str, Any]:
+    parent = (
+        {} if parent_type is None else {"msg_type": parent_type, "msg_id": parent_id, "subshell_id": subshell}
+    )
     return {"header": {"msg_type": msg_type}, "parent_header": parent, "content": content}
 
 
@@ -198,7 +228,9 @@ def test_a_lost_idle_is_healed_by_the_next_cell_of_the_same_shell_only():
     watcher, activity = watching([10.0])
     watcher.record(activity, iopub("status", "execute_request", "e1", execution_state="busy"))
     watcher.record(activity, iopub("execute_input", "execute_request", "s1", subshell="sub"))
-    watcher.record(activity, iopub("status", "execute_request", "e2", execution_state="busy"))  # e1's idle was lost
+    watcher.record(
+        activity, iopub("status", "execute_request", "e2", execution_state="busy")
+    )  # e1's idle was lost
     watcher.record(activity, iopub("status", "execute_request", "e2", execution_state="idle"))
     assert activity.executing == {"sub": "s1"}  # the subshell's cell still runs
     watcher.record(activity, iopub("status", "execute_request", "s1", subshell="sub", execution_state="idle"))
@@ -212,20 +244,35 @@ def test_the_panels_messages_are_not_activity_and_the_users_are():
     now = [10.0]
     watcher, activity = watching(now)
     state = {"_anywidget_id": "tfgpu_magic.kernel.widget.MemoryPanel"}
-    watcher.record(activity, iopub("comm_open", "execute_request", "e1", comm_id="panel", target_name="jupyter.widget",
-                                   data={"state": state}))
+    watcher.record(
+        activity,
+        iopub(
+            "comm_open",
+            "execute_request",
+            "e1",
+            comm_id="panel",
+            target_name="jupyter.widget",
+            data={"state": state},
+        ),
+    )
     watcher.record(activity, iopub("status", "execute_request", "e1", execution_state="idle"))
     assert activity.last_activity == 10.0
     now[0] = 20.0
-    watcher.record(activity, iopub("comm_msg", "execute_request", "e1", comm_id="panel", data={"kind": "samples"}))
+    watcher.record(
+        activity, iopub("comm_msg", "execute_request", "e1", comm_id="panel", data={"kind": "samples"})
+    )
     watcher.record(activity, iopub("status", "usage_request", "u", execution_state="idle"))
     assert activity.last_activity == 10.0
     now[0] = 30.0
-    watcher.record(activity, iopub("comm_msg", "execute_request", "e1", comm_id="someone-elses-widget", data={}))
+    watcher.record(
+        activity, iopub("comm_msg", "execute_request", "e1", comm_id="someone-elses-widget", data={})
+    )
     assert activity.last_activity == 30.0
     now[0] = 40.0
     watcher.record(activity, iopub("comm_close", "execute_request", "e1", comm_id="panel"))
-    watcher.record(activity, iopub("comm_msg", "execute_request", "e1", comm_id="panel", data={}))  # closed: not a panel now
+    watcher.record(
+        activity, iopub("comm_msg", "execute_request", "e1", comm_id="panel", data={})
+    )  # closed: not a panel now
     assert activity.last_activity == 40.0 and not activity.panels
 
 
@@ -300,18 +347,32 @@ def wait_for(run, condition, timeout: float = 60.0, said=lambda: "") -> None:
 
 def test_only_an_idle_kernel_holding_enough_memory_is_culled(jp_serverapp, jp_fetch, run, chosen, caplog):
     manager = jp_serverapp.kernel_manager
-    ids = {path: start_kernel(jp_fetch, run, path) for path in ("idle_big.ipynb", "busy_big.ipynb",
-                                                                 "idle_none.ipynb", "idle_small.ipynb")}
+    ids = {
+        path: start_kernel(jp_fetch, run, path)
+        for path in ("idle_big.ipynb", "busy_big.ipynb", "idle_none.ipynb", "idle_small.ipynb")
+    }
     pid = {path: manager.get_kernel(k).provisioner.pid for path, k in ids.items()}
-    chosen.held_mib = {pid["idle_big.ipynb"]: 4096, pid["busy_big.ipynb"]: 4096, pid["idle_small.ipynb"]: 1024}
+    chosen.held_mib = {
+        pid["idle_big.ipynb"]: 4096,
+        pid["busy_big.ipynb"]: 4096,
+        pid["idle_small.ipynb"]: 1024,
+    }
     clients = [run(connect(jp_serverapp, k)) for k in ids.values()]
     clients[1].execute("import time; time.sleep(120)")  # busy_big, busy for the rest of the test
     try:
-        wait_for(run, lambda: manager.get_kernel(ids["busy_big.ipynb"]).execution_state == "busy",
-                 said=lambda: {p: manager.get_kernel(k).execution_state for p, k in ids.items()})
-        wait_for(run, lambda: all(manager.get_kernel(ids[p]).execution_state == "idle"
-                                  for p in ("idle_big.ipynb", "idle_none.ipynb", "idle_small.ipynb")),
-                 said=lambda: {p: manager.get_kernel(k).execution_state for p, k in ids.items()})
+        wait_for(
+            run,
+            lambda: manager.get_kernel(ids["busy_big.ipynb"]).execution_state == "busy",
+            said=lambda: {p: manager.get_kernel(k).execution_state for p, k in ids.items()},
+        )
+        wait_for(
+            run,
+            lambda: all(
+                manager.get_kernel(ids[p]).execution_state == "idle"
+                for p in ("idle_big.ipynb", "idle_none.ipynb", "idle_small.ipynb")
+            ),
+            said=lambda: {p: manager.get_kernel(k).execution_state for p, k in ids.items()},
+        )
         run(asyncio.sleep(1.5))  # idle past the limit
         status = json.loads(run(jp_fetch(*serverext.ROUTE)).body)
         due = {k["path"]: k["cull_due_at"] for k in status["kernels"]}
@@ -378,7 +439,9 @@ PANEL_CELL = (
 )
 
 
-def test_an_open_monitor_whose_browser_is_gone_does_not_keep_a_kernel_alive(jp_serverapp, jp_fetch, run, chosen, caplog):
+def test_an_open_monitor_whose_browser_is_gone_does_not_keep_a_kernel_alive(
+    jp_serverapp, jp_fetch, run, chosen, caplog
+):
     """Issue 28, 2: the panel's messages (a heartbeat a second) are its own traffic, not the user's."""
     manager = jp_serverapp.kernel_manager
     kernel_id = start_kernel(jp_fetch, run, "left_open.ipynb")
@@ -401,7 +464,9 @@ def test_an_open_monitor_whose_browser_is_gone_does_not_keep_a_kernel_alive(jp_s
 
 
 @pytest.mark.parametrize("refresh_interval", [30.0])
-def test_a_kernel_whose_memory_is_gone_is_not_culled_and_no_gain_is_claimed(jp_serverapp, jp_fetch, run, chosen, caplog):
+def test_a_kernel_whose_memory_is_gone_is_not_culled_and_no_gain_is_claimed(
+    jp_serverapp, jp_fetch, run, chosen, caplog
+):
     """Issue 28, 3: the culler decides from a reading made just before the shutdown, and says
     memory came back only where the driver's readings before and after show it."""
     manager = jp_serverapp.kernel_manager
@@ -418,12 +483,18 @@ def test_a_kernel_whose_memory_is_gone_is_not_culled_and_no_gain_is_claimed(jp_s
         with caplog.at_level(logging.WARNING):
             assert run(jp_serverapp.tfgpu_culler.check()) == []
         assert kernel_id in manager.list_kernel_ids()
-        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "tfgpu" in r.getMessage()]
+        assert not [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and "tfgpu" in r.getMessage()
+        ]
     finally:
         client.stop_channels()
 
 
-def test_no_gain_is_claimed_while_the_driver_still_lists_the_culled_kernel(jp_serverapp, jp_fetch, run, chosen, caplog):
+def test_no_gain_is_claimed_while_the_driver_still_lists_the_culled_kernel(
+    jp_serverapp, jp_fetch, run, chosen, caplog
+):
     manager = jp_serverapp.kernel_manager
     kernel_id = start_kernel(jp_fetch, run, "released.ipynb")
     pid = manager.get_kernel(kernel_id).provisioner.pid
@@ -436,17 +507,24 @@ def test_no_gain_is_claimed_while_the_driver_still_lists_the_culled_kernel(jp_se
             assert run(jp_serverapp.tfgpu_culler.check()) == [kernel_id]
         assert "GPU 0: 4,096 MiB, the driver's reading before the shutdown" in caplog.text
         assert "back" not in caplog.text
-        assert "GPU 0: 4,396 MiB in use before the culling, 4,396 MiB after: the driver shows no memory freed yet" in caplog.text
+        assert (
+            "GPU 0: 4,396 MiB in use before the culling, 4,396 MiB after: the driver shows no memory freed yet"
+            in caplog.text
+        )
         assert f"the driver still lists pid {pid}" in caplog.text
     finally:
         client.stop_channels()
 
 
-def test_a_hung_or_failing_shutdown_never_stops_the_culler(jp_serverapp, jp_fetch, run, chosen, caplog, monkeypatch):
+def test_a_hung_or_failing_shutdown_never_stops_the_culler(
+    jp_serverapp, jp_fetch, run, chosen, caplog, monkeypatch
+):
     """Issue 28, 4: each shutdown has a timeout; a hung one is one note and the other due kernels
     are still culled; a failing one is one warning, not a traceback every pass."""
     manager = jp_serverapp.kernel_manager
-    ids = {path: start_kernel(jp_fetch, run, path) for path in ("a_hangs.ipynb", "b_fails.ipynb", "c_goes.ipynb")}
+    ids = {
+        path: start_kernel(jp_fetch, run, path) for path in ("a_hangs.ipynb", "b_fails.ipynb", "c_goes.ipynb")
+    }
     chosen.held_mib = {manager.get_kernel(k).provisioner.pid: 4096 for k in ids.values()}
     clients = [run(connect(jp_serverapp, k)) for k in ids.values()]
     original = manager.shutdown_kernel
@@ -508,7 +586,7 @@ def test_a_wrong_size_setting_is_one_line_naming_it(setting):
     with pytest.raises(TraitError) as refused:
         serverext.TfgpuMagic(cull_min_gpu_memory=setting).cull_policy()
     assert str(refused.value) == (
-        f"TfgpuMagic.cull_min_gpu_memory {setting!r} is not a size (like \"1G\", \"512M\", or a bare number of MiB)"
+        f'TfgpuMagic.cull_min_gpu_memory {setting!r} is not a size (like "1G", "512M", or a bare number of MiB)'
     )
 
 

@@ -10,6 +10,7 @@ test-artifacts/extension-*.png.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import time
 
@@ -37,7 +38,9 @@ except ImportError:  # the browser fixture skips these tests without Playwright
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"
+    ),
     pytest.mark.skipif(
         not has_labextension() or not (REPO / "tfgpu_magic" / "static" / "widget.js").is_file(),
         reason="the front ends are not built (npm install && npm run build)",
@@ -78,7 +81,9 @@ def server(tmp_path_factory):
     (root / "monitor7.ipynb").write_text(notebook(MONITOR, OFF))
     (root / "after_tf7.ipynb").write_text(notebook(*AFTER_TF))
     args = [
-        SOURCE, "--TfgpuMagic.refresh_interval=0.5", "--ServerApp.jpserver_extensions=tfgpu_magic=True",
+        SOURCE,
+        "--TfgpuMagic.refresh_interval=0.5",
+        "--ServerApp.jpserver_extensions=tfgpu_magic=True",
         "--TfgpuMagic.cull_idle_gpu_kernels_after=3600",  # the rows say when the GPU culler would act
     ]
     with jupyter_server(root, home, log_name="extension-server.log", args=args) as running:
@@ -96,7 +101,10 @@ def browser():
 def page(browser):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "tfgpu" in m.text.lower() else None)
+    page.on(
+        "console",
+        lambda m: errors.append(m.text) if m.type == "error" and "tfgpu" in m.text.lower() else None,
+    )
     yield page
     page.close()
     assert not errors, f"the extension logged errors: {errors}"
@@ -143,7 +151,9 @@ def wait_for_attribution(page, server, names: set[str], timeout: float = 30.0) -
     def both():
         return panel_rows(page), expected_figures(server)
 
-    rows, _ = wait_until(both, lambda got: set(got[0]) == names and all(got[0][n] == got[1].get(n) for n in names), timeout)
+    rows, _ = wait_until(
+        both, lambda got: set(got[0]) == names and all(got[0][n] == got[1].get(n) for n in names), timeout
+    )
     return rows
 
 
@@ -211,9 +221,13 @@ def assert_kept_across_a_poll(page, locator, timeout: float = 30.0) -> None:
     locator.evaluate("el => { el.dataset.probe = 'kept'; }")
     updated = page.locator(".tfgpu-lab-updated").inner_text()
     page.wait_for_function(
-        "old => document.querySelector('.tfgpu-lab-updated').innerText !== old", arg=updated, timeout=timeout * 1000
+        "old => document.querySelector('.tfgpu-lab-updated').innerText !== old",
+        arg=updated,
+        timeout=timeout * 1000,
     )
-    assert locator.get_attribute("data-probe") == "kept", "the panel redrew a node whose part of the reading was unchanged"
+    assert locator.get_attribute("data-probe") == "kept", (
+        "the panel redrew a node whose part of the reading was unchanged"
+    )
 
 
 # -- JupyterLab --------------------------------------------------------------------------------
@@ -238,12 +252,17 @@ def test_lab_panel_status_bar_and_shutdown(server, page):
     # With the GPU idle culler on (an hour), each idle kernel holding memory says when it would act.
     wait_until(
         lambda: page.locator(".tfgpu-lab-kernel-activity").all_inner_texts(),
-        lambda texts: len(texts) == 2
-        and all(re.fullmatch(r"idle (<1|\d+) min · culled in (\d+ min|1 h) if idle", t) for t in texts),
+        lambda texts: (
+            len(texts) == 2
+            and all(re.fullmatch(r"idle (<1|\d+) min · culled in (\d+ min|1 h) if idle", t) for t in texts)
+        ),
         timeout=15,
     )
     # The notebook in front (beta) is marked in the list.
-    assert page.locator(".tfgpu-lab-kernel.tfgpu-lab-current .tfgpu-lab-kernel-name").inner_text() == "beta.ipynb"
+    assert (
+        page.locator(".tfgpu-lab-kernel.tfgpu-lab-current .tfgpu-lab-kernel-name").inner_text()
+        == "beta.ipynb"
+    )
     shot(page, "extension-lab-panel.png")
     shot(page.locator(".tfgpu-lab-panel"), "extension-lab-panel-only.png")
 
@@ -278,7 +297,9 @@ def test_lab_panel_status_bar_and_shutdown(server, page):
 
     # Open: beta's row brings beta's notebook to the front (JupyterLab's current widget: jp-mod-current).
     open_beta.click()
-    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current", has_text="beta.ipynb").wait_for(timeout=10_000)
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current", has_text="beta.ipynb").wait_for(
+        timeout=10_000
+    )
     wait_for_status(page, expected["beta.ipynb"][0])
 
     # Shut down beta's kernel: a confirmation first, then it leaves the panel (and the server).
@@ -302,7 +323,8 @@ def test_lab_monitor_sidebar_magic(server, page):
     side = page.locator("#jp-right-stack .tfgpu-lab-side-area .tfgpu-monitor")
     side.wait_for(timeout=30_000)
     page.wait_for_function(
-        "() => +document.querySelector('.tfgpu-lab-side-area .tfgpu-monitor')?.dataset.points >= 3", timeout=30_000
+        "() => +document.querySelector('.tfgpu-lab-side-area .tfgpu-monitor')?.dataset.points >= 3",
+        timeout=30_000,
     )
     assert side.locator(".tfgpu-device").count() == 4
     assert page.locator(".jp-Notebook .tfgpu-monitor").count() == 0
@@ -363,8 +385,13 @@ def test_notebook7_tree_and_notebook_pages_reach_the_panel(server, page):
     expected = expected_figures(server)
     wait_for_attribution(page, server, set(expected))
     assert "gamma.ipynb" in expected
-    assert page.locator(".tfgpu-lab-kernel.tfgpu-lab-current .tfgpu-lab-kernel-name").inner_text() == "gamma.ipynb"
-    assert page.locator(".tfgpu-lab-status").count() == 0  # Notebook 7 has no status bar: the item is simply absent
+    assert (
+        page.locator(".tfgpu-lab-kernel.tfgpu-lab-current .tfgpu-lab-kernel-name").inner_text()
+        == "gamma.ipynb"
+    )
+    assert (
+        page.locator(".tfgpu-lab-status").count() == 0
+    )  # Notebook 7 has no status bar: the item is simply absent
     shot(page, "extension-nb7-notebook-panel.png")
 
     # While shown, the panel polls (every 0.5 s here); a hidden browser tab does not; shown again, it goes on.
@@ -408,10 +435,12 @@ def test_a_failing_server_is_asked_less_and_less_often(server, page):
     page.locator(".tfgpu-lab-panel .tfgpu-lab-message", has_text="HTTP 500").wait_for(timeout=15_000)
     page.wait_for_timeout(8_500)
     window = [t for t in times if t - times[0] <= 8.0]
-    gaps = [round(b - a, 2) for a, b in zip(times, times[1:])]
+    gaps = [round(b - a, 2) for a, b in itertools.pairwise(times)]
     assert len(window) <= 12, f"{len(window)} requests in 8 s at a 0.5 s interval: no back-off ({gaps})"
     page.unroute("**/tfgpu/api/status*")
-    page.locator(".tfgpu-lab-panel .tfgpu-lab-message").wait_for(state="detached", timeout=60_000)  # and recovers
+    page.locator(".tfgpu-lab-panel .tfgpu-lab-message").wait_for(
+        state="detached", timeout=60_000
+    )  # and recovers
 
 
 def test_notebook7_monitor_sidebar_magic(server, page):
@@ -421,7 +450,8 @@ def test_notebook7_monitor_sidebar_magic(server, page):
     run_cell(page, 0)
     assert wait_for_output(page, 0, "side area").startswith("GPU monitor opened in the right side area")
     page.wait_for_function(
-        "() => +document.querySelector('.tfgpu-lab-side-area .tfgpu-monitor')?.dataset.points >= 3", timeout=30_000
+        "() => +document.querySelector('.tfgpu-lab-side-area .tfgpu-monitor')?.dataset.points >= 3",
+        timeout=30_000,
     )
     side = page.locator(".tfgpu-lab-side-area .tfgpu-monitor")
     assert side.is_visible() and side.locator(".tfgpu-device").count() == 4
@@ -455,7 +485,8 @@ def test_notebook7_monitor_after_tensorflow_started_charts_and_stops(server, pag
     assert wait_for_output(page, 3, "Stopped").startswith("Stopped 1 memory panel")
     run_cell(page, 4)  # the same in Notebook 7's right side area
     page.wait_for_function(
-        "() => +document.querySelector('.tfgpu-lab-side-area .tfgpu-monitor')?.dataset.points >= 3", timeout=30_000
+        "() => +document.querySelector('.tfgpu-lab-side-area .tfgpu-monitor')?.dataset.points >= 3",
+        timeout=30_000,
     )
     assert page.locator('.tfgpu-lab-side-area .tfgpu-monitor .tfgpu-device[data-key^="gpu"]').count() == 4
     run_cell(page, 5)

@@ -33,7 +33,9 @@ def faults(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
-            parts = set(module.split(".")) | ({a.name for a in node.names} if module.endswith("frameworks") else set())
+            parts = set(module.split(".")) | (
+                {a.name for a in node.names} if module.endswith("frameworks") else set()
+            )
             if parts & ADAPTERS and ("frameworks" in module or node.level):
                 found.append(f"imports {module} {[a.name for a in node.names]}")
         elif isinstance(node, ast.Import):
@@ -70,7 +72,12 @@ def test_the_check_finds_each_kind_of_fault(tmp_path):
         "y = windows['jax']\n"
         "def _tensorflow_lines(): pass\n"
     )
-    assert sorted(faults(planted)) == sorted([
-        "imports frameworks ['tensorflow']", "reaches .tf (line 2)", "compares with a framework's name (line 3)",
-        "subscripts by a framework's name (line 4)", "defines _tensorflow_lines (line 5)",
-    ])
+    assert sorted(faults(planted)) == sorted(
+        [
+            "imports frameworks ['tensorflow']",
+            "reaches .tf (line 2)",
+            "compares with a framework's name (line 3)",
+            "subscripts by a framework's name (line 4)",
+            "defines _tensorflow_lines (line 5)",
+        ]
+    )

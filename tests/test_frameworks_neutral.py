@@ -7,13 +7,19 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Mapping
 from html.parser import HTMLParser
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import pytest
 
 from tfgpu_magic.frameworks.base import (
-    DeviceMemory, GpuShare, OomFacts, ReportView, Stage, UnresettablePeakWindow,
+    DeviceMemory,
+    GpuShare,
+    OomFacts,
+    ReportView,
+    Stage,
+    UnresettablePeakWindow,
 )
 from tfgpu_magic.frameworks.jax import Jax, limit_problem
 from tfgpu_magic.frameworks.pytorch import PyTorch
@@ -30,6 +36,7 @@ GIB = 1024 * MIB
 
 
 from fakes import WriteSideDefaults  # noqa: E402
+
 from tfgpu_magic.frameworks import adapters  # noqa: E402
 
 
@@ -54,7 +61,7 @@ class StandIn(WriteSideDefaults):
     def installed(self) -> bool:
         return True
 
-    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, str | None]:
         return {"STANDIN_POOL": env.get("STANDIN_POOL")}
 
     def stage(self) -> Stage:
@@ -66,13 +73,17 @@ class StandIn(WriteSideDefaults):
     def open_peak_window(self) -> UnresettablePeakWindow:
         return UnresettablePeakWindow(self.device_memory)
 
-    def oom_error_type(self) -> Optional[type]:
+    def oom_error_type(self) -> type | None:
         return StandInError
 
     # -- reports (status, out-of-memory, %%gpu on) --
     def report(self, view: ReportView) -> dict[str, Any]:
-        return {"stage": self._stage.name.lower(), "installed": True, "pool": "shared",
-                "applied": None if view.applied is None else view.applied.describe()}
+        return {
+            "stage": self._stage.name.lower(),
+            "installed": True,
+            "pool": "shared",
+            "applied": None if view.applied is None else view.applied.describe(),
+        }
 
     def status_lines(self, entry: dict[str, Any]) -> list[str]:
         if entry["stage"] == "not_imported":
@@ -87,13 +98,20 @@ class StandIn(WriteSideDefaults):
             return {}
         return {self.gpu: GpuShare(("dev:0",), 3 * GIB, 5 * GIB)}
 
-    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts | None:
         if not isinstance(error, StandInError):
             return None
-        return OomFacts("dev:0", f"{self.name} dev:0", f"{self.name} dev:0", True, self.gpu,
-                        (f"{self.name}'s pool: 3 MiB in use",), ("shrink the pool",))
+        return OomFacts(
+            "dev:0",
+            f"{self.name} dev:0",
+            f"{self.name} dev:0",
+            True,
+            self.gpu,
+            (f"{self.name}'s pool: 3 MiB in use",),
+            ("shrink the pool",),
+        )
 
-    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
         if self._stage is not Stage.STARTED:
             return None, None
         return [self.gpu], self._scope() if gpu == self.gpu else None
@@ -143,14 +161,27 @@ class _Text(HTMLParser):
 def test_a_fourth_framework_is_in_the_json_as_its_adapter_reports_it():
     _, report = four()
     assert list(report["frameworks"]) == ["tensorflow", "pytorch", "jax", "standin"]
-    assert report["frameworks"]["standin"] == {"stage": "started", "installed": True, "pool": "shared", "applied": None}
+    assert report["frameworks"]["standin"] == {
+        "stage": "started",
+        "installed": True,
+        "pool": "shared",
+        "applied": None,
+    }
     assert report["display"]["frameworks"][-1] == {
-        "key": "standin", "name": "StandIn", "lines": ["StandIn:    running with the shared pool", "  dev:0 holds 3 MiB"],
+        "key": "standin",
+        "name": "StandIn",
+        "lines": ["StandIn:    running with the shared pool", "  dev:0 holds 3 MiB"],
     }
     assert "StandIn pool: shared" in report["in_force"]
     gpu = report["gpus"][1]
     assert gpu["frameworks"] == [
-        {"key": "standin", "name": "StandIn", "names": ["dev:0"], "in_use_bytes": 3 * GIB, "peak_bytes": 5 * GIB}
+        {
+            "key": "standin",
+            "name": "StandIn",
+            "names": ["dev:0"],
+            "in_use_bytes": 3 * GIB,
+            "peak_bytes": 5 * GIB,
+        }
     ]
     assert gpu["tensorflow_names"] == [] and gpu["tensorflow_in_use_bytes"] is None  # the old keys stay
     assert json.loads(json.dumps(report)) == report
@@ -172,10 +203,13 @@ def test_a_fourth_framework_is_in_the_text_and_the_card_alike():
 
 def test_a_fourth_framework_not_imported_is_named_among_those_the_settings_reach():
     _, report = four(Stage.NOT_IMPORTED)
-    assert "Frameworks: none imported yet; settings reach TensorFlow, PyTorch, JAX and StandIn when they start" in (
-        status.render_text(report)
+    assert (
+        "Frameworks: none imported yet; settings reach TensorFlow, PyTorch, JAX and StandIn when they start"
+        in (status.render_text(report))
     )
-    assert "environment read at start by TensorFlow, PyTorch, JAX and StandIn" not in " ".join(report["in_force"])
+    assert "environment read at start by TensorFlow, PyTorch, JAX and StandIn" not in " ".join(
+        report["in_force"]
+    )
 
 
 def test_where_nvml_lists_no_pid_of_ours_the_frameworks_allocator_is_shown_under_its_name():
@@ -234,7 +268,11 @@ def test_only_tensorflow_keeps_top_level_and_per_gpu_keys_of_its_own():
     tf = TensorFlow()
     entry = tf.report(ReportView())
     assert tf.report_keys(entry) == {"tensorflow": {"stage": "not_imported", "description": "not imported"}}
-    assert tf.gpu_keys(None) == {"tensorflow_names": [], "tensorflow_in_use_bytes": None, "tensorflow_peak_bytes": None}
+    assert tf.gpu_keys(None) == {
+        "tensorflow_names": [],
+        "tensorflow_in_use_bytes": None,
+        "tensorflow_peak_bytes": None,
+    }
     assert PyTorch().report_keys({}) == {} == Jax().gpu_keys(None)
 
 
@@ -246,4 +284,6 @@ def test_jaxs_limit_problem_is_its_adapters_and_reaches_its_entry():
     session.configure(grammar.parse("limit 10G"))  # 25% of GPU 0, 12.5% of GPU 1: no one fraction
     problem = limit_problem(session.resolved())
     assert problem is not None and re.search(r"25% of GPU 0, 12% of GPU 1", problem)
-    assert Jax().report(ReportView(accepted=session.resolved()))["stage"] == "not_imported"  # said once imported
+    assert (
+        Jax().report(ReportView(accepted=session.resolved()))["stage"] == "not_imported"
+    )  # said once imported

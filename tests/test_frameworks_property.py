@@ -11,7 +11,6 @@ own reading comes from the framework (tests/scripts/frameworks_sequence.py).
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import pytest
 from conftest import run_scenario
@@ -22,13 +21,29 @@ pytest.importorskip("jax")
 pytest.importorskip("torch")
 
 COMMANDS = (
-    "use 0", "use 0,1", "use all", "grow", "grow off", "limit 25%", "limit 50%", "limit off",
+    "use 0",
+    "use 0,1",
+    "use all",
+    "grow",
+    "grow off",
+    "limit 25%",
+    "limit 50%",
+    "limit off",
     "limit 4G,8G",  # 10% of GPU 0 (40 GiB) and of GPU 1 (80 GiB): one fraction, with `use 0,1`
     "limit 8G,8G",  # 20% and 10%: no one fraction, so JAX gets none
-    "allocator async", "allocator default", "allocator platform",
+    "allocator async",
+    "allocator default",
+    "allocator platform",
 )
 JAX_ALLOCATOR = {None: "default", "default": "default", "async": "cuda_async", "platform": "platform"}
-FRACTION = {None: None, "limit off": None, "limit 25%": 0.25, "limit 50%": 0.5, "limit 4G,8G": 0.1, "limit 8G,8G": None}
+FRACTION = {
+    None: None,
+    "limit off": None,
+    "limit 25%": 0.25,
+    "limit 50%": 0.5,
+    "limit 4G,8G": 0.1,
+    "limit 8G,8G": None,
+}
 
 
 @st.composite
@@ -54,10 +69,10 @@ class Model:
     """The request as the session accepted it, command by command."""
 
     def __init__(self) -> None:
-        self.visible: Optional[str] = None
-        self.growth: Optional[bool] = None
-        self.limit: Optional[str] = None
-        self.allocator: Optional[str] = None
+        self.visible: str | None = None
+        self.growth: bool | None = None
+        self.limit: str | None = None
+        self.allocator: str | None = None
 
     def accept(self, command: str) -> None:
         verb, _, value = command.partition(" ")
@@ -111,5 +126,7 @@ def test_status_says_what_each_framework_started_with_and_the_framework_agrees(s
     else:
         assert frameworks["jax"]["stage"] in ("not_imported", "imported")
     started_tf = ("start", "tensorflow") in steps
-    assert frameworks["tensorflow"]["stage"] == ("started" if started_tf else frameworks["tensorflow"]["stage"])
+    assert frameworks["tensorflow"]["stage"] == (
+        "started" if started_tf else frameworks["tensorflow"]["stage"]
+    )
     assert (frameworks["tensorflow"]["stage"] == "not_imported") == (("import", "tensorflow") not in steps)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from test_pytorch import torch_session
 
 from tfgpu_magic.command import grammar
@@ -15,9 +14,11 @@ def installed(monkeypatch, session, *names: str) -> None:
 
 
 def test_async_over_the_users_native_options_names_the_ones_pytorch_will_ignore(monkeypatch):
-    session = torch_session({
-        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,garbage_collection_threshold:0.8,pinned_use_cuda_host_register:True"
-    })
+    session = torch_session(
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,garbage_collection_threshold:0.8,pinned_use_cuda_host_register:True"
+        }
+    )
     installed(monkeypatch, session, "torch")
     said = session.configure(grammar.parse("allocator async"))
     assert said.endswith(
@@ -48,7 +49,9 @@ def test_a_limit_below_jaxs_smallest_fraction_is_rounded_up_and_said(monkeypatch
     session.configure(grammar.parse("use 0"))
     said = session.configure(grammar.parse("limit 1"))
     assert session.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.0001"
-    assert said.endswith("; JAX: gets a memory fraction of 0.0001, the smallest it is given (4 MiB of GPU 0), above this limit")
+    assert said.endswith(
+        "; JAX: gets a memory fraction of 0.0001, the smallest it is given (4 MiB of GPU 0), above this limit"
+    )
     session.configure(grammar.parse("limit 8G"))
     assert float(session.env["XLA_PYTHON_CLIENT_MEM_FRACTION"]) > 0.0001
 
@@ -60,7 +63,9 @@ def test_a_percentage_below_jaxs_step_is_rounded_up_as_said(monkeypatch):
     session.configure(grammar.parse("use 1"))
     said = session.configure(grammar.parse("limit 0.001%"))
     assert session.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.0001"
-    assert said.endswith("; JAX: gets a memory fraction of 0.0001, the smallest it is given (8 MiB of GPU 1), above this limit")
+    assert said.endswith(
+        "; JAX: gets a memory fraction of 0.0001, the smallest it is given (8 MiB of GPU 1), above this limit"
+    )
 
 
 def test_a_setting_that_undoes_one_names_only_the_imported_framework():
@@ -72,10 +77,15 @@ def test_a_setting_that_undoes_one_names_only_the_imported_framework():
     session = torch_session()
     session._on_import(session.adapter("pytorch"), cuda_torch([80 * GIB] * 4))
     assert session.configure(grammar.parse("use all")) == "use all: PyTorch: takes effect when it starts CUDA"
-    assert session.configure(grammar.parse("limit off")) == "limit off: PyTorch: takes effect when it starts CUDA"
+    assert (
+        session.configure(grammar.parse("limit off"))
+        == "limit off: PyTorch: takes effect when it starts CUDA"
+    )
     session = torch_session()
     session._on_import(session.adapter("jax"), StandInJax())
     said = session.configure(grammar.parse("split 2"))
-    assert said.endswith(": JAX: has no logical GPUs, so `split` does not reach it") and "TensorFlow" not in said
+    assert (
+        said.endswith(": JAX: has no logical GPUs, so `split` does not reach it") and "TensorFlow" not in said
+    )
     said = session.configure(grammar.parse("allocator platform"))
     assert said.count("JAX") == 1  # said once, not again as JAX's part

@@ -36,4 +36,6 @@ def test_grow_keeps_jaxs_reservation_small_in_the_drivers_reading():
     default = run_scenario("gpu_frameworks", "jax_grow", "default")
     assert grown["started_with"]["preallocate"] is False and grown["started_with"]["gpu"] is True
     assert grown["driver_after_first_op"] - grown["driver_before"] < 2 * GIB
-    assert default["driver_after_first_op"] - default["driver_before"] > default["total"] // 2  # 75% by default
+    assert (
+        default["driver_after_first_op"] - default["driver_before"] > default["total"] // 2
+    )  # 75% by default

@@ -34,7 +34,9 @@ except ImportError:
 def nvidia_smi_rows() -> list[list[str]]:
     out = subprocess.run(
         ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,memory.total", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return [[field.strip() for field in line.split(",")] for line in out.strip().splitlines()]
 
@@ -59,7 +61,9 @@ def test_use_makes_a_cuda_process_land_on_that_gpu(position):
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
     session = Session(nvml=nvml, env=env)
     session.configure(grammar.Use((index,)))
-    out = subprocess.run([sys.executable, "-c", CUDA_UUID], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CUDA_UUID], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == nvml.gpu(index).uuid
 
 

@@ -93,8 +93,8 @@ def test_valid_forms(line, command):
         ("free now", f"unexpected 'now'; {grammar.usage('free')}"),
         ("status --xml", f"unexpected '--xml'; {grammar.usage('status')}"),
         ("monitor --interval 0.01", f"--interval must be 0.1 s to 60 s; {grammar.usage('monitor')}"),
-        ("use 'unclosed", "cannot read \"use 'unclosed\" (No closing quotation); " + USE),
-        ("'unclosed", "cannot read \"'unclosed\" (No closing quotation); " + grammar.usage()),
+        ("use 'unclosed", 'cannot read "use \'unclosed" (No closing quotation); ' + USE),
+        ("'unclosed", 'cannot read "\'unclosed" (No closing quotation); ' + grammar.usage()),
         ("limit 4G\\", f"cannot read 'limit 4G\\\\' (No escaped character); {LIMIT}"),
     ],
 )
@@ -117,8 +117,19 @@ def test_an_unknown_verb_is_answered_with_every_form():
 def test_each_verb_is_declared_once_and_the_names_come_from_the_table():
     names = [verb.name for verb in grammar.TABLE]
     assert len(names) == len(set(names))
-    assert grammar.VERBS == ("status", "use", "grow", "limit", "split", "allocator", "precision", "free",
-                             "monitor", "trace", "reset")
+    assert grammar.VERBS == (
+        "status",
+        "use",
+        "grow",
+        "limit",
+        "split",
+        "allocator",
+        "precision",
+        "free",
+        "monitor",
+        "trace",
+        "reset",
+    )
     assert grammar.CELL_VERBS == ("budget", "on")
     assert tuple(grammar.FORMS) == grammar.VERBS
     assert grammar.CELL_FORMS == ("%%gpu budget 2G", "%%gpu on 1")
@@ -137,17 +148,27 @@ def test_every_declared_form_parses(verb):
 
 def test_the_manual_is_generated_from_the_table():
     manual = grammar.manual()
-    assert manual.startswith("GPU settings, memory and sharing for TensorFlow, PyTorch and JAX, from inside the notebook.\n")
+    assert manual.startswith(
+        "GPU settings, memory and sharing for TensorFlow, PyTorch and JAX, from inside the notebook.\n"
+    )
     for verb in grammar.TABLE:
         for form, text in verb.manual:
             assert f"  {form}" in manual and text in manual
-    assert "  %gpu limit 4096         cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)\n" in manual
-    assert "  %gpu precision mixed_float16   the Keras global dtype policy (mixed_bfloat16 | float32)\n" in manual
+    assert (
+        "  %gpu limit 4096         cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)\n"
+        in manual
+    )
+    assert (
+        "  %gpu precision mixed_float16   the Keras global dtype policy (mixed_bfloat16 | float32)\n"
+        in manual
+    )
     assert "  %%gpu on 1              run the cell with new tensors and ops placed on GPU 1\n" in manual
     assert "TensorFlow's stage" not in manual  # each framework's, not one's
     assert "Sizes are binary: 4G = 4GiB = 4096 MiB" in manual
     assert "Examples:\n  %gpu use 1\n" in manual
-    assert manual.endswith('Defaults for every kernel (ipython_config.py):\n  c.GpuMagics.defaults = ["grow", "limit 50%"]\n')
+    assert manual.endswith(
+        'Defaults for every kernel (ipython_config.py):\n  c.GpuMagics.defaults = ["grow", "limit 50%"]\n'
+    )
 
 
 @pytest.mark.parametrize(
@@ -184,10 +205,47 @@ def test_any_text_is_a_command_or_a_grammar_error(line):
 
 
 words = st.sampled_from(
-    ["use", "grow", "limit", "split", "precision", "allocator", "status", "free", "reset", "trace",
-     "monitor", "off", "on", "all", "none", "auto", "auto:2", "1", "0,2", "1,1", "-1", "4G", "50%",
-     "101%", "0", "12abc", "--json", "--wait", "10m", "--min-free", "--sidebar", "mixed_float16",
-     "budget", "--interval", "--window", "0.1", "2", "²", "9" * 400]
+    [
+        "use",
+        "grow",
+        "limit",
+        "split",
+        "precision",
+        "allocator",
+        "status",
+        "free",
+        "reset",
+        "trace",
+        "monitor",
+        "off",
+        "on",
+        "all",
+        "none",
+        "auto",
+        "auto:2",
+        "1",
+        "0,2",
+        "1,1",
+        "-1",
+        "4G",
+        "50%",
+        "101%",
+        "0",
+        "12abc",
+        "--json",
+        "--wait",
+        "10m",
+        "--min-free",
+        "--sidebar",
+        "mixed_float16",
+        "budget",
+        "--interval",
+        "--window",
+        "0.1",
+        "2",
+        "²",
+        "9" * 400,
+    ]
 )
 
 

@@ -41,7 +41,10 @@ def shown(text: str) -> str:
         (f"limit {NINES_309}", f"{shown(NINES_309)}: a size must be at most 1 PiB; {LIMIT}"),
         (f"limit {NINES_309}G", f"{shown(NINES_309 + 'G')}: a size must be at most 1 PiB; {LIMIT}"),
         ("limit 1025T", f"'1025T': a size must be at most 1 PiB; {LIMIT}"),
-        (f"limit {NINES_309}%", f"{shown(NINES_309 + '%')}: a percentage must be above 0 and at most 100; {LIMIT}"),
+        (
+            f"limit {NINES_309}%",
+            f"{shown(NINES_309 + '%')}: a percentage must be above 0 and at most 100; {LIMIT}",
+        ),
         ("limit ٤G", f"'٤G' is not a size; {LIMIT}"),  # Arabic-Indic 4: float() would take it
         ("limit ４G", f"'４G' is not a size; {LIMIT}"),  # fullwidth 4
         ("limit 1024\u212a", f"'1024\u212a' is not a size; {LIMIT}"),  # Kelvin sign folds to k
@@ -51,23 +54,41 @@ def shown(text: str) -> str:
         ("split ²", f"'²' is neither a count nor a list of sizes; {SPLIT}"),
         ("use auto:²", f"'auto:²': auto:N needs a whole number N of at least 1; {USE}"),
         ("use auto:1025", f"'auto:1025': auto:N asks for at most 1024 GPUs; {USE}"),
-        (f"use auto:{NINES_5000}", f"{shown('auto:' + NINES_5000)}: auto:N asks for at most 1024 GPUs; {USE}"),
+        (
+            f"use auto:{NINES_5000}",
+            f"{shown('auto:' + NINES_5000)}: auto:N asks for at most 1024 GPUs; {USE}",
+        ),
         ("use ١", f"'١' is not a GPU number or a comma list of them; {USE}"),  # int('١') is 1
         (f"use {NINES_5000}", f"{shown(NINES_5000)}: a GPU number is at most 1023; {USE}"),
         ("use 0,1024", f"'0,1024': a GPU number is at most 1023; {USE}"),
         (f"use auto --wait {NINES_400}", f"{shown(NINES_400)}: a duration must be at most 365 days; {USE}"),
         ("use auto --wait 8761h", f"'8761h': a duration must be at most 365 days; {USE}"),
         (f"use auto --min-free {NINES_400}", f"{shown(NINES_400)}: a size must be at most 1 PiB; {USE}"),
-        (f"monitor --interval {NINES_400}", f"{shown(NINES_400)}: a duration must be at most 365 days; {MONITOR}"),
-        (f"monitor --window {NINES_400}", f"{shown(NINES_400)}: a duration must be at most 365 days; {MONITOR}"),
-        ("monitor --interval 0.1 --window 2", f"--window must be 5 s to 24 h and hold at least 10 samples; {MONITOR}"),
+        (
+            f"monitor --interval {NINES_400}",
+            f"{shown(NINES_400)}: a duration must be at most 365 days; {MONITOR}",
+        ),
+        (
+            f"monitor --window {NINES_400}",
+            f"{shown(NINES_400)}: a duration must be at most 365 days; {MONITOR}",
+        ),
+        (
+            "monitor --interval 0.1 --window 2",
+            f"--window must be 5 s to 24 h and hold at least 10 samples; {MONITOR}",
+        ),
         ("monitor --window 4.9", f"--window must be 5 s to 24 h and hold at least 10 samples; {MONITOR}"),
-        ("monitor --interval 1 --window 9", f"--window must be 5 s to 24 h and hold at least 10 samples; {MONITOR}"),
+        (
+            "monitor --interval 1 --window 9",
+            f"--window must be 5 s to 24 h and hold at least 10 samples; {MONITOR}",
+        ),
         ("monitor --interval 99ms", f"--interval must be 0.1 s to 60 s; {MONITOR}"),
         ("limit \x1b[31m", f"'\\x1b[31m' is not a size; {LIMIT}"),
-        ("use 'unclosed", f"cannot read \"use 'unclosed\" (No closing quotation); {USE}"),
-        ("'unclosed", f"cannot read \"'unclosed\" (No closing quotation); {grammar.usage()}"),
-        ("budget 2G", f"`%gpu budget` is a cell magic: put `%%gpu budget 2G` on the cell's first line; {CELL}"),
+        ("use 'unclosed", f'cannot read "use \'unclosed" (No closing quotation); {USE}'),
+        ("'unclosed", f'cannot read "\'unclosed" (No closing quotation); {grammar.usage()}'),
+        (
+            "budget 2G",
+            f"`%gpu budget` is a cell magic: put `%%gpu budget 2G` on the cell's first line; {CELL}",
+        ),
     ],
 )
 def test_reported_lines_are_one_grammar_error(line, message):
@@ -124,7 +145,12 @@ def test_the_grammar_refuses_what_the_panel_would_refuse():
 def test_a_refused_hostile_line_changes_nothing(gpu):
     gpu("limit 4G")
     before_plan, before_env = gpu.session.requested, dict(gpu.session.env)
-    for line in (f"limit {NINES_309}", "split ²", f"use auto --wait {NINES_400}", "monitor --interval 0.1 --window 2"):
+    for line in (
+        f"limit {NINES_309}",
+        "split ²",
+        f"use auto --wait {NINES_400}",
+        "monitor --interval 0.1 --window 2",
+    ):
         with pytest.raises(UsageError) as info:
             gpu(line)
         assert "valid: " in str(info.value) and str(info.value).isprintable()
@@ -134,23 +160,131 @@ def test_a_refused_hostile_line_changes_nothing(gpu):
 
 # -- a fixed corpus over every verb, flag and cell word ---------------------------------------------
 PREFIXES = (
-    "", "status", "status --json", "use", "use auto", "use auto:2", "use auto --min-free", "use auto --wait",
-    "grow", "limit", "split", "allocator", "precision", "free", "monitor", "monitor --sidebar",
-    "monitor --interval", "monitor --window", "monitor --interval 0.1 --window", "monitor off",
-    "trace", "reset",
+    "",
+    "status",
+    "status --json",
+    "use",
+    "use auto",
+    "use auto:2",
+    "use auto --min-free",
+    "use auto --wait",
+    "grow",
+    "limit",
+    "split",
+    "allocator",
+    "precision",
+    "free",
+    "monitor",
+    "monitor --sidebar",
+    "monitor --interval",
+    "monitor --window",
+    "monitor --interval 0.1 --window",
+    "monitor off",
+    "trace",
+    "reset",
 )
 CELL_PREFIXES = ("", "budget", "on", "on 1 budget", "budget 1G on")
 
 FRAGMENTS = (
-    "", "0", "00", "1", "007", "-1", "+1", "1.", ".5", "0.0", "0.1", "1.5", "1_000", "0x10", "1e3", "1e309",
-    "nan", "NaN", "inf", "-inf", "Infinity", "²", "auto:²", "١", "٤G", "４", "1²", "𝟙", "1024\u212a",
-    NINES_309, NINES_400, NINES_5000, "1" + "0" * 308, NINES_309 + "G", NINES_309 + "%", NINES_400 + "ms",
-    "0." + "0" * 400 + "1", "9" * 20 + "T", "1024T", "1025T", "1K", "4G", "4G,", "4G,,8G", ",", "1,1",
-    "0,2", "50%", "0%", "101%", "99999%", "1ms", "100ms", "99ms", "10m", "1h", "8761h", "2", "5", "4.9",
-    "60", "61", "24h", "25h", "auto", "auto:0", "auto:1025", "all", "none", "on", "off", "OFF", "async",
-    "float32", "--json", "--wait", "--min-free", "--interval", "--window", "--sidebar", "--", "-",
-    "\x00", "\x1b[31m", "\u2028", "\u0085", "\t", "\udc80", "İ", "ß", "'", '"', "'unclosed", '"a b"',
-    "''", "\\", "a\\", "budget", "on",
+    "",
+    "0",
+    "00",
+    "1",
+    "007",
+    "-1",
+    "+1",
+    "1.",
+    ".5",
+    "0.0",
+    "0.1",
+    "1.5",
+    "1_000",
+    "0x10",
+    "1e3",
+    "1e309",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "²",
+    "auto:²",
+    "١",
+    "٤G",
+    "４",
+    "1²",
+    "𝟙",
+    "1024\u212a",
+    NINES_309,
+    NINES_400,
+    NINES_5000,
+    "1" + "0" * 308,
+    NINES_309 + "G",
+    NINES_309 + "%",
+    NINES_400 + "ms",
+    "0." + "0" * 400 + "1",
+    "9" * 20 + "T",
+    "1024T",
+    "1025T",
+    "1K",
+    "4G",
+    "4G,",
+    "4G,,8G",
+    ",",
+    "1,1",
+    "0,2",
+    "50%",
+    "0%",
+    "101%",
+    "99999%",
+    "1ms",
+    "100ms",
+    "99ms",
+    "10m",
+    "1h",
+    "8761h",
+    "2",
+    "5",
+    "4.9",
+    "60",
+    "61",
+    "24h",
+    "25h",
+    "auto",
+    "auto:0",
+    "auto:1025",
+    "all",
+    "none",
+    "on",
+    "off",
+    "OFF",
+    "async",
+    "float32",
+    "--json",
+    "--wait",
+    "--min-free",
+    "--interval",
+    "--window",
+    "--sidebar",
+    "--",
+    "-",
+    "\x00",
+    "\x1b[31m",
+    "\u2028",
+    "\u0085",
+    "\t",
+    "\udc80",
+    "İ",
+    "ß",
+    "'",
+    '"',
+    "'unclosed",
+    '"a b"',
+    "''",
+    "\\",
+    "a\\",
+    "budget",
+    "on",
 )
 
 
@@ -161,7 +295,9 @@ def hostile_lines() -> list[tuple[str, str]]:
         for prefix, fragment in itertools.product(prefixes, FRAGMENTS):
             out.append((kind, f"{prefix} {fragment}"))
             out.append((kind, f"{prefix} '{fragment}' 1"))
-    for interval, window in itertools.product(("0.1", "100ms", "99ms", "60", "61", NINES_400), ("2", "5", "1", "10m", "25h", NINES_400)):
+    for interval, window in itertools.product(
+        ("0.1", "100ms", "99ms", "60", "61", NINES_400), ("2", "5", "1", "10m", "25h", NINES_400)
+    ):
         out.append(("line", f"monitor --interval {interval} --window {window}"))
     return out
 
@@ -175,7 +311,7 @@ def outcome(kind: str, line: str) -> str:
         if "valid: " not in message or not message.isprintable():
             return f"bad message: {message[:80]!r}"
         return "grammar"
-    except Exception as err:  # noqa: BLE001 -- counting exactly these is the point
+    except Exception as err:
         return type(err).__name__
     return "ok"
 
@@ -183,7 +319,11 @@ def outcome(kind: str, line: str) -> str:
 def test_the_corpus_gives_only_commands_and_grammar_errors():
     lines = hostile_lines()
     assert len(lines) > 4000
-    wrong = [(kind, line[:60], result) for kind, line in lines if (result := outcome(kind, line)) not in ("ok", "grammar")]
+    wrong = [
+        (kind, line[:60], result)
+        for kind, line in lines
+        if (result := outcome(kind, line)) not in ("ok", "grammar")
+    ]
     assert wrong == []
 
 
@@ -193,7 +333,9 @@ def test_accepted_monitor_lines_suit_the_panel():
         if kind == "line" and line.startswith("monitor") and outcome(kind, line) == "ok":
             command = grammar.parse(line)
             if not command.off:
-                interval = 0.5 if command.interval is None else command.interval  # None: the running sampler's
+                interval = (
+                    0.5 if command.interval is None else command.interval
+                )  # None: the running sampler's
                 assert interval >= grammar.MIN_INTERVAL_S
                 assert grammar.MIN_WINDOW_S <= command.window and interval * 10 <= command.window
 
@@ -203,7 +345,9 @@ fragment = st.one_of(
     st.text(max_size=12),
     st.text(alphabet=st.characters(categories=["Nd", "No", "Cc", "Zs", "Zl", "Cs"]), max_size=6),
     st.integers(300, 5000).map(lambda n: "9" * n),
-    st.tuples(st.integers(300, 500), st.sampled_from(["", "G", "%", "ms", "h", ".5"])).map(lambda t: "9" * t[0] + t[1]),
+    st.tuples(st.integers(300, 500), st.sampled_from(["", "G", "%", "ms", "h", ".5"])).map(
+        lambda t: "9" * t[0] + t[1]
+    ),
     st.sampled_from(FRAGMENTS),
 )
 

@@ -43,55 +43,77 @@ PKG = {"pkg/__init__.py": "READY = 'pkg'\n", "pkg/sub.py": "READY = 'sub'\n"}
 
 
 def test_a_hook_runs_once_after_the_module_has_run_and_gets_the_imported_module(tmp_path):
-    result = run(tmp_path, PKG, """
+    result = run(
+        tmp_path,
+        PKG,
+        """
         run_after_import("pkg", record("a"))
         before = list(calls)
         import pkg
         import pkg  # a second import runs nothing again
         print(json.dumps({"before": before, "calls": calls}))
-    """)
+    """,
+    )
     assert result["before"] == []
     assert result["calls"] == [["a", "pkg", "pkg"]]  # READY set: the module's code had finished
 
 
 def test_an_imported_module_gets_its_hook_at_once(tmp_path):
-    result = run(tmp_path, PKG, """
+    result = run(
+        tmp_path,
+        PKG,
+        """
         import pkg
         run_after_import("pkg", record("a"))
         print(json.dumps({"calls": calls}))
-    """)
+    """,
+    )
     assert result["calls"] == [["a", "pkg", "pkg"]]
 
 
 @pytest.mark.parametrize(
-    "statement", ["import pkg.sub", "from pkg import sub", "import importlib; importlib.import_module('pkg.sub')"]
+    "statement",
+    ["import pkg.sub", "from pkg import sub", "import importlib; importlib.import_module('pkg.sub')"],
 )
 def test_a_parent_and_a_submodule_get_their_hooks_however_they_are_imported(tmp_path, statement):
-    result = run(tmp_path, PKG, f"""
+    result = run(
+        tmp_path,
+        PKG,
+        f"""
         run_after_import("pkg.sub", record("sub"))
         run_after_import("pkg", record("parent"))
         {statement}
         print(json.dumps({{"calls": calls}}))
-    """)
+    """,
+    )
     # The parent's hook runs as soon as the parent has run, before the submodule starts.
     assert result["calls"] == [["parent", "pkg", "pkg"], ["sub", "pkg.sub", "sub"]]
 
 
 def test_hooks_run_in_the_order_registered_and_a_waiting_hook_is_not_added_twice(tmp_path):
-    result = run(tmp_path, PKG, """
+    result = run(
+        tmp_path,
+        PKG,
+        """
         first, second = record("first"), record("second")
         run_after_import("pkg", first)
         run_after_import("pkg", second)
         run_after_import("pkg", first)
         import pkg
         print(json.dumps({"calls": [label for label, _, _ in calls]}))
-    """)
+    """,
+    )
     assert result["calls"] == ["first", "second"]
 
 
 def test_a_failed_import_keeps_the_hook_waiting_for_the_import_that_succeeds(tmp_path):
-    files = {"flaky.py": "import os\nif os.environ.get('FAIL') == '1':\n    raise RuntimeError('broken')\nREADY = 1\n"}
-    result = run(tmp_path, files, """
+    files = {
+        "flaky.py": "import os\nif os.environ.get('FAIL') == '1':\n    raise RuntimeError('broken')\nREADY = 1\n"
+    }
+    result = run(
+        tmp_path,
+        files,
+        """
         import os
         run_after_import("flaky", record("a"))
         os.environ["FAIL"] = "1"
@@ -103,43 +125,57 @@ def test_a_failed_import_keeps_the_hook_waiting_for_the_import_that_succeeds(tmp
         os.environ["FAIL"] = "0"
         import flaky
         print(json.dumps({"after_failure": after_failure, "calls": calls}))
-    """)
+    """,
+    )
     assert result["after_failure"] == []
     assert result["calls"] == [["a", "flaky", 1]]
 
 
 def test_the_hook_gets_the_module_that_replaced_itself_in_sys_modules(tmp_path):
     """TensorFlow's lazy loaders put another object in sys.modules while the module runs."""
-    files = {"swap.py": """
+    files = {
+        "swap.py": """
         import sys, types
         class Lazy(types.ModuleType):
             READY = "replacement"
         sys.modules[__name__] = Lazy(__name__)
-    """}
-    result = run(tmp_path, files, """
+    """
+    }
+    result = run(
+        tmp_path,
+        files,
+        """
         seen = []
         run_after_import("swap", seen.append)
         import swap
         print(json.dumps({"same": seen == [swap] and swap is sys.modules["swap"], "ready": swap.READY}))
-    """)
+    """,
+    )
     assert result == {"same": True, "ready": "replacement", "stderr": ""}
 
 
 def test_the_module_keeps_its_own_loader(tmp_path):
     """inspect.getsource, importlib.resources, ... read ``__loader__``: never the wrapper."""
-    result = run(tmp_path, PKG, """
+    result = run(
+        tmp_path,
+        PKG,
+        """
         import importlib.machinery
         run_after_import("pkg", record("a"))
         import pkg
         loaders = [type(pkg.__loader__).__name__, type(pkg.__spec__.loader).__name__]
         print(json.dumps({"loaders": loaders, "calls": len(calls)}))
-    """)
+    """,
+    )
     assert result["loaders"] == ["SourceFileLoader", "SourceFileLoader"]
     assert result["calls"] == 1
 
 
 def test_a_failing_hook_is_reported_and_breaks_neither_the_import_nor_the_next_hook(tmp_path):
-    result = run(tmp_path, PKG, """
+    result = run(
+        tmp_path,
+        PKG,
+        """
         def broken(module):
             raise ValueError("hook bug")
         run_after_import("pkg", broken)
@@ -147,7 +183,8 @@ def test_a_failing_hook_is_reported_and_breaks_neither_the_import_nor_the_next_h
         import pkg
         run_after_import("pkg", broken)  # already imported: runs at once, and the caller goes on
         print(json.dumps({"calls": calls, "imported": "pkg" in sys.modules}))
-    """)
+    """,
+    )
     assert result["imported"] is True
     assert result["calls"] == [["after", "pkg", "pkg"]]
     assert result["stderr"].count("a hook run after importing 'pkg' failed (the import worked)") == 2
@@ -155,26 +192,35 @@ def test_a_failing_hook_is_reported_and_breaks_neither_the_import_nor_the_next_h
 
 
 def test_a_hook_registered_while_the_module_runs_waits_for_its_end(tmp_path):
-    files = {"selfish.py": """
+    files = {
+        "selfish.py": """
         from tfgpu_magic.frameworks.import_hooks import run_after_import
         import builtins
         run_after_import(__name__, lambda m: builtins.seen.append(getattr(m, "READY", None)))
         READY = "done"
-    """}
-    result = run(tmp_path, files, """
+    """
+    }
+    result = run(
+        tmp_path,
+        files,
+        """
         import builtins
         builtins.seen = []
         run_after_import("selfish", record("outer"))  # watched: its import goes through the finder
         import selfish
         print(json.dumps({"seen": builtins.seen, "calls": calls}))
-    """)
+    """,
+    )
     assert result["seen"] == ["done"]
     assert result["calls"] == [["outer", "selfish", "done"]]
 
 
 def test_imports_racing_in_threads_run_the_hook_once_and_all_wait_for_it(tmp_path):
     files = {"slow.py": "import time\ntime.sleep(0.2)\nREADY = True\n"}
-    result = run(tmp_path, files, """
+    result = run(
+        tmp_path,
+        files,
+        """
         import threading, time
         def configure(module):
             time.sleep(0.1)  # the other threads' `import slow` must not return before this is done
@@ -191,13 +237,17 @@ def test_imports_racing_in_threads_run_the_hook_once_and_all_wait_for_it(tmp_pat
         for t in threads:
             t.join()
         print(json.dumps({"calls": calls, "seen": seen}))
-    """)
+    """,
+    )
     assert result["calls"] == ["slow"]
     assert result["seen"] == [True] * 8
 
 
 def test_an_old_style_loader_with_only_load_module_gets_its_hook(tmp_path):
-    result = run(tmp_path, {}, """
+    result = run(
+        tmp_path,
+        {},
+        """
         import importlib.util, types, warnings
         warnings.simplefilter("ignore", ImportWarning)  # the import system's note on load_module
         class OldLoader:
@@ -212,17 +262,22 @@ def test_an_old_style_loader_with_only_load_module_gets_its_hook(tmp_path):
         run_after_import("oldie", record("a"))
         import oldie
         print(json.dumps({"calls": calls, "loader": type(oldie.__loader__).__name__}))
-    """)
+    """,
+    )
     assert result["calls"] == [["a", "oldie", "old"]]
     assert result["loader"] == "OldLoader"
 
 
 def test_other_imports_are_left_to_the_other_finders(tmp_path):
-    result = run(tmp_path, PKG, """
+    result = run(
+        tmp_path,
+        PKG,
+        """
         run_after_import("pkg", record("a"))
         finder = sys.meta_path[0]
         print(json.dumps({"json": finder.find_spec("json"), "pkg": finder.find_spec("pkg") is not None}))
-    """)
+    """,
+    )
     assert result["json"] is None  # not watched: answered at once, found by the next finder
     assert result["pkg"] is True
 
@@ -230,12 +285,16 @@ def test_other_imports_are_left_to_the_other_finders(tmp_path):
 def test_loading_the_extension_leaves_wrapt_and_what_only_errors_need_out(tmp_path):
     """wrapt (and the asyncio, ssl, importlib.metadata it imports) was most of `%load_ext`'s cost;
     the out-of-memory explanation and the no-GPU diagnosis load when they are needed."""
-    result = run(tmp_path, {}, """
+    result = run(
+        tmp_path,
+        {},
+        """
         import tfgpu_magic
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "tfgpu_magic")
         later = ("wrapt", "tensorflow", "tfgpu_magic.kernel.oom", "tfgpu_magic.frameworks.tensorflow_diagnosis")
         print(json.dumps({"loaded": sorted(m for m in later if m in sys.modules)}))
-    """)
+    """,
+    )
     assert result["loaded"] == []

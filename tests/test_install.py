@@ -16,27 +16,39 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BUILT = [REPO / "tfgpu_magic" / "static" / "widget.js", REPO / "tfgpu_magic" / "labextension" / "package.json"]
+BUILT = [
+    REPO / "tfgpu_magic" / "static" / "widget.js",
+    REPO / "tfgpu_magic" / "labextension" / "package.json",
+]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(not all(p.is_file() for p in BUILT), reason="the front ends are not built (npm run build)"),
+    pytest.mark.skipif(
+        not all(p.is_file() for p in BUILT), reason="the front ends are not built (npm run build)"
+    ),
 ]
 
 
 def run(*args: object, env: dict | None = None, cwd: Path | None = None) -> str:
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env, cwd=cwd)
-    assert done.returncode == 0, f"{args} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{args} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return ANSI.sub("", done.stdout + done.stderr)
 
 
 def fresh_env(tmp_path: Path) -> dict:
     """An environment that sees only the new venv: no checkout on PYTHONPATH, no extra Jupyter paths."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"PYTHONPATH", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "VIRTUAL_ENV", "PYTHONHOME"}}
-    env.update(JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"), JUPYTER_DATA_DIR=str(tmp_path / "jupyter-data"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"PYTHONPATH", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "VIRTUAL_ENV", "PYTHONHOME"}
+    }
+    env.update(
+        JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"), JUPYTER_DATA_DIR=str(tmp_path / "jupyter-data")
+    )
     return env
 
 
@@ -53,7 +65,9 @@ def assert_extensions_enabled(bin_dir: Path, env: dict) -> None:
     assert re.search(r"tfgpu-magic v0\.1\.0 enabled OK \(python, tfgpu_magic\)", labext), labext
     assert "jupyter lab build" not in labext and "Build recommended" not in labext, labext
     serverext = run(bin_dir / "jupyter", "server", "extension", "list", env=env)
-    assert re.search(r"tfgpu_magic enabled\s+- Validating tfgpu_magic\.\.\.\s+tfgpu_magic 0\.1\.0 OK", serverext), serverext
+    assert re.search(
+        r"tfgpu_magic enabled\s+- Validating tfgpu_magic\.\.\.\s+tfgpu_magic 0\.1\.0 OK", serverext
+    ), serverext
 
 
 def test_the_wheel_installs_both_extensions_without_npm_or_a_build(tmp_path):
@@ -64,7 +78,18 @@ def test_the_wheel_installs_both_extensions_without_npm_or_a_build(tmp_path):
     (fake / "npm").chmod(0o755)
     env = fresh_env(tmp_path)
     build_env = dict(env, PATH=f"{fake}{os.pathsep}{env['PATH']}")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "wheels", REPO, env=build_env)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-q",
+        "-w",
+        tmp_path / "wheels",
+        REPO,
+        env=build_env,
+    )
     [wheel] = (tmp_path / "wheels").glob("tfgpu_magic-*.whl")
 
     bin_dir = venv(tmp_path)
@@ -76,8 +101,13 @@ def test_the_wheel_installs_both_extensions_without_npm_or_a_build(tmp_path):
 
 def test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place(tmp_path):
     """What `make setup` does (pip install -e): hatchling copies the shared data into the venv too."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     checkout = tmp_path / "checkout"
     for name in filter(None, listed):
         if (REPO / name).is_file():
@@ -85,7 +115,9 @@ def test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place(tmp
             shutil.copy2(REPO / name, checkout / name)
     if (REPO / "node_modules").is_dir():  # the packages npm would fetch, without fetching them again
         (checkout / "node_modules").symlink_to(REPO / "node_modules", target_is_directory=True)
-    assert not (checkout / "tfgpu_magic" / "labextension").exists()  # built by the install, as on a fresh clone
+    assert not (
+        checkout / "tfgpu_magic" / "labextension"
+    ).exists()  # built by the install, as on a fresh clone
 
     env = fresh_env(tmp_path)
     bin_dir = venv(tmp_path)

@@ -98,9 +98,7 @@ def test_an_exited_process_is_listed_but_counted_as_unattributed():
     assert [(p.pid, p.alive, p.whose, p.user) for p in usage.processes] == [(41004, False, "unknown", None)]
     assert (usage.this_kernel_bytes, usage.my_other_bytes, usage.others_bytes) == (0, 0, 0)
     assert usage.unattributed_bytes == (300 + 2048) * MIB
-    assert usage.notes == (
-        f"pid 41004: {owners.EXITED_NOTE}; counted as unattributed",
-    )
+    assert usage.notes == (f"pid 41004: {owners.EXITED_NOTE}; counted as unattributed",)
 
 
 def test_memory_nvml_cannot_report_is_missing_not_zero():
@@ -125,7 +123,9 @@ def test_a_lost_gpu_has_no_usage_and_says_why():
 
 def test_process_listing_failure_is_a_note_not_an_empty_gpu():
     server = shared_server(ME)
-    server.nvmlDeviceGetComputeRunningProcesses = _raise(SimulatedNvml.NVMLError(SimulatedNvml.NVML_ERROR_NO_PERMISSION))
+    server.nvmlDeviceGetComputeRunningProcesses = _raise(
+        SimulatedNvml.NVMLError(SimulatedNvml.NVML_ERROR_NO_PERMISSION)
+    )
     usage = usage_of(server, 1)
     assert usage.processes is None and usage.this_kernel_bytes is None
     assert usage.notes == ("NVML could not list the processes (Insufficient Permissions)",)
@@ -177,7 +177,9 @@ def test_min_free_filters_and_is_named_in_the_reason(fresh):
 
 
 def test_ties_on_free_memory_go_to_the_less_busy_gpu():
-    server = SimulatedNvml([SimulatedGpu(utilization=u) for u in (90, 10, 50)] + [SimulatedGpu(unsupported={"utilization"})])
+    server = SimulatedNvml(
+        [SimulatedGpu(utilization=u) for u in (90, 10, 50)] + [SimulatedGpu(unsupported={"utilization"})]
+    )
     session = Session(nvml=Nvml(lib=server), env={})
     assert choose(session)[0] == (1,)
     claims.release_all()
@@ -185,7 +187,13 @@ def test_ties_on_free_memory_go_to_the_less_busy_gpu():
 
 
 def test_lost_and_mig_gpus_are_never_chosen():
-    server = SimulatedNvml([SimulatedGpu(total_mib=80000, lost=True), SimulatedGpu(total_mib=80000, mig=True), SimulatedGpu(total_mib=1000)])
+    server = SimulatedNvml(
+        [
+            SimulatedGpu(total_mib=80000, lost=True),
+            SimulatedGpu(total_mib=80000, mig=True),
+            SimulatedGpu(total_mib=1000),
+        ]
+    )
     assert choose(Session(nvml=Nvml(lib=server), env={}))[0] == (2,)
 
 
@@ -210,7 +218,10 @@ def test_choosing_again_moves_the_claim(fresh, server):
             "fewer than 3 unclaimed GPUs have 20.0 GiB free now (the most free is 57.7 GiB, on GPU 1); "
             "try `%gpu use auto:3 --min-free 20G --wait 10m`",
         ),
-        ({"count": 5}, "`%gpu use auto:5` needs 5 GPUs but this machine has 4; use `%gpu use auto:4` or fewer"),
+        (
+            {"count": 5},
+            "`%gpu use auto:5` needs 5 GPUs but this machine has 4; use `%gpu use auto:4` or fewer",
+        ),
     ],
 )
 def test_impossible_requests_say_what_to_try(fresh, auto, message):
@@ -316,7 +327,11 @@ def start_kernel(go: Path, line: str = "use auto") -> subprocess.Popen:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return subprocess.Popen(
         [sys.executable, "-W", "error", "-c", KERNEL, str(go), line],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
 
 
@@ -380,8 +395,14 @@ def test_readings_agree_with_nvidia_smi():
     if shutil.which("nvidia-smi") is None:
         pytest.skip("nvidia-smi is not installed")
     out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
+        [
+            "nvidia-smi",
+            "--query-gpu=index,uuid,name,memory.total,memory.used",
+            "--format=csv,noheader,nounits",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     rows = [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
     assert len(rows) == nvml.device_count()
@@ -392,13 +413,17 @@ def test_readings_agree_with_nvidia_smi():
         assert abs(gpu.memory.used_bytes // MIB - int(used_mib)) <= 64  # read a moment apart
 
 
-
-
 @pytest.mark.gpu
 def test_a_process_allocating_memory_is_found_with_its_pid_and_user():
     nvml = real_nvml()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    proc = subprocess.Popen([sys.executable, "-c", GPU_ALLOCATOR_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GPU_ALLOCATOR_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline().strip()
         if line != "allocated":

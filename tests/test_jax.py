@@ -18,13 +18,13 @@ from conftest import run_scenario
 from fakes import FakeTensorFlow
 
 from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks.base import PeakReading, Stage
 from tfgpu_magic.frameworks.jax import Jax, mem_fraction_name
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import cells, oom, trace
 from tfgpu_magic.kernel.session import Session, SessionError
-from tfgpu_magic.frameworks import adapters
 
 GIB = 1 << 30
 
@@ -41,16 +41,20 @@ def test_settings_asked_before_import_are_what_jax_itself_reads_at_its_start(jax
     r = jax_kernel
     assert r["jax_imported_by_magic"] is False  # the magic never imports jax
     assert r["env_before_import"] == {
-        "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5",
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5",
         "XLA_CLIENT_MEM_FRACTION": None,  # never both names: JAX's CUDA plugin refuses that
-        "XLA_PYTHON_CLIENT_ALLOCATOR": "platform", "CUDA_VISIBLE_DEVICES": "0,1",
+        "XLA_PYTHON_CLIENT_ALLOCATOR": "platform",
+        "CUDA_VISIBLE_DEVICES": "0,1",
     }
     assert r["started_by_import"] is False and r["started"] is True  # the backends start at the first op
     read = r["jax_read"]  # JAX's own function, called by the test after the start
     start = r["frameworks"]["jax"]["started_with"]
-    assert (start["preallocate"], start["memory_fraction"], start["allocator"]) == (
-        read["preallocate"], read["memory_fraction"], read["allocator"]
-    ) == (False, 0.1, "platform")
+    assert (
+        (start["preallocate"], start["memory_fraction"], start["allocator"])
+        == (read["preallocate"], read["memory_fraction"], read["allocator"])
+        == (False, 0.1, "platform")
+    )
     assert start["cuda_visible_devices"] == "0,1"
 
 
@@ -67,14 +71,19 @@ def test_limits_that_are_different_shares_leave_jax_uncapped_and_say_so(jax_kern
     assert r["limit_differing"].endswith(f": JAX gets no memory fraction from it: {problem}")
     assert r["fraction_differing"] is None
     assert f"  no memory fraction for JAX: {problem}" in r["status_differing"]
-    assert r["limit_same_share"] == "limit 4096MiB,8192MiB: JAX: takes effect when its backends start (its first operation)"
+    assert (
+        r["limit_same_share"]
+        == "limit 4096MiB,8192MiB: JAX: takes effect when its backends start (its first operation)"
+    )
     assert r["frameworks"]["jax"]["environment_at_start"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.1"
 
 
 @pytest.mark.slow
 def test_the_cpu_build_is_said_to_take_no_gpu_setting_and_free_keeps_the_users_arrays(jax_kernel):
     r = jax_kernel
-    assert r["grow_off_after"].endswith(": JAX: started without a GPU backend, so GPU settings do not reach it")
+    assert r["grow_off_after"].endswith(
+        ": JAX: started without a GPU backend, so GPU settings do not reach it"
+    )
     assert "Ran jax.clear_caches(): compiled functions are dropped. JAX's arrays are yours" in r["free"]
     assert r["x_still_there"] is True
     assert "JAX:        started on cpu: no GPU backend, so GPU settings do not reach it" in r["text"]
@@ -101,7 +110,10 @@ class StandInJax:
         self.errors = types.SimpleNamespace(JaxRuntimeError=type("JaxRuntimeError", (RuntimeError,), {}))
 
     def _options(self) -> dict:
-        options = {"platform_name": "cuda", "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")}
+        options = {
+            "platform_name": "cuda",
+            "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default"),
+        }
         if os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
             options["memory_fraction"] = float(os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"])
         if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"):
@@ -150,7 +162,9 @@ class StandInDevice:
 
 
 def jax_session() -> Session:
-    return Session(nvml=Nvml(lib=shared_server()), env=os.environ, frameworks=adapters(tensorflow=FakeTensorFlow()))
+    return Session(
+        nvml=Nvml(lib=shared_server()), env=os.environ, frameworks=adapters(tensorflow=FakeTensorFlow())
+    )
 
 
 def started_jax(session: Session, *commands: str) -> StandInJax:
@@ -175,13 +189,22 @@ def test_the_start_is_recorded_as_jax_reads_it_and_a_different_setting_is_then_t
         "Put `%gpu limit 50%` at the top of the notebook, before `import jax`, and restart the kernel"
     )
     assert session.requested.limits == (grammar.Percent(25),)  # nothing changed
-    with pytest.raises(SessionError, match=r"^JAX has already started with preallocation off.*`%gpu grow off`"):
+    with pytest.raises(
+        SessionError, match=r"^JAX has already started with preallocation off.*`%gpu grow off`"
+    ):
         session.configure(grammar.parse("grow off"))
-    with pytest.raises(SessionError, match=r"^JAX has already started with CUDA_VISIBLE_DEVICES=0,1.*`%gpu use 2`"):
+    with pytest.raises(
+        SessionError, match=r"^JAX has already started with CUDA_VISIBLE_DEVICES=0,1.*`%gpu use 2`"
+    ):
         session.configure(grammar.parse("use 2"))
-    assert session.configure(grammar.parse("grow")) == "grow: JAX: already started with it"  # JAX alone is imported: its part is the reply
-    with pytest.raises(SessionError, match=r"^JAX takes one memory fraction for all its GPUs, and these limits "
-                                           r"are 20% of GPU 0, 10% of GPU 1"):
+    assert (
+        session.configure(grammar.parse("grow")) == "grow: JAX: already started with it"
+    )  # JAX alone is imported: its part is the reply
+    with pytest.raises(
+        SessionError,
+        match=r"^JAX takes one memory fraction for all its GPUs, and these limits "
+        r"are 20% of GPU 0, 10% of GPU 1",
+    ):
         session.configure(grammar.parse("limit 8G,8G"))
 
 
@@ -244,13 +267,22 @@ def test_out_of_memory_is_explained_with_jaxs_figures_and_fraction():
     session = jax_session()
     jax = started_jax(session, "use 1", "limit 50%")
     jax.gpus[0].stats.update(bytes_in_use=39 * GIB, bytes_limit=40 * GIB)
-    error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes.")
+    error = jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes."
+    )
     assert oom.is_out_of_memory(session.adapter("jax"), error)
-    assert not oom.is_out_of_memory(session.adapter("jax"), jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes"))
+    assert not oom.is_out_of_memory(
+        session.adapter("jax"), jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes")
+    )
     text = oom.explain(session, error)
-    assert text.startswith("tfgpu_magic: JAX ran out of memory on GPU 1 (JAX gpu:0, NVIDIA A100-SXM4-80GB).\n")
+    assert text.startswith(
+        "tfgpu_magic: JAX ran out of memory on GPU 1 (JAX gpu:0, NVIDIA A100-SXM4-80GB).\n"
+    )
     assert "  Failed request: 4,096 MiB\n" in text
-    assert "  JAX's allocator: 39.0 GiB in use, 0 B reserved; limit: 40.0 GiB, memory fraction 0.5 (read when JAX started)" in text
+    assert (
+        "  JAX's allocator: 39.0 GiB in use, 0 B reserved; limit: 40.0 GiB, memory fraction 0.5 (read when JAX started)"
+        in text
+    )
     assert "pid 41003: 8,192 MiB (bob, python finetune.py)" in text
 
 
@@ -272,7 +304,11 @@ def test_the_stage_follows_jax():
     adapter.on_import(jax)
     assert adapter.stage() is Stage.IMPORTED and adapter.started_with is None
     jax.devices()
-    assert adapter.stage() is Stage.STARTED and adapter.started_with is not None and not adapter.started_with.late
+    assert (
+        adapter.stage() is Stage.STARTED
+        and adapter.started_with is not None
+        and not adapter.started_with.late
+    )
 
 
 def test_out_of_memory_names_the_device_ordinal_xla_gives():
@@ -309,7 +345,9 @@ def test_the_users_own_variables_are_kept_until_asked_and_restored_by_reset():
     os.environ.update(XLA_CLIENT_MEM_FRACTION="0.3", XLA_PYTHON_CLIENT_ALLOCATOR="platform")
     session = jax_session()
     session.configure(grammar.parse("limit 50%"))
-    assert os.environ["XLA_CLIENT_MEM_FRACTION"] == "0.5" and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+    assert (
+        os.environ["XLA_CLIENT_MEM_FRACTION"] == "0.5" and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+    )
     session.configure(grammar.parse("allocator default"))  # asked: JAX's default, the variable unset
     assert "XLA_PYTHON_CLIENT_ALLOCATOR" not in os.environ
     session.configure(grammar.parse("grow off"))  # asked: preallocate, said explicitly
@@ -323,10 +361,16 @@ def test_the_users_own_variables_are_kept_until_asked_and_restored_by_reset():
 def test_both_fraction_names_set_is_refused_with_what_to_do():
     os.environ.update(XLA_CLIENT_MEM_FRACTION="0.3", XLA_PYTHON_CLIENT_MEM_FRACTION="0.4")
     session = jax_session()
-    with pytest.raises(SessionError, match=r"are both set, and JAX refuses to start its CUDA client with both: "
-                                           r"remove one first \(`del os.environ\['XLA_PYTHON_CLIENT_MEM_FRACTION'\]`\)"):
+    with pytest.raises(
+        SessionError,
+        match=r"are both set, and JAX refuses to start its CUDA client with both: "
+        r"remove one first \(`del os.environ\['XLA_PYTHON_CLIENT_MEM_FRACTION'\]`\)",
+    ):
         session.configure(grammar.parse("limit 50%"))
-    assert (os.environ["XLA_CLIENT_MEM_FRACTION"], os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == ("0.3", "0.4")
+    assert (os.environ["XLA_CLIENT_MEM_FRACTION"], os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == (
+        "0.3",
+        "0.4",
+    )
 
 
 def test_platform_is_jaxs_word_and_leaves_tensorflow_and_pytorch_as_they_were():
@@ -351,7 +395,9 @@ def test_a_memory_reading_that_fails_is_a_note():
 
     report = status.build_report(session)
     assert report["frameworks"]["jax"]["memory_error"] == "gpu:0: RuntimeError: INTERNAL: CUDA error"
-    assert "  note: no memory reading for gpu:0: RuntimeError: INTERNAL: CUDA error" in status.render_text(report)
+    assert "  note: no memory reading for gpu:0: RuntimeError: INTERNAL: CUDA error" in status.render_text(
+        report
+    )
     assert "Ran jax.clear_caches()" in session.free()
 
 
@@ -363,7 +409,10 @@ def test_a_limit_jax_cannot_take_is_said_when_jax_starts(capsys):
     session._on_import(session.adapter("jax"), jax)
     assert capsys.readouterr().err == ""  # imported (TensorFlow imports jax itself): nothing said
     jax.devices()
-    assert "tfgpu_magic: JAX starts without a memory fraction: JAX takes one memory fraction" in capsys.readouterr().err
+    assert (
+        "tfgpu_magic: JAX starts without a memory fraction: JAX takes one memory fraction"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_jax_that_starts_on_the_cpu_hears_nothing_of_gpu_limits(capsys):
@@ -379,8 +428,13 @@ def test_a_jax_that_starts_on_the_cpu_hears_nothing_of_gpu_limits(capsys):
 def test_a_plugin_that_refused_both_fraction_names_is_not_said_to_preallocate():
     """Both names inherited: JAX's CUDA plugin refuses them; what JAX started with is what its
     variables said (preallocation off here), never JAX's defaults in their place (issue 27)."""
-    os.environ.update({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3", "XLA_CLIENT_MEM_FRACTION": "0.3",
-                       "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    os.environ.update(
+        {
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3",
+            "XLA_CLIENT_MEM_FRACTION": "0.3",
+            "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        }
+    )
     session = jax_session()
     jax = StandInJax()
 

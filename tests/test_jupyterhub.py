@@ -41,9 +41,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 from browser_support import (
@@ -72,7 +73,7 @@ SOURCE = "--TfgpuMagic.device_source=tfgpu_magic.simulated:host_kernels_server"
 CHP_IN_REPO = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 
 
-def proxy_command() -> Optional[str]:
+def proxy_command() -> str | None:
     if os.access(CHP_IN_REPO, os.X_OK):
         return str(CHP_IN_REPO)
     return shutil.which("configurable-http-proxy")
@@ -83,7 +84,7 @@ def proxy_command() -> Optional[str]:
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 
-def tool(name: str) -> Optional[str]:
+def tool(name: str) -> str | None:
     return shutil.which(name, path=SBIN_PATH)
 
 
@@ -94,9 +95,24 @@ def ensure_users() -> list[str]:
         try:
             pwd.getpwnam(name)
         except KeyError:
-            subprocess.run([tool("useradd") or "useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-                            "--shell", "/usr/sbin/nologin", "--comment", "tfgpu_magic test user", name],
-                           check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                [
+                    tool("useradd") or "useradd",
+                    "--system",
+                    "--user-group",
+                    "--no-create-home",
+                    "--home-dir",
+                    "/nonexistent",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    "--comment",
+                    "tfgpu_magic test user",
+                    name,
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
             created.append(name)
     return created
 
@@ -107,7 +123,13 @@ def remove_users(names: list[str]) -> None:
 
 
 def runs_as(user: str, argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([tool("runuser") or "runuser", "-u", user, "--", *argv], capture_output=True, text=True, cwd="/", timeout=60)
+    return subprocess.run(
+        [tool("runuser") or "runuser", "-u", user, "--", *argv],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
 
 
 PROBE = ["-c", "import jupyterhub.singleuser, jupyterlab, tfgpu_magic.server.extension"]
@@ -124,12 +146,18 @@ def python_for_users(base: Path) -> tuple[list[str], str]:
         return [str(VENV / "bin" / "jupyterhub-singleuser")], "this venv"
     refused = runs_as(ALICE, direct).stderr.strip().splitlines()[-1:]
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    system = next((p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}") if os.access(p, os.X_OK)), None)
+    system = next(
+        (p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}") if os.access(p, os.X_OK)), None
+    )
     if system is None:
-        pytest.skip(f"the test users cannot run {VENV}/bin/python ({refused}) and there is no system {version} "
-                    "to make a bridge venv with; make the venv's Python reachable by other users")
+        pytest.skip(
+            f"the test users cannot run {VENV}/bin/python ({refused}) and there is no system {version} "
+            "to make a bridge venv with; make the venv's Python reachable by other users"
+        )
     bridge = base / "python"
-    subprocess.run([system, "-m", "venv", "--without-pip", str(bridge)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [system, "-m", "venv", "--without-pip", str(bridge)], check=True, capture_output=True, timeout=60
+    )
     site = bridge / "lib" / version / "site-packages"
     packages = str(VENV / "lib" / version / "site-packages")
     (site / "tfgpu_venv.pth").write_text(f"import site; site.addsitedir({packages!r})\n")
@@ -143,16 +171,34 @@ def python_for_users(base: Path) -> tuple[list[str], str]:
             (data / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
     spec = data / "kernels" / "python3"
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [str(bridge / "bin" / "python"), "-Xfrozen_modules=off", "-m", "ipykernel_launcher",
-                 "-f", "{connection_file}"],
-        "display_name": "Python 3 (ipykernel)", "language": "python", "metadata": {"debugger": True},
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [
+                    str(bridge / "bin" / "python"),
+                    "-Xfrozen_modules=off",
+                    "-m",
+                    "ipykernel_launcher",
+                    "-f",
+                    "{connection_file}",
+                ],
+                "display_name": "Python 3 (ipykernel)",
+                "language": "python",
+                "metadata": {"debugger": True},
+            }
+        )
+    )
     probe = runs_as(ALICE, [str(bridge / "bin" / "python"), *PROBE])
     if probe.returncode != 0:
-        pytest.skip(f"the test users cannot run {VENV}/bin/python ({refused}), nor a bridge venv made with {system} "
-                    f"({probe.stderr.strip().splitlines()[-1:]})")
-    return [str(bridge / "bin" / "python"), "-m", "jupyterhub.singleuser"], f"a bridge venv made with {system}"
+        pytest.skip(
+            f"the test users cannot run {VENV}/bin/python ({refused}), nor a bridge venv made with {system} "
+            f"({probe.stderr.strip().splitlines()[-1:]})"
+        )
+    return [
+        str(bridge / "bin" / "python"),
+        "-m",
+        "jupyterhub.singleuser",
+    ], f"a bridge venv made with {system}"
 
 
 # -- the hub ----------------------------------------------------------------------------------------
@@ -229,8 +275,15 @@ class Hub:
         self.tokens: dict[str, str] = {}
         self.kernels: dict[str, dict[str, Any]] = {}  # user -> the session's kernel
 
-    def request(self, path: str, token: Optional[str], method: str = "GET", body: Any = None,
-                timeout: float = 30, scheme: str = "token") -> tuple[int, bytes, dict[str, str]]:
+    def request(
+        self,
+        path: str,
+        token: str | None,
+        method: str = "GET",
+        body: Any = None,
+        timeout: float = 30,
+        scheme: str = "token",
+    ) -> tuple[int, bytes, dict[str, str]]:
         """One HTTP request through the proxy, redirects not followed: (status, body, headers)."""
         headers = {"Authorization": f"{scheme} {token}"} if token else {}
         data = None
@@ -308,16 +361,20 @@ def _stop(processes: list) -> None:
 @contextlib.contextmanager
 def running_hub() -> Iterator[Hub]:
     if os.geteuid() != 0:
-        pytest.skip("needs root: the local-process spawner starts each user's server as that user "
-                    f"(and the users {', '.join(USERS)} are created here when missing)")
+        pytest.skip(
+            "needs root: the local-process spawner starts each user's server as that user "
+            f"(and the users {', '.join(USERS)} are created here when missing)"
+        )
     proxy = proxy_command()
     if proxy is None:
-        pytest.skip(f"no configurable-http-proxy (not at {CHP_IN_REPO} nor on PATH): make setup runs npm install")
+        pytest.skip(
+            f"no configurable-http-proxy (not at {CHP_IN_REPO} nor on PATH): make setup runs npm install"
+        )
     if tool("runuser") is None or tool("useradd") is None:
         pytest.skip("runuser and useradd are needed to make and check the test users")
     created = ensure_users()
     tmp = Path(tempfile.mkdtemp(prefix="tfgpu-hub-"))
-    hub_proc: Optional[subprocess.Popen] = None
+    hub_proc: subprocess.Popen | None = None
     log = None
     try:
         tmp.chmod(0o755)  # the users reach their own folders and the shared data through it
@@ -330,36 +387,69 @@ def running_hub() -> Iterator[Hub]:
         cmd, how = python_for_users(tmp)
         port, hub_port, proxy_api_port = free_port(), free_port(), free_port()
         password, service_token = secrets.token_hex(12), secrets.token_hex(24)
-        args = [SOURCE, "--TfgpuMagic.refresh_interval=0.5",
-                "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        args = [
+            SOURCE,
+            "--TfgpuMagic.refresh_interval=0.5",
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
         path = os.pathsep.join([str(Path(cmd[0]).parent), "/usr/local/bin", "/usr/bin", "/bin"])
         config = tmp / "hub" / "jupyterhub_config.py"
-        config.write_text(readme_hub_config() + "\n\n" + CONFIG.format(
-            tmp=str(tmp), port=port, hub_port=hub_port, proxy=proxy, proxy_api_port=proxy_api_port,
-            password=password, users=set(USERS), service_token=service_token, cmd=cmd, args=args,
-            path=path, repo=str(REPO),
-        ))
+        config.write_text(
+            readme_hub_config()
+            + "\n\n"
+            + CONFIG.format(
+                tmp=str(tmp),
+                port=port,
+                hub_port=hub_port,
+                proxy=proxy,
+                proxy_api_port=proxy_api_port,
+                password=password,
+                users=set(USERS),
+                service_token=service_token,
+                cmd=cmd,
+                args=args,
+                path=path,
+                repo=str(REPO),
+            )
+        )
         ARTIFACTS.mkdir(exist_ok=True)
         log = open(ARTIFACTS / "jupyterhub.log", "w")
         log.write(f"single-user servers run {how}: {cmd}\n")
         log.flush()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "TF_", "CUDA_", "XLA_"))}
         env["PATH"] = os.pathsep.join([str(VENV / "bin"), str(Path(proxy).parent), env.get("PATH", "")])
-        hub_proc = subprocess.Popen([str(VENV / "bin" / "jupyterhub"), "-f", str(config)], cwd=tmp / "hub",
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        hub_proc = subprocess.Popen(
+            [str(VENV / "bin" / "jupyterhub"), "-f", str(config)],
+            cwd=tmp / "hub",
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         hub = Hub(f"http://127.0.0.1:{port}", service_token, password, hub_proc, tmp)
         _wait_for_hub(hub)
         # Side by side: the hub answers a spawn when the server is ready (or after 10 s).
         with ThreadPoolExecutor(len(USERS)) as spawns:
             list(spawns.map(lambda user: hub.api(f"users/{user}/server", "POST"), USERS))
         for user in USERS:
-            wait_until(lambda user=user: hub.api(f"users/{user}")["servers"].get("", {}).get("ready"), bool, 120,
-                       f"{user}'s server ready")
-            hub.tokens[user] = hub.api(f"users/{user}/tokens", "POST", {"note": "tfgpu test", "expires_in": 3600})["token"]
+            wait_until(
+                lambda user=user: hub.api(f"users/{user}")["servers"].get("", {}).get("ready"),
+                bool,
+                120,
+                f"{user}'s server ready",
+            )
+            hub.tokens[user] = hub.api(
+                f"users/{user}/tokens", "POST", {"note": "tfgpu test", "expires_in": 3600}
+            )["token"]
         for user in USERS:
             name = f"{user.split('-')[1]}.ipynb"
-            session = hub.as_user(user, "api/sessions", "POST",
-                                  {"path": name, "name": name, "type": "notebook", "kernel": {"name": "python3"}})
+            session = hub.as_user(
+                user,
+                "api/sessions",
+                "POST",
+                {"path": name, "name": name, "type": "notebook", "kernel": {"name": "python3"}},
+            )
             hub.kernels[user] = session["kernel"]
         yield hub
     finally:
@@ -378,7 +468,9 @@ def _make_home(home: Path, user: str) -> None:
     for folder in (home / "notebooks", settings):
         folder.mkdir(parents=True)
     # No "get notified about Jupyter news?" toast over the panel in screenshots.
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     (home / "notebooks" / f"{user.split('-')[1]}.ipynb").write_text(notebook("x = 1"))
     for path in [home, *home.rglob("*")]:
         os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
@@ -425,16 +517,21 @@ def kernel_pid(hub: Hub, user: str) -> int:
 def test_each_user_sees_only_their_own_kernel_and_the_other_as_another_user(hub):
     for me, other in ((ALICE, BOB), (BOB, ALICE)):
         mine, theirs = hub.kernels[me]["id"], hub.kernels[other]["id"]
-        reply = wait_until(lambda me=me: hub.status(me),
-                           lambda r, other=other: any(p["user"] == other for p in r["other_users"]),
-                           30, f"{other}'s kernel among {me}'s other users")
+        reply = wait_until(
+            lambda me=me: hub.status(me),
+            lambda r, other=other: any(p["user"] == other for p in r["other_users"]),
+            30,
+            f"{other}'s kernel among {me}'s other users",
+        )
         assert reply["user"] == me and reply["driver"]["available"]
         assert [k["id"] for k in reply["kernels"]] == [mine]  # only this user's kernel, not the other's
         (kernel,) = reply["kernels"]
         pid = kernel["pid"]
         assert pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name == me  # the kernel runs as its user
         assert kernel["path"] == f"{me.split('-')[1]}.ipynb" and kernel["note"] is None
-        assert kernel["gpu_memory_bytes"] == {str(pid % 2): HOST_KERNEL_MIB[pid % 4] * MIB}  # host_kernels_server's rule
+        assert kernel["gpu_memory_bytes"] == {
+            str(pid % 2): HOST_KERNEL_MIB[pid % 4] * MIB
+        }  # host_kernels_server's rule
         # The other user's kernel: another user's process, with the figure its own server gives it.
         their_pid = kernel_pid(hub, other)
         (entry,) = [p for p in reply["other_users"] if p["pid"] == their_pid]
@@ -450,13 +547,17 @@ def test_metrics_answer_under_each_users_prefix(hub):
         mine = hub.kernels[me]["id"]
 
         def scrape(me=me):
-            status, body, _ = hub.request(f"/user/{me}/metrics", hub.tokens[me], scheme="Bearer")  # as Prometheus sends it
+            status, body, _ = hub.request(
+                f"/user/{me}/metrics", hub.tokens[me], scheme="Bearer"
+            )  # as Prometheus sends it
             assert status == 200, f"/user/{me}/metrics: {status}"
             return body.decode()
 
         # The first scrape starts the reading that later scrapes serve.
         series = re.compile(rf'^tfgpu_kernel_gpu_memory_bytes{{[^}}]*kernel_id="{mine}"', re.M)
-        text = wait_until(scrape, lambda t, series=series: series.search(t), 30, f"{me}'s kernel in /user/{me}/metrics")
+        text = wait_until(
+            scrape, lambda t, series=series: series.search(t), 30, f"{me}'s kernel in /user/{me}/metrics"
+        )
         assert hub.kernels[other]["id"] not in text
         assert re.search(rf'^tfgpu_server_info{{[^}}]*user="{me}"', text, re.M)
 
@@ -469,7 +570,9 @@ def test_the_prefix_answers_no_one_else(hub):
             assert status == 403, (path, status)
             assert b"tfgpu_" not in body and hub.kernels[ALICE]["id"].encode() not in body
         assert hub.request(f"/user/{ALICE}/{path}", hub.tokens[ALICE])[0] == 200
-        assert hub.request(f"/user/{ALICE}/{path}", hub.service_token)[0] == 200  # a service allowed access:servers
+        assert (
+            hub.request(f"/user/{ALICE}/{path}", hub.service_token)[0] == 200
+        )  # a service allowed access:servers
 
 
 # -- JupyterLab under /user/tfgpu-alice/ in Chromium --------------------------------------------------
@@ -507,18 +610,27 @@ def test_alices_lab_shows_her_kernel_and_bobs_memory_under_the_prefix(hub):
         wait_for_kernel(page)
 
         run_from_palette(page, "GPU Memory Panel", until=page.locator("#jp-right-stack .tfgpu-lab-panel"))
-        wait_until(lambda: panel_rows(page), lambda rows: rows == {"alice.ipynb": [figure]}, 30,
-                   "the panel's rows (alice's kernel alone, with its figure)")
+        wait_until(
+            lambda: panel_rows(page),
+            lambda rows: rows == {"alice.ipynb": [figure]},
+            30,
+            "the panel's rows (alice's kernel alone, with its figure)",
+        )
         gpus = page.locator(".tfgpu-lab-gpu")
         assert gpus.count() == 4
         # Bob's kernel: a share of 'other users' on its GPU, named in the segment's title.
         others = gpus.nth(bob_pid % 2).locator("[data-part='others']")
-        wait_until(lambda: others.count() and others.first.get_attribute("title") or "",
-                   lambda t: f"{BOB} pid {bob_pid}: {HOST_KERNEL_MIB[bob_pid % 4] * MIB / GIB:.1f} GiB" in t, 30,
-                   "bob's kernel among other users, on hover")
+        wait_until(
+            lambda: (others.count() and others.first.get_attribute("title")) or "",
+            lambda t: f"{BOB} pid {bob_pid}: {HOST_KERNEL_MIB[bob_pid % 4] * MIB / GIB:.1f} GiB" in t,
+            30,
+            "bob's kernel among other users, on hover",
+        )
         wait_until(lambda: status_text(page), lambda t: t == figure, 30, "the status bar's figures")
         shot(page, "jupyterhub-alice-lab.png")
         shot(page.locator(".tfgpu-lab-panel"), "jupyterhub-alice-panel.png")
 
     # Every request of the panel and the status bar went to alice's server, under her prefix.
-    assert asked and all(url.startswith(f"{hub.base}/user/{ALICE}/tfgpu/api/status") for url in asked), asked[:5]
+    assert asked and all(url.startswith(f"{hub.base}/user/{ALICE}/tfgpu/api/status") for url in asked), asked[
+        :5
+    ]

@@ -21,7 +21,9 @@ def test_history_holds_one_peak_per_epoch(training):
     assert training["keys"] == ["cpu0_peak_bytes", "loss"]
     assert len(training["small"]) == 2
     # The weights are allocated before the first epoch and held through it: every peak covers them.
-    assert all(isinstance(peak, int) and peak >= training["small_weights_bytes"] for peak in training["small"])
+    assert all(
+        isinstance(peak, int) and peak >= training["small_weights_bytes"] for peak in training["small"]
+    )
     (wide,) = training["wide"]
     assert wide >= training["wide_weights_bytes"]
     assert wide > max(training["small"])
@@ -47,7 +49,9 @@ def test_importing_the_package_and_the_magic_modules_imports_neither_tensorflow_
         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True
+    )
     assert out.stdout == "[]\n"
 
 

@@ -69,8 +69,14 @@ def small_server() -> SimulatedNvml:
 
 
 KERNEL_A = KernelDescription(
-    id="a", name="python3", path="work/a.ipynb", session_name="a.ipynb", session_type="notebook",
-    execution_state="idle", last_activity="2026-11-22T10:00:00.000000Z", pid=1001,
+    id="a",
+    name="python3",
+    path="work/a.ipynb",
+    session_name="a.ipynb",
+    session_type="notebook",
+    execution_state="idle",
+    last_activity="2026-11-22T10:00:00.000000Z",
+    pid=1001,
 )
 REMOTE = KernelDescription(id="r", name="python3", path="remote.ipynb", execution_state="busy")
 TREE = {SERVER: 1, 1001: SERVER, 1002: 1001, 2001: 1}
@@ -91,48 +97,88 @@ def test_the_reply_for_a_small_server_exactly():
         "user": "alice",
         "gpus": [
             {
-                "index": 0, "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-00000000-fake-0000-0000-000000000000",
+                "index": 0,
+                "name": "NVIDIA A100-SXM4-80GB",
+                "uuid": "GPU-00000000-fake-0000-0000-000000000000",
                 "memory_used_bytes": (300 + 4096 + 1024 + 2048 + 8192 + 512) * MIB,
-                "memory_total_bytes": 80 * GIB, "utilization_percent": 35, "lost": False,
-                "notes": ["pid 4001: exited, but NVML still lists it (or it lives in another pid namespace); "
-                          "counted as unattributed"],
+                "memory_total_bytes": 80 * GIB,
+                "utilization_percent": 35,
+                "lost": False,
+                "notes": [
+                    "pid 4001: exited, but NVML still lists it (or it lives in another pid namespace); "
+                    "counted as unattributed"
+                ],
                 "split": {
-                    "kernels_bytes": 5 * GIB, "my_other_bytes": 2 * GIB, "others_bytes": 8 * GIB,
-                    "unattributed_bytes": (300 + 512) * MIB, "free_bytes": (81920 - 16172) * MIB,
+                    "kernels_bytes": 5 * GIB,
+                    "my_other_bytes": 2 * GIB,
+                    "others_bytes": 8 * GIB,
+                    "unattributed_bytes": (300 + 512) * MIB,
+                    "free_bytes": (81920 - 16172) * MIB,
                 },
                 "mig_instances": None,  # not in MIG mode
             },
             {
-                "index": 1, "name": "Tesla T4", "uuid": "GPU-00000001-fake-0000-0000-000000000001",
-                "memory_used_bytes": 300 * MIB, "memory_total_bytes": 15 * GIB, "utilization_percent": None,
-                "lost": False, "notes": ["utilization: Not Supported"],
+                "index": 1,
+                "name": "Tesla T4",
+                "uuid": "GPU-00000001-fake-0000-0000-000000000001",
+                "memory_used_bytes": 300 * MIB,
+                "memory_total_bytes": 15 * GIB,
+                "utilization_percent": None,
+                "lost": False,
+                "notes": ["utilization: Not Supported"],
                 "split": {
-                    "kernels_bytes": 0, "my_other_bytes": 0, "others_bytes": 0,
-                    "unattributed_bytes": 300 * MIB, "free_bytes": (15360 - 300) * MIB,
+                    "kernels_bytes": 0,
+                    "my_other_bytes": 0,
+                    "others_bytes": 0,
+                    "unattributed_bytes": 300 * MIB,
+                    "free_bytes": (15360 - 300) * MIB,
                 },
                 "mig_instances": None,
             },
         ],
         "kernels": [
             {
-                "id": "a", "name": "python3", "path": "work/a.ipynb", "session_name": "a.ipynb",
-                "session_type": "notebook", "execution_state": "idle",
-                "last_activity": "2026-11-22T10:00:00.000000Z", "pid": 1001, "child_pids": [1002],
-                "gpu_memory_bytes": {"0": 5 * GIB}, "total_gpu_memory_bytes": 5 * GIB, "note": None,
+                "id": "a",
+                "name": "python3",
+                "path": "work/a.ipynb",
+                "session_name": "a.ipynb",
+                "session_type": "notebook",
+                "execution_state": "idle",
+                "last_activity": "2026-11-22T10:00:00.000000Z",
+                "pid": 1001,
+                "child_pids": [1002],
+                "gpu_memory_bytes": {"0": 5 * GIB},
+                "total_gpu_memory_bytes": 5 * GIB,
+                "note": None,
             },
             {
-                "id": "r", "name": "python3", "path": "remote.ipynb", "session_name": None, "session_type": None,
-                "execution_state": "busy", "last_activity": None, "pid": None, "child_pids": [],
-                "gpu_memory_bytes": {}, "total_gpu_memory_bytes": None, "note": REMOTE_NOTE,
+                "id": "r",
+                "name": "python3",
+                "path": "remote.ipynb",
+                "session_name": None,
+                "session_type": None,
+                "execution_state": "busy",
+                "last_activity": None,
+                "pid": None,
+                "child_pids": [],
+                "gpu_memory_bytes": {},
+                "total_gpu_memory_bytes": None,
+                "note": REMOTE_NOTE,
             },
         ],
-        "my_other_processes": [{"gpu": 0, "pid": 2001, "used_memory_bytes": 2 * GIB, "command": "python train.py"}],
+        "my_other_processes": [
+            {"gpu": 0, "pid": 2001, "used_memory_bytes": 2 * GIB, "command": "python train.py"}
+        ],
         "other_users": [
-            {"gpu": 0, "pid": 3001, "used_memory_bytes": 8 * GIB, "user": "bob", "command": "python finetune.py"}
+            {
+                "gpu": 0,
+                "pid": 3001,
+                "used_memory_bytes": 8 * GIB,
+                "user": "bob",
+                "command": "python finetune.py",
+            }
         ],
-        "unattributed": [
-            {"gpu": 0, "pid": 4001, "used_memory_bytes": 512 * MIB, "note": owners.EXITED_NOTE}
-        ],
+        "unattributed": [{"gpu": 0, "pid": 4001, "used_memory_bytes": 512 * MIB, "note": owners.EXITED_NOTE}],
         "hidden_processes": [],  # /proc hides nothing here (no hidepid)
         "notes": [],
         "pids_visible": True,
@@ -142,8 +188,12 @@ def test_the_reply_for_a_small_server_exactly():
 def test_kernels_come_most_memory_first_then_by_path():
     server = small_server()
     server.gpus[1].processes.append(SimulatedProcess(1101, 9000, "alice", "python -m ipykernel_launcher"))
-    kernels = [KernelDescription("idle", path="z.ipynb", pid=1201), KernelDescription("b", path="b.ipynb", pid=1101),
-               KERNEL_A, KernelDescription("also-idle", path="c.ipynb", pid=1202)]
+    kernels = [
+        KernelDescription("idle", path="z.ipynb", pid=1201),
+        KernelDescription("b", path="b.ipynb", pid=1101),
+        KERNEL_A,
+        KernelDescription("also-idle", path="c.ipynb", pid=1202),
+    ]
     tree = {**TREE, 1101: SERVER, 1201: SERVER, 1202: SERVER}
     assert [k["id"] for k in read(server, kernels, tree)["kernels"]] == ["b", "a", "also-idle", "idle"]
 
@@ -171,7 +221,11 @@ def test_when_no_listed_pid_is_a_process_we_can_see_kernels_get_a_note_not_a_zer
         proc.alive = False  # the server's pid namespace is not the GPU processes' one
     reply = read(server, [KERNEL_A])
     [kernel] = reply["kernels"]
-    assert (kernel["gpu_memory_bytes"], kernel["total_gpu_memory_bytes"], kernel["note"]) == ({}, None, FOREIGN_PIDS_NOTE)
+    assert (kernel["gpu_memory_bytes"], kernel["total_gpu_memory_bytes"], kernel["note"]) == (
+        {},
+        None,
+        FOREIGN_PIDS_NOTE,
+    )
     assert reply["pids_visible"] is False
     assert reply["notes"] == [
         "NVML lists pid 1001, 1002, 2001, 3001, 4001, none of them a process this server can see: the server "
@@ -212,7 +266,12 @@ def test_a_lost_gpu_is_lost_with_nulls_and_the_others_are_read():
     server.gpus[1].lost = True
     reply = read(server, [KERNEL_A])
     lost = reply["gpus"][1]
-    assert (lost["lost"], lost["name"], lost["memory_used_bytes"], lost["utilization_percent"]) == (True, None, None, None)
+    assert (lost["lost"], lost["name"], lost["memory_used_bytes"], lost["utilization_percent"]) == (
+        True,
+        None,
+        None,
+        None,
+    )
     assert set(lost["split"].values()) == {None}
     assert lost["notes"] == ["memory: GPU is lost", "the GPU stopped answering"]  # as %gpu says it
     assert reply["kernels"][0]["total_gpu_memory_bytes"] == 5 * GIB and reply["kernels"][0]["note"] is None
@@ -227,15 +286,28 @@ def test_without_a_driver_the_kernels_are_listed_without_memory():
     }
     assert reply["gpus"] == [] and reply["user"] == "alice" and reply["generated_at"] == NOW
     assert [(k["id"], k["gpu_memory_bytes"], k["total_gpu_memory_bytes"]) for k in reply["kernels"]] == [
-        ("r", {}, None), ("a", {}, None)  # no memory known: by path
+        ("r", {}, None),
+        ("a", {}, None),  # no memory known: by path
     ]
 
 
 def test_unavailable_says_the_reason_in_the_contracts_shape():
-    reply = unavailable([KERNEL_A], "no GPU\x1b[2J here", refresh_interval_s=5.0, generated_at=NOW, notes=["n"])
+    reply = unavailable(
+        [KERNEL_A], "no GPU\x1b[2J here", refresh_interval_s=5.0, generated_at=NOW, notes=["n"]
+    )
     assert reply["driver"] == {"available": False, "reason": "no GPU\\x1b[2J here"}
-    assert (reply["version"], reply["refresh_interval_s"], reply["notes"], reply["user"]) == (1, 5.0, ["n"], None)
-    assert [reply[k] for k in ("gpus", "my_other_processes", "other_users", "unattributed")] == [[], [], [], []]
+    assert (reply["version"], reply["refresh_interval_s"], reply["notes"], reply["user"]) == (
+        1,
+        5.0,
+        ["n"],
+        None,
+    )
+    assert [reply[k] for k in ("gpus", "my_other_processes", "other_users", "unattributed")] == [
+        [],
+        [],
+        [],
+        [],
+    ]
 
 
 def test_every_string_from_elsewhere_comes_out_escaped():
@@ -251,7 +323,12 @@ def test_every_string_from_elsewhere_comes_out_escaped():
     assert reply["other_users"][0]["command"] == "python x.py\\r\\n[tfgpu] fine"
     assert reply["my_other_processes"][0]["command"] == "\\x9b2Jtrain"
     k = reply["kernels"][0]
-    assert (k["id"], k["name"], k["path"], k["session_name"]) == ("a\\n", "py\\x00", "a\\x1b.ipynb", "\\u2028")
+    assert (k["id"], k["name"], k["path"], k["session_name"]) == (
+        "a\\n",
+        "py\\x00",
+        "a\\x1b.ipynb",
+        "\\u2028",
+    )
 
 
 # -- real processes ---------------------------------------------------------------------------
@@ -279,10 +356,18 @@ def test_a_real_kernels_child_is_found_by_walking_up_from_the_gpu_process(fake_k
     me = owners.PsutilProcessTable().current_user()
     server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(child_pid, 2048)])])
     kernel = KernelDescription("k", pid=kernel_pid)
-    monkeypatch.setattr(kernel_inventory, "read_parent_map", None)  # no whole-table scan: a server runs thousands
-    reply = inventory(Nvml(lib=server), [kernel], owners.PsutilProcessTable(), clock=lambda: NOW)  # real owners
+    monkeypatch.setattr(
+        kernel_inventory, "read_parent_map", None
+    )  # no whole-table scan: a server runs thousands
+    reply = inventory(
+        Nvml(lib=server), [kernel], owners.PsutilProcessTable(), clock=lambda: NOW
+    )  # real owners
     [found] = reply["kernels"]
-    assert (found["child_pids"], found["gpu_memory_bytes"], found["note"]) == ([child_pid], {"0": 2 * GIB}, None)
+    assert (found["child_pids"], found["gpu_memory_bytes"], found["note"]) == (
+        [child_pid],
+        {"0": 2 * GIB},
+        None,
+    )
     assert reply["user"] == me and reply["gpus"][0]["split"]["kernels_bytes"] == 2 * GIB
 
 
@@ -361,10 +446,16 @@ def test_generated_at_is_the_time_of_the_reading():
 
 def test_the_inventory_runs_where_there_is_no_jupyter_server():
     probe = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, tfgpu_magic.server.kernel_inventory, tfgpu_magic.gpus.simulated; "
-         "print(sorted(m for m in ('jupyter_server', 'jupyter_client', 'tornado', 'pynvml') if m in sys.modules))"],
-        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys, tfgpu_magic.server.kernel_inventory, tfgpu_magic.gpus.simulated; "
+            "print(sorted(m for m in ('jupyter_server', 'jupyter_client', 'tornado', 'pynvml') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        timeout=60,
     )
     assert probe.stdout.strip() == "[]", probe.stderr
 
@@ -381,7 +472,10 @@ def test_on_a_real_gpu_a_kernels_child_holds_memory_for_the_kernel():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     kernel = subprocess.Popen(
         [sys.executable, "-c", KERNEL_STARTING_A_CHILD, GPU_ALLOCATOR_SCRIPT],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         if kernel.stdout.readline().strip() != "allocated":

@@ -27,19 +27,40 @@ pytestmark = [
 
 def kernel(memory: dict, **fields) -> dict:
     base = {
-        "id": "0123456789abcdef", "name": "python3", "path": "work/a.ipynb", "session_name": "a.ipynb",
-        "session_type": "notebook", "execution_state": "idle", "last_activity": "2025-11-22T08:26:40.000Z",
-        "pid": 1234, "child_pids": [], "gpu_memory_bytes": memory, "total_gpu_memory_bytes": None, "note": None,
+        "id": "0123456789abcdef",
+        "name": "python3",
+        "path": "work/a.ipynb",
+        "session_name": "a.ipynb",
+        "session_type": "notebook",
+        "execution_state": "idle",
+        "last_activity": "2025-11-22T08:26:40.000Z",
+        "pid": 1234,
+        "child_pids": [],
+        "gpu_memory_bytes": memory,
+        "total_gpu_memory_bytes": None,
+        "note": None,
     }
     return {**base, **fields}
 
 
 def reply(kernels: list, available: bool = True, reason=None) -> dict:
-    return {"ok": True, "receivedAt": 0, "reply": {
-        "version": 1, "generated_at": NOW, "refresh_interval_s": 2, "driver": {"available": available, "reason": reason},
-        "user": "me", "gpus": [], "kernels": kernels, "my_other_processes": [], "other_users": [], "unattributed": [],
-        "notes": [],
-    }}
+    return {
+        "ok": True,
+        "receivedAt": 0,
+        "reply": {
+            "version": 1,
+            "generated_at": NOW,
+            "refresh_interval_s": 2,
+            "driver": {"available": available, "reason": reason},
+            "user": "me",
+            "gpus": [],
+            "kernels": kernels,
+            "my_other_processes": [],
+            "other_users": [],
+            "unattributed": [],
+            "notes": [],
+        },
+    }
 
 
 def evaluate(tmp_path: Path, calls: list[tuple[str, list]]) -> list:
@@ -58,8 +79,14 @@ def evaluate(tmp_path: Path, calls: list[tuple[str, list]]) -> list:
 @pytest.mark.parametrize(
     "value, text",
     [
-        (None, "n/a"), (0, "0 MiB"), (1000, "<1 MiB"), (512 * MIB, "512 MiB"), (1023 * MIB, "1023 MiB"),
-        (1023.6 * MIB, "1.0 GiB"), (6.1 * GIB, "6.1 GiB"), (80 * GIB, "80.0 GiB"),
+        (None, "n/a"),
+        (0, "0 MiB"),
+        (1000, "<1 MiB"),
+        (512 * MIB, "512 MiB"),
+        (1023 * MIB, "1023 MiB"),
+        (1023.6 * MIB, "1.0 GiB"),
+        (6.1 * GIB, "6.1 GiB"),
+        (80 * GIB, "80.0 GiB"),
     ],
 )
 def test_bytes_in_mib_or_gib_chosen_from_the_value(tmp_path, value, text):
@@ -76,7 +103,12 @@ def test_figures_per_gpu_lowest_index_first_and_unknown_as_na(tmp_path):
         ("holdsGpuMemory", [kernel({})]),
     ]
     assert evaluate(tmp_path, calls) == [
-        "GPU 0: 1.0 GiB · GPU 1: 2.0 GiB", "GPU 1: 6.1 GiB", "", "GPU 3: n/a", True, False,
+        "GPU 0: 1.0 GiB · GPU 1: 2.0 GiB",
+        "GPU 1: 6.1 GiB",
+        "",
+        "GPU 3: n/a",
+        True,
+        False,
     ]
 
 
@@ -127,13 +159,27 @@ def test_status_bar_text_and_reason_on_hover(tmp_path):
         ("statusText", [readings, "gone"]),
         ("statusText", [readings, None]),
         ("statusText", [reply([], available=False, reason="NVML Shared Library Not Found"), "k1"]),
-        ("statusText", [{"ok": False, "error": "The tfgpu_magic server extension is not enabled", "receivedAt": 0}, "k1"]),
+        (
+            "statusText",
+            [
+                {"ok": False, "error": "The tfgpu_magic server extension is not enabled", "receivedAt": 0},
+                "k1",
+            ],
+        ),
         ("statusText", [None, "k1"]),
     ]
     got = evaluate(tmp_path, calls)
     assert [g["text"] for g in got] == [
-        "GPU 1: 6.1 GiB", "GPU 0: 1.0 GiB · GPU 1: 2.0 GiB", "no GPU memory", "GPU n/a", "GPU 2: n/a",
-        "GPU n/a", "GPU n/a", "GPU n/a", "GPU n/a", "GPU …",
+        "GPU 1: 6.1 GiB",
+        "GPU 0: 1.0 GiB · GPU 1: 2.0 GiB",
+        "no GPU memory",
+        "GPU n/a",
+        "GPU 2: n/a",
+        "GPU n/a",
+        "GPU n/a",
+        "GPU n/a",
+        "GPU n/a",
+        "GPU …",
     ]
     assert got[1]["title"].startswith("b.ipynb: its kernel holds GPU 0: 1.0 GiB · GPU 1: 2.0 GiB.")
     assert got[3]["title"].startswith("the kernel runs elsewhere")
@@ -145,9 +191,15 @@ def test_status_bar_text_and_reason_on_hover(tmp_path):
 
 def test_a_kernel_whose_spec_name_is_null_is_not_called_kernel_null(tmp_path):
     """Issue 17, item 11: the server may not know a kernel's spec name; the row's tooltip leaves it out."""
-    named, unnamed = evaluate(tmp_path, [
-        ("kernelDetails", [kernel({"1": GIB}), "idle 3 min"]),
-        ("kernelDetails", [kernel({"1": GIB}, name=None, pid=None, path=None, session_name=None), "busy"]),
-    ])
+    named, unnamed = evaluate(
+        tmp_path,
+        [
+            ("kernelDetails", [kernel({"1": GIB}), "idle 3 min"]),
+            (
+                "kernelDetails",
+                [kernel({"1": GIB}, name=None, pid=None, path=None, session_name=None), "busy"],
+            ),
+        ],
+    )
     assert named == "work/a.ipynb\nkernel python3, idle 3 min\npid 1234"
     assert unnamed == "0123456789abcdef\nbusy"

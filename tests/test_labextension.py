@@ -69,7 +69,9 @@ def test_ipywidgets_base_is_shared_not_bundled():
     assert shared == {"bundled": False, "singleton": True}
 
 
-@pytest.mark.skipif(not (REPO / "tfgpu_magic" / "labextension" / "package.json").is_file(), reason="not built")
+@pytest.mark.skipif(
+    not (REPO / "tfgpu_magic" / "labextension" / "package.json").is_file(), reason="not built"
+)
 def test_the_built_extension_is_this_package():
     built = json.loads((REPO / "tfgpu_magic" / "labextension" / "package.json").read_text())
     assert built["name"] == NAME and built["version"] == PACKAGE_JSON["version"]
@@ -96,7 +98,9 @@ def test_the_side_area_names_the_extensions_model_and_view():
     try:
         state = side.get_state()
         assert (state["_model_module"], state["_view_module"]) == (NAME, NAME)
-        assert state["_model_module_version"] == state["_view_module_version"] == f"^{tfgpu_magic.__version__}"
+        assert (
+            state["_model_module_version"] == state["_view_module_version"] == f"^{tfgpu_magic.__version__}"
+        )
         assert (state["_model_name"], state["_view_name"]) == ("SideAreaModel", "SideAreaView")
         assert state["child"] is None and state["title"] == "GPU memory"
     finally:
@@ -110,7 +114,9 @@ def test_a_front_end_without_widgets_is_told_where_the_panel_went():
     try:
         bundle = side._repr_mimebundle_()
         assert "application/vnd.jupyter.widget-view+json" in bundle
-        assert bundle["text/plain"].startswith("GPU memory: shown in the side area of JupyterLab or Notebook 7")
+        assert bundle["text/plain"].startswith(
+            "GPU memory: shown in the side area of JupyterLab or Notebook 7"
+        )
         assert "`%gpu monitor` without --sidebar" in bundle["text/plain"]
     finally:
         side.close()

@@ -86,18 +86,29 @@ def test_the_stage_comes_from_the_protocol_not_from_an_adapter():
     """`Stage` is every framework's (frameworks/base.py): no kernel module takes it from one adapter."""
     for path in sorted((PACKAGE / "kernel").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(("tensorflow", "pytorch", "jax")):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(
+                ("tensorflow", "pytorch", "jax")
+            ):
                 names = {alias.name for alias in node.names}
-                assert not names & {"Stage", "CUDA_ENV"}, f"{path.name} takes {names & {'Stage', 'CUDA_ENV'}} from {node.module}"
+                assert not names & {"Stage", "CUDA_ENV"}, (
+                    f"{path.name} takes {names & {'Stage', 'CUDA_ENV'}} from {node.module}"
+                )
 
 
 # -- outside frameworks/, nothing names a framework -----------------------------------------------
 # What a framework does lives in its adapter (frameworks/tensorflow.py, pytorch.py, jax.py); the
 # rest of the package loops over `session.frameworks()` and takes names from `adapter.name`.
-ADAPTER_MODULES = {"tensorflow", "pytorch", "jax", "tensorflow_diagnosis"}  # base.py, import_hooks.py: anyone's
+ADAPTER_MODULES = {
+    "tensorflow",
+    "pytorch",
+    "jax",
+    "tensorflow_diagnosis",
+}  # base.py, import_hooks.py: anyone's
 FRAMEWORK_ATTRIBUTES = {"tf", "torch", "jax"}
 FRAMEWORK_WORDS = ("tensorflow", "pytorch", "torch", "jax", "keras")  # any case: "TensorFlow", "JAX", ...
-NAMED_FUNCTION = __import__("re").compile(r"(^|_)tf(_|$)|tensorflow|pytorch|torch|jax|keras", __import__("re").I)
+NAMED_FUNCTION = __import__("re").compile(
+    r"(^|_)tf(_|$)|tensorflow|pytorch|torch|jax|keras", __import__("re").I
+)
 NAMED_TEXT = __import__("re").compile("|".join(FRAMEWORK_WORDS), __import__("re").I)
 # Files the lead (session, machine, plan, grammar's help text) and another helper (monitor, widget,
 # trace) are making neutral at the same time: each leaves this list as it passes.
@@ -109,8 +120,11 @@ STILL_NAMING = {"command/grammar.py"}
 def _docstrings(tree: ast.AST) -> set[int]:
     """ids of the string constants that are docstrings (or other bare string statements)."""
     return {
-        id(node.value) for node in ast.walk(tree)
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
     }
 
 
@@ -122,7 +136,9 @@ def _absolute(module: str, level: int, where: tuple[str, ...]) -> str:
     return ".".join(base + ([module] if module else []))
 
 
-def framework_offences(source: str, where: tuple[str, ...] = ("kernel", "example")) -> list[tuple[int, str, str]]:
+def framework_offences(
+    source: str, where: tuple[str, ...] = ("kernel", "example")
+) -> list[tuple[int, str, str]]:
     """``(line, rule, what)`` for each way ``source`` names a framework (rules a to e of issue 27).
 
     ``where`` is the module's path inside the package, without ``.py`` (for relative imports).
@@ -133,7 +149,11 @@ def framework_offences(source: str, where: tuple[str, ...] = ("kernel", "example
     judged: set[int] = set()  # string constants already reported under (c)
 
     def named(node: ast.AST) -> bool:
-        return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(NAMED_TEXT.search(node.value))
+        return (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and bool(NAMED_TEXT.search(node.value))
+        )
 
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -144,7 +164,11 @@ def framework_offences(source: str, where: tuple[str, ...] = ("kernel", "example
                 modules = [module] + [f"{module}.{alias.name}" for alias in node.names]
             for module in modules:
                 parts = module.split(".")
-                if parts[:2] == ["tfgpu_magic", "frameworks"] and len(parts) > 2 and parts[2] in ADAPTER_MODULES:
+                if (
+                    parts[:2] == ["tfgpu_magic", "frameworks"]
+                    and len(parts) > 2
+                    and parts[2] in ADAPTER_MODULES
+                ):
                     found.append((node.lineno, "a", f"imports {module}"))
                     break
         elif isinstance(node, ast.Attribute) and node.attr in FRAMEWORK_ATTRIBUTES:
@@ -178,7 +202,9 @@ def test_nothing_outside_frameworks_names_a_framework():
             if not found:
                 cleared.append(relative.as_posix())
             continue
-        offences += [f"tfgpu_magic/{relative.as_posix()}:{line}: ({rule}) {what}" for line, rule, what in found]
+        offences += [
+            f"tfgpu_magic/{relative.as_posix()}:{line}: ({rule}) {what}" for line, rule, what in found
+        ]
     assert not offences, "framework named outside frameworks/:\n" + "\n".join(offences)
     assert not cleared, f"neutral now: take {cleared} off STILL_NAMING"
 
@@ -214,7 +240,16 @@ def explain_torch():
 def test_the_framework_checker_finds_each_kind_of_offence():
     found = framework_offences(SAMPLE)
     assert [(line, rule) for line, rule, _ in found] == [
-        (2, "a"), (3, "a"), (5, "a"), (10, "b"), (11, "c"), (13, "c"), (15, "c"), (16, "e"), (19, "d"), (23, "d"),
+        (2, "a"),
+        (3, "a"),
+        (5, "a"),
+        (10, "b"),
+        (11, "c"),
+        (13, "c"),
+        (15, "c"),
+        (16, "e"),
+        (19, "d"),
+        (23, "d"),
     ]
     assert found[0][2] == "imports tfgpu_magic.frameworks.tensorflow"
     assert framework_offences('"""TensorFlow."""\nx = adapter.name  # JAX\n') == []

@@ -15,18 +15,21 @@ from IPython.core.error import UsageError
 from traitlets.config import Config
 
 from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedNvml
 from tfgpu_magic.kernel.magics import MANUAL, GpuMagics, complete
 from tfgpu_magic.kernel.session import Session
-from tfgpu_magic.frameworks import adapters
 
 USE = grammar.usage("use")
 
 
 def test_use_sets_cuda_variables_in_nvml_order(gpu, capsys):
     gpu("use 0,2")
-    assert capsys.readouterr().out == "use 0,2: takes effect when TensorFlow, PyTorch or JAX starts in this kernel\n"
+    assert (
+        capsys.readouterr().out
+        == "use 0,2: takes effect when TensorFlow, PyTorch or JAX starts in this kernel\n"
+    )
     assert gpu.session.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,2"}
     gpu("use none")
     assert gpu.session.env["CUDA_VISIBLE_DEVICES"] == "-1"
@@ -50,11 +53,27 @@ def test_grow_and_allocator_set_their_variables(gpu):
     [
         ("use 1", "use 9", f"no GPU 9: this machine has 4 GPUs (numbers 0-3, as nvidia-smi shows); {USE}"),
         ("use 1", "use 3,4", f"no GPU 4: this machine has 4 GPUs (numbers 0-3, as nvidia-smi shows); {USE}"),
-        ("grow", "limit 30G", "GPU 2 has 24576 MiB; 30720 MiB does not fit (use a smaller size or a percentage, e.g. `%gpu limit 90%`)"),
-        ("use all", "limit 4G,8G", "`%gpu limit` gives 2 sizes but 4 GPUs are visible; give one size for all GPUs or one per visible GPU"),
+        (
+            "grow",
+            "limit 30G",
+            "GPU 2 has 24576 MiB; 30720 MiB does not fit (use a smaller size or a percentage, e.g. `%gpu limit 90%`)",
+        ),
+        (
+            "use all",
+            "limit 4G,8G",
+            "`%gpu limit` gives 2 sizes but 4 GPUs are visible; give one size for all GPUs or one per visible GPU",
+        ),
         # issue 17, item 11: the remedy names the verb the user typed
-        ("use 2,3", "split 16G,16G", "GPU 2 has 24576 MiB; 32768 MiB does not fit (use sizes that add up to at most 24576 MiB, or a count, e.g. `%gpu split 2`)"),
-        ("use 2", "split 1T", "GPU 2 has 24576 MiB; 1048576 MiB does not fit (use sizes that add up to at most 24576 MiB, or a count, e.g. `%gpu split 2`)"),
+        (
+            "use 2,3",
+            "split 16G,16G",
+            "GPU 2 has 24576 MiB; 32768 MiB does not fit (use sizes that add up to at most 24576 MiB, or a count, e.g. `%gpu split 2`)",
+        ),
+        (
+            "use 2",
+            "split 1T",
+            "GPU 2 has 24576 MiB; 1048576 MiB does not fit (use sizes that add up to at most 24576 MiB, or a count, e.g. `%gpu split 2`)",
+        ),
         ("limit 1G", "limit 12abc", f"'12abc' is not a size; {grammar.usage('limit')}"),
         ("grow", "frobnicate", f"unknown subcommand 'frobnicate'; {grammar.usage()}"),
     ],
@@ -85,7 +104,12 @@ def test_limit_per_gpu_follows_the_visible_gpus(gpu):
 
 def test_percentage_is_of_each_gpus_own_memory(gpu):
     gpu("limit 50%")
-    assert gpu.session.limit_bytes_by_gpu() == {0: 20480 * 2**20, 1: 40960 * 2**20, 2: 12288 * 2**20, 3: 7680 * 2**20}
+    assert gpu.session.limit_bytes_by_gpu() == {
+        0: 20480 * 2**20,
+        1: 40960 * 2**20,
+        2: 12288 * 2**20,
+        3: 7680 * 2**20,
+    }
 
 
 def test_without_a_driver_what_needs_nvml_says_so_and_the_rest_works(shell):
@@ -93,7 +117,9 @@ def test_without_a_driver_what_needs_nvml_says_so_and_the_rest_works(shell):
     shell.register_magics(GpuMagics(shell, session=session))
     shell.run_line_magic("gpu", "grow")
     shell.run_line_magic("gpu", "limit 4096")
-    with pytest.raises(UsageError, match="^a limit of 50% needs each GPU's total memory, which NVML cannot read here"):
+    with pytest.raises(
+        UsageError, match=r"^a limit of 50% needs each GPU's total memory, which NVML cannot read here"
+    ):
         shell.run_line_magic("gpu", "limit 50%")
     assert session.requested.describe() == ["grow", "limit 4096MiB"]
 
@@ -109,7 +135,11 @@ def test_status_without_a_driver_is_one_line_about_it(shell, capsys):
 
 def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
     gpu.session.env["CUDA_VISIBLE_DEVICES"] = "1,3"  # a scheduler allocated GPUs 1 and 3
-    session = Session(nvml=gpu.session.nvml, env=gpu.session.env, frameworks=adapters(tensorflow=gpu.session.adapter("tensorflow")))
+    session = Session(
+        nvml=gpu.session.nvml,
+        env=gpu.session.env,
+        frameworks=adapters(tensorflow=gpu.session.adapter("tensorflow")),
+    )
     gpu.__dict__["session"] = session
     session.configure(grammar.Use((1,)))
     session.configure(grammar.Grow(True))
@@ -121,7 +151,9 @@ def test_reset_forgets_requests_and_restores_the_environment(gpu, capsys):
 def test_free_before_any_framework_is_honest_and_names_none(gpu, capsys):
     gpu("free")
     out = capsys.readouterr().out
-    assert out.startswith("Ran garbage collection.\nNo framework is imported in this kernel, so none holds GPU memory to free.\n")
+    assert out.startswith(
+        "Ran garbage collection.\nNo framework is imported in this kernel, so none holds GPU memory to free.\n"
+    )
     assert "TensorFlow" not in out and "Keras" not in out
     assert "GPU 1  this process per the driver (NVML): 10.0 GiB -> 10.0 GiB (unchanged)" in out
     assert "went back" not in out
@@ -167,9 +199,30 @@ def test_importing_the_package_and_loading_it_stay_light():
 
 
 commands = st.sampled_from(
-    ["use 1", "use 0,2", "use 9", "use 1,1", "use all", "use none", "grow", "grow off", "limit 4G",
-     "limit 50%", "limit 101%", "limit 30G", "limit 4G,8G", "limit off", "split 2", "split 4G,4G",
-     "split 0", "split off", "allocator async", "precision float32", "precision fp8", "bogus 1"]
+    [
+        "use 1",
+        "use 0,2",
+        "use 9",
+        "use 1,1",
+        "use all",
+        "use none",
+        "grow",
+        "grow off",
+        "limit 4G",
+        "limit 50%",
+        "limit 101%",
+        "limit 30G",
+        "limit 4G,8G",
+        "limit off",
+        "split 2",
+        "split 4G,4G",
+        "split 0",
+        "split off",
+        "allocator async",
+        "precision float32",
+        "precision fp8",
+        "bogus 1",
+    ]
 )
 
 
@@ -191,7 +244,7 @@ def test_use_auto_gives_its_claim_back_when_the_session_refuses(gpu, server):
     gpu("use 1")
     gpu("limit 30G")  # fits GPU 1 (80 GiB)
     server.gpus[1].processes[2].used_mib = 60000  # now GPU 2 (24 GiB) is the freest
-    with pytest.raises(UsageError, match="^GPU 2 has 24576 MiB; 30720 MiB does not fit"):
+    with pytest.raises(UsageError, match=r"^GPU 2 has 24576 MiB; 30720 MiB does not fit"):
         gpu("use auto")
     assert claims.held() == set()
     assert gpu.session.requested.visible == (1,)

@@ -18,10 +18,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from jupyter_server.auth import Authorizer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
-from jupyter_server.auth import Authorizer
+from pytest_jupyter.jupyter_server import *  # noqa: F403  the fixtures: jp_serverapp, jp_fetch, ...
 from tornado.httpclient import HTTPClientError
 
 from tfgpu_magic import __version__
@@ -58,10 +58,16 @@ def exposition(reply: dict[str, Any]) -> str:
 def a_reply(path: str = "train.ipynb") -> dict[str, Any]:
     """An inventory of shared_server with one kernel: this process, holding memory on GPU 1."""
     kernel = KernelDescription(
-        id="k1", name="python3", path=path, execution_state="idle", last_activity="2026-11-18T10:00:00.000000Z",
+        id="k1",
+        name="python3",
+        path=path,
+        execution_state="idle",
+        last_activity="2026-11-18T10:00:00.000000Z",
         pid=os.getpid(),
     )
-    return kernel_inventory.inventory(Nvml(lib=shared_server(my_pid=os.getpid())), [kernel], clock=lambda: 1_795_000_000.0)  # 2026-11-18T11:06:40Z
+    return kernel_inventory.inventory(
+        Nvml(lib=shared_server(my_pid=os.getpid())), [kernel], clock=lambda: 1_795_000_000.0
+    )  # 2026-11-18T11:06:40Z
 
 
 # -- the families -----------------------------------------------------------------------------
@@ -74,18 +80,24 @@ def test_each_figure_is_the_replys():
     assert by_gpu == {gpu: float(size) for gpu, size in kernel["gpu_memory_bytes"].items()}
     labels = parsed["tfgpu_kernel_gpu_memory_bytes"][0][0]
     gpu = reply["gpus"][int(labels["gpu"])]
-    assert labels == {"kernel_id": "k1", "kernel_name": "python3", "path": "train.ipynb",
-                      "gpu": str(gpu["index"]), "gpu_uuid": gpu["uuid"]}
-    used = {l["gpu"]: v for l, v in parsed["tfgpu_gpu_memory_used_bytes"]}
+    assert labels == {
+        "kernel_id": "k1",
+        "kernel_name": "python3",
+        "path": "train.ipynb",
+        "gpu": str(gpu["index"]),
+        "gpu_uuid": gpu["uuid"],
+    }
+    used = {labels["gpu"]: v for labels, v in parsed["tfgpu_gpu_memory_used_bytes"]}
     assert used == {str(g["index"]): float(g["memory_used_bytes"]) for g in reply["gpus"]}
-    others = {l["gpu"]: v for l, v in parsed["tfgpu_other_users_gpu_memory_bytes"]}
+    others = {labels["gpu"]: v for labels, v in parsed["tfgpu_other_users_gpu_memory_bytes"]}
     assert others == {str(g["index"]): float(g["split"]["others_bytes"]) for g in reply["gpus"]}
     assert parsed["tfgpu_reading_timestamp_seconds"] == [({}, 1_795_000_000.0)]
     assert parsed["tfgpu_server_info"] == [({"user": reply["user"], "version": __version__}, 1.0)]
     idle = 1_795_000_000.0 - datetime(2026, 11, 18, 10, tzinfo=timezone.utc).timestamp()
     assert idle == 4000.0
-    assert parsed["tfgpu_kernel_idle_seconds"] == [({"kernel_id": "k1", "kernel_name": "python3",
-                                                      "path": "train.ipynb"}, idle)]
+    assert parsed["tfgpu_kernel_idle_seconds"] == [
+        ({"kernel_id": "k1", "kernel_name": "python3", "path": "train.ipynb"}, idle)
+    ]
 
 
 def test_an_unsupported_reading_is_absent_not_zero():
@@ -93,8 +105,8 @@ def test_an_unsupported_reading_is_absent_not_zero():
     reply["gpus"][3]["utilization_percent"] = None
     reply["gpus"][2]["memory_used_bytes"] = None  # a lost GPU
     parsed = samples(exposition(reply))
-    assert "3" not in {l["gpu"] for l, _ in parsed["tfgpu_gpu_utilization_ratio"]}
-    assert "2" not in {l["gpu"] for l, _ in parsed["tfgpu_gpu_memory_used_bytes"]}
+    assert "3" not in {labels["gpu"] for labels, _ in parsed["tfgpu_gpu_utilization_ratio"]}
+    assert "2" not in {labels["gpu"] for labels, _ in parsed["tfgpu_gpu_memory_used_bytes"]}
     ratios = [v for _, v in parsed["tfgpu_gpu_utilization_ratio"]]
     assert ratios and all(0 <= v <= 1 for v in ratios)
 
@@ -123,17 +135,27 @@ def test_a_hostile_notebook_path_or_process_name_forges_no_series():
 
 
 def test_in_another_pid_namespace_no_memory_is_said_to_be_a_kernels_or_another_users():
-    server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(4_000_001, 1024, "mallory", "x", alive=False)])])
-    kernel = KernelDescription(id="k1", name="python3", path="a.ipynb", execution_state="idle", pid=os.getpid())
+    server = SimulatedNvml(
+        [SimulatedGpu(processes=[SimulatedProcess(4_000_001, 1024, "mallory", "x", alive=False)])]
+    )
+    kernel = KernelDescription(
+        id="k1", name="python3", path="a.ipynb", execution_state="idle", pid=os.getpid()
+    )
     reply = kernel_inventory.inventory(Nvml(lib=server), [kernel])
     assert reply["pids_visible"] is False
     parsed = samples(exposition(reply))
-    assert "tfgpu_other_users_gpu_memory_bytes" not in parsed and "tfgpu_kernel_gpu_memory_bytes" not in parsed
-    assert [v for _, v in parsed["tfgpu_gpu_memory_used_bytes"]] == [float(reply["gpus"][0]["memory_used_bytes"])]
+    assert (
+        "tfgpu_other_users_gpu_memory_bytes" not in parsed and "tfgpu_kernel_gpu_memory_bytes" not in parsed
+    )
+    assert [v for _, v in parsed["tfgpu_gpu_memory_used_bytes"]] == [
+        float(reply["gpus"][0]["memory_used_bytes"])
+    ]
 
 
 def test_without_a_login_no_kernels_path_or_id_is_served():
-    parsed = samples(generate_latest_of(metrics.families(a_reply("secret/salaries.ipynb"), __version__, per_kernel=False)))
+    parsed = samples(
+        generate_latest_of(metrics.families(a_reply("secret/salaries.ipynb"), __version__, per_kernel=False))
+    )
     assert not [name for name in parsed if name.startswith("tfgpu_kernel_")]
     assert "tfgpu_gpu_memory_used_bytes" in parsed
 
@@ -146,7 +168,9 @@ def open_metrics_config(jp_server_config):
 
 @pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
 def test_unauthenticated_metrics_carry_no_per_kernel_series(open_metrics_config, jp_serverapp, jp_fetch, run):
-    body = json.dumps({"path": "secret.ipynb", "name": "s", "type": "notebook", "kernel": {"name": "python3"}})
+    body = json.dumps(
+        {"path": "secret.ipynb", "name": "s", "type": "notebook", "kernel": {"name": "python3"}}
+    )
     run(jp_fetch("api", "sessions", method="POST", body=body))
     parsed = scrape_until(jp_fetch, run, "tfgpu_gpu_memory_used_bytes")
     assert "tfgpu_gpu_memory_used_bytes" in parsed
@@ -167,9 +191,13 @@ def barred_config(jp_server_config):
 
 
 @pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
-def test_a_user_who_may_not_read_kernels_gets_no_per_kernel_series(barred_config, jp_serverapp, jp_fetch, run):
+def test_a_user_who_may_not_read_kernels_gets_no_per_kernel_series(
+    barred_config, jp_serverapp, jp_fetch, run
+):
     """Issue 28, 8: /metrics asks for the status endpoint's permission before it shows a kernel."""
-    body = json.dumps({"path": "secret/alice-thesis.ipynb", "name": "t", "type": "notebook", "kernel": {"name": "python3"}})
+    body = json.dumps(
+        {"path": "secret/alice-thesis.ipynb", "name": "t", "type": "notebook", "kernel": {"name": "python3"}}
+    )
     run(jp_fetch("api", "sessions", method="POST", body=body))
     with pytest.raises(HTTPClientError) as refused:
         run(jp_fetch(*serverext.ROUTE))
@@ -192,7 +220,9 @@ def test_a_user_who_may_not_read_kernels_gets_no_per_kernel_series(barred_config
 
 def test_under_jupyterhub_the_user_is_the_hubs_name():
     reply = a_reply()
-    [(labels, _)] = samples(generate_latest_of(metrics.families(reply, __version__, user="alice")))["tfgpu_server_info"]
+    [(labels, _)] = samples(generate_latest_of(metrics.families(reply, __version__, user="alice")))[
+        "tfgpu_server_info"
+    ]
     assert labels["user"] == "alice"
 
 
@@ -224,7 +254,9 @@ def test_a_scrape_never_waits_for_a_reading():
         await never.wait()
 
     async def scrape():
-        collector = metrics.GpuMetrics(lambda: None, refresh_that_hangs, 2.0, __version__, logging.getLogger("t"))
+        collector = metrics.GpuMetrics(
+            lambda: None, refresh_that_hangs, 2.0, __version__, logging.getLogger("t")
+        )
         first = list(collector.collect())
         assert first == []  # nothing read yet: no figures, and no wait
         warmer = collector._warmer
@@ -243,7 +275,9 @@ def test_the_warm_reading_stops_after_the_last_scrape():
         now[0] += metrics.KEEP_WARM_S / 2
 
     async def scrape_once():
-        collector = metrics.GpuMetrics(lambda: None, refresh, 0.0, __version__, logging.getLogger("t"), clock=lambda: now[0])
+        collector = metrics.GpuMetrics(
+            lambda: None, refresh, 0.0, __version__, logging.getLogger("t"), clock=lambda: now[0]
+        )
         list(collector.collect())
         await asyncio.wait_for(collector._warmer, timeout=30)
 
@@ -293,10 +327,18 @@ def test_metrics_carry_the_panels_figures_for_real_kernels(jp_serverapp, jp_fetc
         run(asyncio.sleep(0.2))
     parsed = scrape_until(jp_fetch, run, "tfgpu_kernel_gpu_memory_bytes")
     status = json.loads(run(jp_fetch(*serverext.ROUTE)).body)
-    scraped = {(l["path"], l["gpu"]): v for l, v in parsed["tfgpu_kernel_gpu_memory_bytes"]}
-    expected = {(k["path"], gpu): float(size) for k in status["kernels"] for gpu, size in k["gpu_memory_bytes"].items()}
+    scraped = {(labels["path"], labels["gpu"]): v for labels, v in parsed["tfgpu_kernel_gpu_memory_bytes"]}
+    expected = {
+        (k["path"], gpu): float(size)
+        for k in status["kernels"]
+        for gpu, size in k["gpu_memory_bytes"].items()
+    }
     assert scraped == expected and {p for p, _ in scraped} == {"a.ipynb", "b.ipynb"}
-    assert {l["gpu"] for l, _ in parsed["tfgpu_gpu_utilization_ratio"]} == {"0", "1", "2"}  # GPU 3 reports none
+    assert {labels["gpu"] for labels, _ in parsed["tfgpu_gpu_utilization_ratio"]} == {
+        "0",
+        "1",
+        "2",
+    }  # GPU 3 reports none
     assert "http_request_duration_seconds_count" in parsed  # jupyter_server's own metrics are still there
 
 

@@ -35,7 +35,6 @@ def sampler(server=None, **kwargs) -> Sampler:
     return Sampler(Nvml(lib=server or shared_server(ME)), ME, **kwargs)
 
 
-
 pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
 
 
@@ -64,7 +63,9 @@ def test_readings_follow_the_processes():
 
 def test_tensorflow_allocator_and_limit_join_their_gpu():
     s = sampler(
-        figures=tf_figures({"GPU:0": Stats(1 * GIB, 3 * GIB), "CPU:0": Stats(5 * MIB, 9 * MIB)}, {"GPU:0": 1}),
+        figures=tf_figures(
+            {"GPU:0": Stats(1 * GIB, 3 * GIB), "CPU:0": Stats(5 * MIB, 9 * MIB)}, {"GPU:0": 1}
+        ),
         limits=lambda: {1: 20 * GIB},
     )
     gpus = by_key(s.tick())
@@ -89,9 +90,7 @@ def test_a_lost_gpu_is_a_gap_with_a_message_and_the_others_go_on():
     gpus = by_key(s.tick())
     lost = gpus["gpu2"]
     assert (lost.total_bytes, lost.used_bytes, lost.mine_bytes) == (None, None, None)
-    assert lost.error == (
-        "GPU 2 stopped answering (GPU is lost); the chart resumes if it answers again"
-    )
+    assert lost.error == ("GPU 2 stopped answering (GPU is lost); the chart resumes if it answers again")
     assert gpus["gpu1"].mine_bytes == 10240 * MIB and gpus["gpu1"].error is None
     server.gpus[2].lost = False
     back = by_key(s.tick())["gpu2"]
@@ -248,7 +247,7 @@ def panel_on_fake():
 
 
 def test_each_message_holds_only_the_new_sample(panel_on_fake):
-    open_one, hub, server, made = panel_on_fake
+    open_one, _hub, server, made = panel_on_fake
     panel = open_one()
     made[0].tick()
     server.gpus[1].processes[0].used_mib += 512
@@ -263,7 +262,7 @@ def test_each_message_holds_only_the_new_sample(panel_on_fake):
 
 
 def test_a_view_gets_the_history_once_when_it_asks(panel_on_fake):
-    open_one, hub, server, made = panel_on_fake
+    open_one, _hub, _server, made = panel_on_fake
     panel = open_one()
     for _ in range(5):
         made[0].tick()
@@ -276,7 +275,7 @@ def test_a_view_gets_the_history_once_when_it_asks(panel_on_fake):
 
 
 def test_a_fault_reaches_the_panel_as_null_and_a_message(panel_on_fake):
-    open_one, hub, server, made = panel_on_fake
+    open_one, _hub, server, made = panel_on_fake
     panel = open_one()
     server.gpus[3].lost = True
     made[0].tick()
@@ -306,7 +305,7 @@ def test_panels_share_the_sampler_and_the_stop_button_of_the_last_one_ends_it(pa
 
 
 def test_interval_and_window_from_the_browser_reach_the_sampler(panel_on_fake):
-    open_one, hub, server, made = panel_on_fake
+    open_one, _hub, _server, made = panel_on_fake
     panel = open_one(interval=0.5, window=60)
     panel.interval = 0.1
     panel.window = 240
@@ -395,7 +394,7 @@ def test_readings_follow_a_process_allocating_and_freeing_on_a_real_gpu():
         xp.get_default_memory_pool().free_all_blocks()
         del warm
     else:
-        warm = torch.zeros(1, device="cuda:0")  # noqa: F841  the CUDA context, held through the test
+        warm = torch.zeros(1, device="cuda:0")
         before = mine()
         block = torch.ones(size, dtype=torch.uint8, device="cuda:0")
         torch.cuda.synchronize()

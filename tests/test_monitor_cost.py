@@ -80,7 +80,9 @@ def test_the_first_tick_lists_every_gpu_and_an_unchanged_gpu_is_not_listed_again
     again = tick(s, clock)
     assert server.listings == 2 * GPUS
     assert server.calls - calls == 2 * GPUS  # memory and utilization: names and handles are kept
-    assert again["gpu1"].mine_bytes == 10240 * MIB and again["gpu0"].mine_bytes == 0  # the last listing's answer
+    assert (
+        again["gpu1"].mine_bytes == 10240 * MIB and again["gpu0"].mine_bytes == 0
+    )  # the last listing's answer
 
 
 def test_this_kernel_allocating_or_freeing_lists_that_gpu_at_once_and_its_share_follows(fake):
@@ -132,7 +134,9 @@ def test_a_failed_listing_says_so_and_is_tried_again_on_the_next_tick(fake):
     server.gpus[1].faults["compute_processes"] = NVMLError(NVML_ERROR_NO_PERMISSION)
     mine(server).used_mib += 512
     failed = tick(s, clock)["gpu1"]
-    assert failed.mine_bytes is None and failed.error == "GPU 1: process list failed (Insufficient Permissions)"
+    assert (
+        failed.mine_bytes is None and failed.error == "GPU 1: process list failed (Insufficient Permissions)"
+    )
     assert failed.used_bytes is not None
     del server.gpus[1].faults["compute_processes"]
     listings = server.listings
@@ -203,7 +207,7 @@ def ticks(sampler: Sampler, clock: Clock, n: int, seconds: float = 0.1) -> None:
 
 
 def test_a_sample_equal_to_the_last_one_sent_is_not_sent(panel):
-    p, server, clock, s, _ = panel
+    p, _server, clock, s, _ = panel
     ticks(s, clock, 5)
     assert len(p.sent) == 1 and p.sent[0]["t"] == [s.history[0].time_s]
     assert len(s.history) == 5  # the kernel keeps every sample: a view that asks gets them all
@@ -213,7 +217,7 @@ def test_a_sample_equal_to_the_last_one_sent_is_not_sent(panel):
 
 def test_an_unchanged_sample_is_sent_once_a_second_so_the_time_axis_moves_on(panel):
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
-    p, server, clock, s, _ = panel
+    p, _server, clock, s, _ = panel
     assert widget.HEARTBEAT_S == 1.0
     step = 0.125  # s, exact in binary: eight ticks are one second
     ticks(s, clock, 1, step)
@@ -272,7 +276,7 @@ def test_a_change_of_utilization_a_message_or_the_status_is_sent(panel, what):
 
 
 def test_a_stopped_panel_ends_its_chart_at_the_last_sample_taken_for_it(panel):
-    p, server, clock, s, _ = panel
+    p, _server, clock, s, _ = panel
     ticks(s, clock, 4)
     assert len(p.sent) == 1
     p._on_message(p, {"kind": "stop"}, [])

@@ -19,9 +19,12 @@ RUNS = 20
 
 def test_monitor_then_import_tensorflow_never_fails():
     with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(pool.map(
-            lambda _: run_scenario("monitor_then_import", env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}), range(RUNS)
-        ))
+        outcomes = list(
+            pool.map(
+                lambda _: run_scenario("monitor_then_import", env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}),
+                range(RUNS),
+            )
+        )
     failures = [o["error"] for o in outcomes if o["error"] is not None]
     assert failures == [], f"{len(failures)} of {RUNS} imports failed: {failures[:3]}"
     assert all(o["total"] == 16.0 for o in outcomes)

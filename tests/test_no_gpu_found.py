@@ -13,6 +13,7 @@ import pytest
 from conftest import run_scenario
 from fakes import FakeTensorFlow
 
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks import tensorflow as tf_runtime
 from tfgpu_magic.frameworks import tensorflow_diagnosis as tf_diagnosis
 from tfgpu_magic.frameworks.tensorflow import Stage
@@ -21,7 +22,6 @@ from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml
 from tfgpu_magic.kernel import trace
 from tfgpu_magic.kernel.session import Session
 from tfgpu_magic.kernel.status import build_report, render_text
-from tfgpu_magic.frameworks import adapters
 
 FIX_CUDA = 'pip install "tensorflow[and-cuda]", then restart the kernel'
 
@@ -71,7 +71,9 @@ def test_status_text_and_json_carry_the_diagnosis(as_cuda_install):
     report = json.loads(as_cuda_install["status_json"])
     found = report["tensorflow"]["found_no_gpu"]
     assert found["cause"] == "cpu_build" and found["is_cuda_build"] is False
-    assert found["driver_gpus"] == 4 and found["driver_cuda"] == "12.8"  # nvmlSystemGetCudaDriverVersion 12080
+    assert (
+        found["driver_gpus"] == 4 and found["driver_cuda"] == "12.8"
+    )  # nvmlSystemGetCudaDriverVersion 12080
 
 
 @pytest.mark.slow
@@ -79,7 +81,10 @@ def test_a_tensorflow_cpu_install_is_told_to_swap_the_distribution(as_installed)
     report = json.loads(as_installed["status_json"])
     found = report["tensorflow"]["found_no_gpu"]
     assert found["distribution"] == "tensorflow-cpu"
-    assert found["fix"] == 'pip uninstall -y tensorflow-cpu && pip install "tensorflow[and-cuda]", then restart the kernel'
+    assert (
+        found["fix"]
+        == 'pip uninstall -y tensorflow-cpu && pip install "tensorflow[and-cuda]", then restart the kernel'
+    )
     assert as_installed["env_after_on"] == "true"  # known CPU-only before the import: set at once
     first, figures = trace_lines(as_installed["import"])
     assert figures.startswith("[gpu trace] CPU:0: peak 4 MiB")
@@ -94,8 +99,12 @@ def installed(*names: str):
 
 
 def diagnose(**facts):
-    given = {"driver_gpus": 4, "build_info": {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"},
-             "driver_cuda": "12.8", "installed": installed("tensorflow")}
+    given = {
+        "driver_gpus": 4,
+        "build_info": {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"},
+        "driver_cuda": "12.8",
+        "installed": installed("tensorflow"),
+    }
     return tf_diagnosis.diagnose(**{**given, **facts})
 
 
@@ -108,7 +117,9 @@ def test_a_cuda_build_without_cudas_pip_libraries():
 
 
 def test_a_cuda_build_newer_than_the_driver():
-    found = diagnose(driver_cuda="11.8", installed=installed("tensorflow", "nvidia-cuda-runtime-cu12", "nvidia-cudnn-cu12"))
+    found = diagnose(
+        driver_cuda="11.8", installed=installed("tensorflow", "nvidia-cuda-runtime-cu12", "nvidia-cudnn-cu12")
+    )
     assert found.cause == "driver_too_old"
     assert "newer than the driver: the driver supports CUDA 11.8" in found.why
     assert found.fix.startswith("install an NVIDIA driver that supports CUDA 12.5")
@@ -160,26 +171,38 @@ def test_status_reads_the_diagnosis_made_once(monkeypatch):
 
 
 def test_no_diagnosis_when_tensorflow_found_its_gpus_or_cuda_was_shown_none():
-    assert build_report(four_gpu_session(FakeTensorFlow(stage=Stage.STARTED, found=[0, 1, 2, 3])))[
-        "tensorflow"]["found_no_gpu"] is None
+    assert (
+        build_report(four_gpu_session(FakeTensorFlow(stage=Stage.STARTED, found=[0, 1, 2, 3])))["tensorflow"][
+            "found_no_gpu"
+        ]
+        is None
+    )
     hidden = four_gpu_session(FakeTensorFlow(stage=Stage.STARTED, found=[]))
     hidden.machine.env["CUDA_VISIBLE_DEVICES"] = ""  # %gpu use none: nothing to find, nothing to explain
     assert build_report(hidden)["tensorflow"]["found_no_gpu"] is None
-    assert "found_no_gpu" not in build_report(four_gpu_session(FakeTensorFlow()))["tensorflow"]  # not imported
+    assert (
+        "found_no_gpu" not in build_report(four_gpu_session(FakeTensorFlow()))["tensorflow"]
+    )  # not imported
 
 
 def test_a_driver_without_the_cuda_version_reading_leaves_it_unknown():
     session = four_gpu_session(FakeTensorFlow(stage=Stage.STARTED, found=[]), driver_cuda=None)
     assert session.nvml.cuda_driver_version() is None
-    assert "the driver's CUDA version is unknown" in build_report(session)["tensorflow"]["found_no_gpu"]["why"]
+    assert (
+        "the driver's CUDA version is unknown" in build_report(session)["tensorflow"]["found_no_gpu"]["why"]
+    )
 
 
 def test_a_failing_diagnosis_is_a_note(monkeypatch):
     session = four_gpu_session(FakeTensorFlow(stage=Stage.STARTED, found=[]))
-    monkeypatch.setattr(tf_runtime.TensorFlow, "no_gpu_diagnosis", lambda self, view: 1 / 0)  # the adapter's, for %gpu
+    monkeypatch.setattr(
+        tf_runtime.TensorFlow, "no_gpu_diagnosis", lambda self, view: 1 / 0
+    )  # the adapter's, for %gpu
     report = build_report(session)
     assert report["tensorflow"]["found_no_gpu"] is None
-    assert "could not tell why TensorFlow found no GPU (ZeroDivisionError: division by zero)" in report["notes"]
+    assert (
+        "could not tell why TensorFlow found no GPU (ZeroDivisionError: division by zero)" in report["notes"]
+    )
 
 
 # -- the moment the CPU allocator is chosen -------------------------------------------------------------
@@ -187,15 +210,20 @@ class Listing:
     """Just enough of the `tensorflow` module for TensorFlow._cpu_stats_when_no_gpu."""
 
     def __init__(self, gpus: list) -> None:
-        self.config = type("config", (), {"list_physical_devices": staticmethod(lambda kind=None: list(gpus))})
+        self.config = type(
+            "config", (), {"list_physical_devices": staticmethod(lambda kind=None: list(gpus))}
+        )
 
 
-@pytest.mark.parametrize("gpus, wanted, preset, expected", [
-    ([], True, None, "true"),  # asked, no GPU: statistics on
-    (["GPU:0"], True, None, None),  # a GPU was found: TensorFlow's allocator choice stands
-    ([], False, None, None),  # not asked (tracing off): left alone
-    ([], True, "false", "false"),  # the user's own value wins
-])
+@pytest.mark.parametrize(
+    "gpus, wanted, preset, expected",
+    [
+        ([], True, None, "true"),  # asked, no GPU: statistics on
+        (["GPU:0"], True, None, None),  # a GPU was found: TensorFlow's allocator choice stands
+        ([], False, None, None),  # not asked (tracing off): left alone
+        ([], True, "false", "false"),  # the user's own value wins
+    ],
+)
 def test_cpu_statistics_at_start(monkeypatch, gpus, wanted, preset, expected):
     monkeypatch.delenv(tf_runtime.CPU_STATS_ENV, raising=False)
     if preset is not None:

@@ -61,7 +61,6 @@ def test_starts_once_lazily():
     assert server.initialized is False
 
 
-
 def test_static_facts_are_read_once(server):
     nvml = Nvml(lib=server)
     assert nvml.uuid(2) == server.gpus[2].uuid

@@ -37,7 +37,15 @@ ERRORS = {
 }
 
 # reading -> (the name in notes, the GpuInfo fields it fills; () = gpu() does not read it)
-ALL_FIELDS = ("uuid", "name", "pci_bus_id", "memory", "utilization_percent", "compute_capability", "mig_enabled")
+ALL_FIELDS = (
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "memory",
+    "utilization_percent",
+    "compute_capability",
+    "mig_enabled",
+)
 AFFECTS = {
     "handle": ("device handle", ALL_FIELDS),
     "name": ("name", ("name",)),
@@ -127,7 +135,9 @@ def _processes_outcome(nvml: Nvml):
         return err
 
 
-STATIC_CASES = [pytest.param(r, k, id=f"{r}-{k}") for r in ("handle", "uuid", "name", "memory") for k in ERRORS]
+STATIC_CASES = [
+    pytest.param(r, k, id=f"{r}-{k}") for r in ("handle", "uuid", "name", "memory") for k in ERRORS
+]
 
 
 @pytest.mark.parametrize("reading, kind", STATIC_CASES)
@@ -141,7 +151,9 @@ def test_static_facts_are_none_and_not_cached_when_they_fail(reading, kind):
         assert value == (None if fact in failing else getattr(good, fact)(FAULTY)), fact
     for other in OTHERS:
         assert (nvml.uuid(other), nvml.name(other), nvml.total_bytes(other)) == (
-            good.uuid(other), good.name(other), good.total_bytes(other),
+            good.uuid(other),
+            good.name(other),
+            good.total_bytes(other),
         )
     # the fault clears (or the GPU answers again): a fact that failed is read now, not cached as None
     server.gpus[FAULTY].faults.clear()
@@ -180,7 +192,9 @@ def test_processes_raise_a_clean_error_never_an_empty_list(reading, kind):
     server = faulty_server(reading, kind)
     nvml = Nvml(lib=server)
     good = clean()
-    if reading in ("handle", "processes", "compute_processes") or (reading == "graphics_processes" and is_lost(kind)):
+    if reading in ("handle", "processes", "compute_processes") or (
+        reading == "graphics_processes" and is_lost(kind)
+    ):
         if is_lost(kind):
             with pytest.raises(GpuLost):
                 nvml.processes(FAULTY)
@@ -279,7 +293,8 @@ class FakeClock:
 
 
 @pytest.mark.parametrize(
-    "error", [None, NVMLError(SimulatedNvml.NVML_ERROR_LIBRARY_NOT_FOUND), RuntimeError("boom"), TypeError("odd")]
+    "error",
+    [None, NVMLError(SimulatedNvml.NVML_ERROR_LIBRARY_NOT_FOUND), RuntimeError("boom"), TypeError("odd")],
 )
 def test_start_up_is_retried_after_a_backoff(error):
     server = shared_server(ME)
@@ -365,7 +380,9 @@ def test_status_report_survives_and_the_other_gpus_are_unchanged(reading, kind):
     html = status.render_html(report)
     json.dumps(report)
     good = _report(shared_server(ME))
-    assert [g for g in report["gpus"] if g["index"] != FAULTY] == [g for g in good["gpus"] if g["index"] != FAULTY]
+    assert [g for g in report["gpus"] if g["index"] != FAULTY] == [
+        g for g in good["gpus"] if g["index"] != FAULTY
+    ]
     entry = report["gpus"][FAULTY]
     listing = reading in ("processes", "compute_processes", "graphics_processes")
     if is_lost(kind) and not listing:
@@ -381,9 +398,15 @@ def test_status_report_survives_and_the_other_gpus_are_unchanged(reading, kind):
     survived(server)
 
 
-@pytest.mark.parametrize("reading, kind", [
-    ("utilization", "no_permission"), ("name", "runtime_error"), ("memory", "unknown_999"), ("handle", "type_error"),
-])
+@pytest.mark.parametrize(
+    "reading, kind",
+    [
+        ("utilization", "no_permission"),
+        ("name", "runtime_error"),
+        ("memory", "unknown_999"),
+        ("handle", "type_error"),
+    ],
+)
 def test_status_shows_why_a_reading_is_missing(reading, kind):
     server = faulty_server(reading, kind)
     report = _report(server)
@@ -421,5 +444,7 @@ def test_the_magic_does_not_crash(gpu, server, line, kind, capsys):
     else:
         gpu(line)
     if line == "use auto:2":
-        assert gpu.session.env["CUDA_VISIBLE_DEVICES"] == "2,3"  # without the fault: 1,2 (GPU 1 is the freest)
+        assert (
+            gpu.session.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+        )  # without the fault: 1,2 (GPU 1 is the freest)
     survived(server)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from fakes import FakeTensorFlow
 from test_jax import StandInJax
 from test_pytorch import cuda_torch
@@ -28,8 +27,13 @@ GPU1_MIB = 81920  # shared_server's GPU 1
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
-    for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
-                 "XLA_PYTHON_CLIENT_ALLOCATOR", "CUDA_VISIBLE_DEVICES"):
+    for name in (
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        "XLA_CLIENT_MEM_FRACTION",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "XLA_PYTHON_CLIENT_ALLOCATOR",
+        "CUDA_VISIBLE_DEVICES",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -72,7 +76,10 @@ def test_a_framework_imported_later_takes_its_part_and_the_others_are_given_thei
     session._on_import(session.adapter("pytorch"), cuda_torch([80 * GIB] * 4))
     assert tf.applied[-1][1] == {1: (4096,)}  # given again, before its start
     assert session.adapter("pytorch").caps_bytes == {0: 4 * GIB}
-    assert "one kernel, one limit: GPU 1's 8,192 MiB: TensorFlow 4,096 MiB, PyTorch 4,096 MiB" in capsys.readouterr().err
+    assert (
+        "one kernel, one limit: GPU 1's 8,192 MiB: TensorFlow 4,096 MiB, PyTorch 4,096 MiB"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_started_framework_keeps_its_part_and_a_newcomer_is_told_nothing_is_left(capsys):
@@ -105,11 +112,13 @@ def test_shares_are_one_line_errors():
     ]:
         with pytest.raises(grammar.GrammarError, match=message):
             grammar.parse(line)
-    assert grammar.parse("limit 50% torch, 2G jax") == grammar.Limit(None, (("pytorch", grammar.Percent(50)), ("jax", 2048)))
+    assert grammar.parse("limit 50% torch, 2G jax") == grammar.Limit(
+        None, (("pytorch", grammar.Percent(50)), ("jax", 2048))
+    )
 
 
 def test_named_shares_that_do_not_fit_are_refused_and_change_nothing():
-    session, tf = kernel()
+    session, _tf = kernel()
     session.configure(grammar.parse("use 1"))
     before = dict(os.environ), session.requested
     with pytest.raises(SessionError, match="does not fit"):
@@ -120,7 +129,7 @@ def test_named_shares_that_do_not_fit_are_refused_and_change_nothing():
 def test_status_says_how_the_limit_is_divided():
     from tfgpu_magic.kernel import status
 
-    session, tf = kernel()
+    session, _tf = kernel()
     session.configure(grammar.parse("use 1"))
     session._on_import(session.adapter("jax"), StandInJax())
     session.configure(grammar.parse("limit 50%"))
@@ -140,7 +149,9 @@ def test_jax_imported_by_tensorflow_takes_its_part_when_the_notebook_starts_it(c
     session._on_import(jax, jax_module)
     jax.imported_by_tensorflow = True
     session.configure(grammar.parse("limit 50%"))
-    assert tf.applied[-1][1] == {1: (GPU1_MIB // 2,)} and os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    assert (
+        tf.applied[-1][1] == {1: (GPU1_MIB // 2,)} and os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    )
     jax_module.devices()  # the notebook's first JAX operation
     assert jax.start().memory_fraction == 0.25  # what JAX read: its half of the kernel's limit
     assert tf.applied[-1][1] == {1: (GPU1_MIB // 4,)}  # TensorFlow (not started) given its half again
@@ -164,7 +175,7 @@ def test_jax_started_after_tensorflow_took_the_whole_limit_gets_the_least_and_sa
 def test_a_cuda_build_of_torch_that_sees_no_gpu_takes_no_part():
     """torch's CUDA build on a machine without a GPU (the package index's default): no part of the
     limit goes to it, so JAX keeps the whole of it (found by a fresh-clone run with that build)."""
-    session, tf = kernel(Stage.NOT_IMPORTED)
+    session, _tf = kernel(Stage.NOT_IMPORTED)
     session.configure(grammar.parse("use 1"))
     session._on_import(session.adapter("pytorch"), cuda_torch([]))  # torch.cuda.device_count() == 0
     session._on_import(session.adapter("jax"), StandInJax())

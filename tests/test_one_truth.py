@@ -15,6 +15,7 @@ from fakes import FakeTensorFlow
 from IPython.core.error import UsageError
 
 from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Capture, Stage
 from tfgpu_magic.gpus import claims
 from tfgpu_magic.gpus.nvml import Nvml
@@ -23,14 +24,17 @@ from tfgpu_magic.kernel import allocator_figures, magics, status
 from tfgpu_magic.kernel.magics import GpuMagics
 from tfgpu_magic.kernel.monitor import Sampler
 from tfgpu_magic.kernel.session import Session, SessionError
-from tfgpu_magic.frameworks import adapters
 
 MIB = 1024 * 1024
 ME = os.getpid()
 
 
 def session_with(env: dict | None = None, server: SimulatedNvml | None = None, **tf) -> Session:
-    return Session(nvml=Nvml(lib=server or shared_server(ME)), env=dict(env or {}), frameworks=adapters(tensorflow=FakeTensorFlow(**tf)))
+    return Session(
+        nvml=Nvml(lib=server or shared_server(ME)),
+        env=dict(env or {}),
+        frameworks=adapters(tensorflow=FakeTensorFlow(**tf)),
+    )
 
 
 def said(session: Session, line: str) -> str:
@@ -81,7 +85,9 @@ def test_mig_instances_without_their_gpu_are_named_not_numbered():
     session = session_with({"CUDA_VISIBLE_DEVICES": "MIG-4a2e3f1c-aaaa-bbbb-cccc-000000000000"}, server)
     assert session.machine.allocation().gpus is None
     # No numbers to check against, so a number could leave the allocation (issue 17): refused.
-    assert said(session, "use 1").startswith("SessionError: GPU 1 cannot be checked against this kernel's allocation")
+    assert said(session, "use 1").startswith(
+        "SessionError: GPU 1 cannot be checked against this kernel's allocation"
+    )
     assert "cannot rank them: use `%gpu use all`" in said(session, "use auto")
 
 
@@ -141,7 +147,9 @@ def test_reset_returns_to_the_defaults_and_says_what_is_requested_now(shell, cap
 
 def test_reset_after_enumeration_says_what_cuda_already_read():
     session = session_with(stage=Stage.ENUMERATED, found=[])
-    session.adapter("tensorflow").cuda_seen = Capture({"CUDA_VISIBLE_DEVICES": "-1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    session.adapter("tensorflow").cuda_seen = Capture(
+        {"CUDA_VISIBLE_DEVICES": "-1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    )
     session.requested = session.requested.with_command(grammar.Use("none"))
     assert session.reset() == (
         "forgot: use none\nrequested now: nothing (each framework's defaults)\n"
@@ -158,8 +166,10 @@ def test_bad_defaults_are_skipped_one_line_each_and_use_auto_works(shell, capsys
     magic.apply_defaults()
     printed = capsys.readouterr().out.splitlines()
     ignored = [line for line in printed if line.startswith("tfgpu_magic: ignored default")]
-    assert [line.split(":", 2)[1].strip() for line in ignored] == ["ignored default 'split ²'"] + [
-        "ignored default 'limit 99999999999999999999999G'", "ignored default 'free'"
+    assert [line.split(":", 2)[1].strip() for line in ignored] == [
+        "ignored default 'split ²'",
+        "ignored default 'limit 99999999999999999999999G'",
+        "ignored default 'free'",
     ]
     assert session.requested.describe() == ["use 1", "grow", "limit 4096MiB"]
     assert claims.held() == {session.nvml.uuid(1)}
@@ -172,7 +182,9 @@ def test_claims_follow_the_request():
     said(session, "use auto")
     gpu1 = session.nvml.uuid(1)
     assert claims.held() == {gpu1}
-    assert said(session, "use auto --min-free 100G").startswith("SessionError: no unclaimed GPU has 100.0 GiB free")
+    assert said(session, "use auto --min-free 100G").startswith(
+        "SessionError: no unclaimed GPU has 100.0 GiB free"
+    )
     assert said(session, "use 9").startswith("SessionError: no GPU 9")
     assert claims.held() == {gpu1}  # refused commands change nothing, claims included
     said(session, "use 0")

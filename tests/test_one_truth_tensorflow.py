@@ -32,7 +32,9 @@ def test_an_inherited_fastest_first_order_is_replaced_before_cuda_starts_and_sai
 
 def test_the_inherited_allocation_holds_through_use_and_tensorflow():
     r = run_scenario("truth", "allocation", env={"CUDA_VISIBLE_DEVICES": "2,3"})
-    assert r["use_0"].startswith("UsageError: GPU 0 is outside this kernel's allocation: the environment allocated GPU 2, 3")
+    assert r["use_0"].startswith(
+        "UsageError: GPU 0 is outside this kernel's allocation: the environment allocated GPU 2, 3"
+    )
     assert r["use_all"] == "use all: takes effect when TensorFlow, PyTorch or JAX starts in this kernel"
     assert r["env"] == "2,3"
     assert r["tensorflow_view"] == r["status_visible"] == [2, 3]
@@ -71,14 +73,33 @@ def test_reset_puts_the_policy_back_and_says_what_cuda_already_read():
 
 
 # -- the property ----------------------------------------------------------------------------------------
-COMMANDS = st.sampled_from([
-    "use 0", "use 1", "use 2,3", "use 1,3", "use all", "use none", "grow", "grow off",
-    "limit 4G", "limit 50%", "limit off", "split 2", "split off", "allocator async", "reset",
-])
-HAND_MADE = st.sampled_from([
-    "CUDA_VISIBLE_DEVICES=1", "CUDA_VISIBLE_DEVICES=0,2", "TF_FORCE_GPU_ALLOW_GROWTH=true",
-    "TF_FORCE_GPU_ALLOW_GROWTH=false",
-])
+COMMANDS = st.sampled_from(
+    [
+        "use 0",
+        "use 1",
+        "use 2,3",
+        "use 1,3",
+        "use all",
+        "use none",
+        "grow",
+        "grow off",
+        "limit 4G",
+        "limit 50%",
+        "limit off",
+        "split 2",
+        "split off",
+        "allocator async",
+        "reset",
+    ]
+)
+HAND_MADE = st.sampled_from(
+    [
+        "CUDA_VISIBLE_DEVICES=1",
+        "CUDA_VISIBLE_DEVICES=0,2",
+        "TF_FORCE_GPU_ALLOW_GROWTH=true",
+        "TF_FORCE_GPU_ALLOW_GROWTH=false",
+    ]
+)
 STEP = st.one_of(
     st.tuples(st.just("gpu"), COMMANDS),
     st.tuples(st.just("env"), HAND_MADE),
@@ -88,8 +109,12 @@ STEP = st.one_of(
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(STEP, min_size=1, max_size=7))
-@example([("import", ""), ("env", "CUDA_VISIBLE_DEVICES=1"), ("gpu", "use 2,3"), ("gpu", "limit 50%")])  # defect 1
-@example([("gpu", "use all"), ("env", "CUDA_VISIBLE_DEVICES=1"), ("import", "")])  # set by hand after `use all`
+@example(
+    [("import", ""), ("env", "CUDA_VISIBLE_DEVICES=1"), ("gpu", "use 2,3"), ("gpu", "limit 50%")]
+)  # defect 1
+@example(
+    [("gpu", "use all"), ("env", "CUDA_VISIBLE_DEVICES=1"), ("import", "")]
+)  # set by hand after `use all`
 @example([("gpu", "use none"), ("env", "CUDA_VISIBLE_DEVICES=1"), ("import", "")])  # ... after `use none`
 @example([("gpu", "limit 4G"), ("env", "CUDA_VISIBLE_DEVICES=0,2"), ("import", "")])  # ... after no `use`
 def test_status_says_what_tensorflow_would_start_with(steps):

@@ -43,7 +43,9 @@ def test_installed_when_tensorflow_is_imported(kernel):
 @pytest.mark.slow
 def test_a_real_oom_shows_the_traceback_then_the_explanation(kernel):
     out = kernel["oom"]["out"]
-    assert kernel["oom"]["error"].startswith("ResourceExhaustedError: {{function_node __wrapped__Fill_device_")
+    assert kernel["oom"]["error"].startswith(
+        "ResourceExhaustedError: {{function_node __wrapped__Fill_device_"
+    )
     assert "----> 1 huge = tf.ones([256 * 1024 * 1024])" in out
     traceback, explanation = out.split("tfgpu_magic: ", 1)
     assert traceback.rstrip().endswith("by allocator bfc_cpu_allocator_for_gpu [Op:Fill] name:")
@@ -78,8 +80,12 @@ def gpu_oom(device: str = "GPU:0") -> Exception:
 def tensorflow_on(session):
     def on(mapping: dict[str, int], in_use: int = 11 * GIB) -> None:
         session.adapter("tensorflow").gpus = mapping
-        session.adapter("tensorflow").found = sorted(set(mapping.values()))  # CUDA's numbers are nvidia-smi's here
-        session._on_import(session.adapter("tensorflow"), None)  # `import tensorflow`: the request reaches TensorFlow
+        session.adapter("tensorflow").found = sorted(
+            set(mapping.values())
+        )  # CUDA's numbers are nvidia-smi's here
+        session._on_import(
+            session.adapter("tensorflow"), None
+        )  # `import tensorflow`: the request reaches TensorFlow
         session.adapter("tensorflow").fake_stage = Stage.STARTED
         session.adapter("tensorflow").stats = {name: AllocatorStats(in_use, in_use) for name in mapping}
 
@@ -89,7 +95,9 @@ def tensorflow_on(session):
 def test_gpu_explanation_with_a_limit_and_other_users(session, tensorflow_on):
     session.configure(grammar.parse("limit 12G"))
     tensorflow_on({"GPU:0": 1})
-    assert oom.explain(session, gpu_oom()) == """\
+    assert (
+        oom.explain(session, gpu_oom())
+        == """\
 tfgpu_magic: TensorFlow ran out of memory on GPU 1 (TF GPU:0, NVIDIA A100-SXM4-80GB).
   Failed request: float tensor of shape [64,512,512,64] = 4,096 MiB, allocator GPU_0_bfc
   TensorFlow's allocator: 11.0 GiB in use; limit: 12.0 GiB (`%gpu limit`)
@@ -102,14 +110,21 @@ tfgpu_magic: TensorFlow ran out of memory on GPU 1 (TF GPU:0, NVIDIA A100-SXM4-8
     - a smaller batch size (halve it until the cell fits)
     - `%gpu precision mixed_float16`, then rebuild the model: float16 activations take half the memory
     - a higher `%gpu limit`, at the top of the notebook, then restart the kernel"""
+    )
 
 
 def test_gpu_explanation_points_to_a_freer_gpu(session, tensorflow_on):
     session.configure(grammar.parse("precision mixed_float16"))
     tensorflow_on({"GPU:0": 0}, in_use=9 * GIB)
     text = oom.explain(session, gpu_oom())
-    assert text.splitlines()[0] == "tfgpu_magic: TensorFlow ran out of memory on GPU 0 (TF GPU:0, NVIDIA A100-SXM4-40GB)."
-    assert "  TensorFlow's allocator: 9,216 MiB in use; limit: none set (TensorFlow may take most of the GPU's 40.0 GiB)" in text
+    assert (
+        text.splitlines()[0]
+        == "tfgpu_magic: TensorFlow ran out of memory on GPU 0 (TF GPU:0, NVIDIA A100-SXM4-40GB)."
+    )
+    assert (
+        "  TensorFlow's allocator: 9,216 MiB in use; limit: none set (TensorFlow may take most of the GPU's 40.0 GiB)"
+        in text
+    )
     assert "    pid 41001: 30.0 GiB (alice, python train_resnet.py)" in text
     assert "precision" not in text  # already mixed_float16
     assert text.endswith(
@@ -164,7 +179,9 @@ def installed(shell, session, monkeypatch):
 
 def test_handler_keeps_another_extensions_handler(installed, shell, capsys, monkeypatch):
     seen = []
-    shell.set_custom_exc((KeyError,), lambda self, etype, value, tb, tb_offset=None: seen.append(etype.__name__))
+    shell.set_custom_exc(
+        (KeyError,), lambda self, etype, value, tb, tb_offset=None: seen.append(etype.__name__)
+    )
     monkeypatch.setattr(oom, "gather", lambda session, error: "facts")
     monkeypatch.setattr(oom, "render", lambda facts: f"explained {facts}")
     installed()

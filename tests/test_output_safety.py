@@ -52,7 +52,10 @@ def hostile_report() -> dict:
     server.gpus[2].name = HOSTILE_NAME
     report = status.build_report(Session(nvml=Nvml(lib=server), env={}), my_pid=ME)
     report["gpus"][2]["claim"] = {  # OSC 52 writes to the clipboard
-        "pid": None, "user": "eve\x1b]52;c;cm0gLXJmIH4=\x07", "since": None, "this_kernel": False,
+        "pid": None,
+        "user": "eve\x1b]52;c;cm0gLXJmIH4=\x07",
+        "since": None,
+        "this_kernel": False,
     }
     report["gpus"][2]["notes"].append("pid 666: left\nNote: forged \x1b[31mred")
     report["notes"].append("claims could not be read: \x1b[2J\r\n")
@@ -62,10 +65,17 @@ def hostile_report() -> dict:
 def controls_in(text: str) -> list[str]:
     """Characters a terminal would act on (everything but the newline between our own lines)."""
     return [
-        ch for ch in text
-        if ch != "\n" and (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or 0xD800 <= ord(ch) < 0xE000
-                           or ch in "\u2028\u2029\u061c\u200e\u200f" or 0x202A <= ord(ch) <= 0x202E
-                           or 0x2066 <= ord(ch) <= 0x2069)
+        ch
+        for ch in text
+        if ch != "\n"
+        and (
+            ord(ch) < 0x20
+            or 0x7F <= ord(ch) < 0xA0
+            or 0xD800 <= ord(ch) < 0xE000
+            or ch in "\u2028\u2029\u061c\u200e\u200f"
+            or 0x202A <= ord(ch) <= 0x202E
+            or 0x2066 <= ord(ch) <= 0x2069
+        )
     ]
 
 
@@ -116,7 +126,9 @@ def test_text_neutralises_hostile_commands_users_claims_names_and_notes():
 
 def test_every_line_of_the_table_is_one_of_ours():
     """However long or hostile, each field stays on its own line: as many lines as with clean data."""
-    clean = status.render_text(status.build_report(Session(nvml=Nvml(lib=shared_server(ME)), env={}), my_pid=ME))
+    clean = status.render_text(
+        status.build_report(Session(nvml=Nvml(lib=shared_server(ME)), env={}), my_pid=ME)
+    )
     hostile = status.render_text(hostile_report())
     assert len(hostile.splitlines()) == len(clean.splitlines()) + 3  # the claim and the two added notes
 
@@ -177,7 +189,10 @@ def _pipeline(cli_args: list[str], reader: list[str]) -> tuple[subprocess.Comple
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     writer = subprocess.Popen(
         [sys.executable, "-m", "tfgpu_magic", *cli_args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
     )
     head = subprocess.run(reader, stdin=writer.stdout, capture_output=True, timeout=60)
     writer.stdout.close()  # only head holds the read end now
@@ -204,14 +219,18 @@ def test_a_reader_that_goes_away_ends_the_cli_quietly(cli_args, reader):
 
 
 def test_a_closed_pipe_gives_status_141():
-    head, code, stderr = _pipeline(["--demo"], ["head", "-n", "0"])
+    _head, code, stderr = _pipeline(["--demo"], ["head", "-n", "0"])
     assert (code, stderr) == (141, b"")
 
 
 def test_a_terminal_that_cannot_encode_our_characters_still_gets_the_table():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "ascii"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tfgpu_magic", "--demo"], capture_output=True, env=env, cwd=ROOT, timeout=60,
+        [sys.executable, "-m", "tfgpu_magic", "--demo"],
+        capture_output=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
     )
     assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode(errors="replace")
     assert b"my processes 14.0 GiB \\xb7 other users" in proc.stdout

@@ -181,9 +181,15 @@ def test_access_denied_is_a_note_and_never_remembered(children, monkeypatch):
             assert denied.note == "owned by a user whose details this account may not read"
     with monkeypatch.context() as patch:
         patch.setattr(psutil.Process, "cmdline", refuse)  # the owner is read, the command refused:
-        patch.setattr(owners, "_read_cmdline", refuse)  # by psutil, or by the table's own bounded read (Linux)
+        patch.setattr(
+            owners, "_read_cmdline", refuse
+        )  # by psutil, or by the table's own bounded read (Linux)
         half = table.lookup(child.pid)
-        assert (half.user, half.command, half.note) == (ME, None, "owned by a user whose details this account may not read")
+        assert (half.user, half.command, half.note) == (
+            ME,
+            None,
+            "owned by a user whose details this account may not read",
+        )
     assert table.cache_size() == 0
     allowed = table.lookup(child.pid)  # the refusal ends: read now, not the old note
     assert (allowed.user, allowed.note) == (ME, None) and "secret-0" in allowed.command
@@ -275,7 +281,7 @@ def test_threads_looking_up_at_once_get_consistent_answers(children):
                 if found != expected[pid]:
                     wrong.append((pid, found))
                 table.current_user()
-        except BaseException as err:  # noqa: BLE001 - reported below, in the main thread
+        except BaseException as err:
             errors.append(err)
 
     run_in_threads(work, 8)
@@ -293,7 +299,7 @@ def real_pid_server(pids: list[int], gone: int):
     """The busy fake server, its processes replaced by real pids, owners left to psutil."""
     server = busy_server(os.getpid())
     listed = [p for gpu in server.gpus for p in gpu.processes if p.pid != os.getpid()]
-    for proc, pid in zip(listed, [*pids, gone]):
+    for proc, pid in zip(listed, [*pids, gone], strict=False):
         proc.pid = pid
     server.owner_of = None  # no simulated table: process_table_for falls back to psutil
     return server
@@ -316,7 +322,9 @@ def test_status_refreshes_share_the_psutil_cache(children, monkeypatch):
     assert reads == []  # the second: all from the shared table
     assert second["gpus"] == first["gpus"]
     rows = {p["pid"]: p for g in second["gpus"] for p in g["processes"]}
-    assert all(rows[p.pid]["user"] == ME and f"status-{i}" in rows[p.pid]["command"] for i, p in enumerate(procs))
+    assert all(
+        rows[p.pid]["user"] == ME and f"status-{i}" in rows[p.pid]["command"] for i, p in enumerate(procs)
+    )
     assert rows[gone.pid]["alive"] is False and rows[gone.pid]["whose"] == "unknown"
     assert rows[os.getpid()]["whose"] == "this kernel"
 
@@ -363,7 +371,9 @@ class _OddProcess:
         return getattr(self._real, name)
 
 
-@pytest.mark.parametrize("error", ODD_ERRORS, ids=lambda e: type(e).__name__ + str(getattr(e, "errno", "") or ""))
+@pytest.mark.parametrize(
+    "error", ODD_ERRORS, ids=lambda e: type(e).__name__ + str(getattr(e, "errno", "") or "")
+)
 @pytest.mark.parametrize("where", ["Process", "cmdline", "uids", "oneshot"])
 def test_an_error_psutil_does_not_translate_is_a_note_on_that_process(children, monkeypatch, where, error):
     [child] = children(1)
@@ -377,7 +387,6 @@ def test_an_error_psutil_does_not_translate_is_a_note_on_that_process(children, 
 
     monkeypatch.setattr(psutil, "Process", odd_process)
     if where == "cmdline":  # on Linux the table reads /proc/PID/cmdline itself (a bounded read), not psutil
-
         real_read = owners._read_cmdline
 
         def odd_read(pid):
@@ -427,11 +436,15 @@ def test_an_unchanged_listing_is_answered_from_memory_without_reading_proc(child
     table, _clock, identities, reads = listing_table
     pids = [p.pid for p in children(3, "listed")]
     first = table.lookup_listing(("gpu", 0), pids)
-    assert [d.user for d in first] == [ME] * 3 and all(f"listed-{i}" in d.command for i, d in enumerate(first))
+    assert [d.user for d in first] == [ME] * 3 and all(
+        f"listed-{i}" in d.command for i, d in enumerate(first)
+    )
     assert reads == pids and set(identities) == set(pids)
     identities.clear(), reads.clear()
     for _ in range(3):
-        assert table.lookup_listing(("gpu", 0), list(reversed(pids))) == list(reversed(first))  # order: NVML's
+        assert table.lookup_listing(("gpu", 0), list(reversed(pids))) == list(
+            reversed(first)
+        )  # order: NVML's
     assert identities == [] and reads == []
 
 
@@ -513,7 +526,9 @@ def test_a_reused_pid_in_a_changed_listing_is_read_again(children, listing_table
     assert table.lookup_listing(0, [old, other])[0] == new  # the listing changed: the new process is seen
 
 
-def test_a_reused_pid_in_an_unchanged_listing_is_trusted_at_most_the_bound(children, listing_table, monkeypatch):
+def test_a_reused_pid_in_an_unchanged_listing_is_trusted_at_most_the_bound(
+    children, listing_table, monkeypatch
+):
     """The accepted risk, bounded: exit, pid reuse and a new GPU context between two refreshes."""
     table, clock, _identities, _reads = listing_table
     (pid,) = (p.pid for p in children(1, "bounded-risk"))
@@ -553,7 +568,9 @@ def test_a_process_that_exits_is_seen_once_its_listing_changes(children, listing
     assert table.cache_size() == 1
 
 
-def test_a_process_never_remembered_is_looked_up_in_an_unchanged_listing(children, listing_table, monkeypatch):
+def test_a_process_never_remembered_is_looked_up_in_an_unchanged_listing(
+    children, listing_table, monkeypatch
+):
     table, _clock, _identities, reads = listing_table
     (child,) = children(1, "young-listed")
     monkeypatch.setattr(table, "_min_age_s", 30.0)  # still starting: never remembered
@@ -598,10 +615,10 @@ def test_threads_listing_at_once_get_consistent_answers(children):
             start.wait()
             for n in range(150):
                 listed = pids[: 2 + (n + offset) % (len(pids) - 1)]  # listings that grow and shrink
-                for pid, found in zip(listed, table.lookup_listing(n % 2, listed)):
+                for pid, found in zip(listed, table.lookup_listing(n % 2, listed), strict=False):
                     if found != expected[pid]:
                         wrong.append((pid, found))
-        except BaseException as err:  # noqa: BLE001 - reported below, in the main thread
+        except BaseException as err:
             errors.append(err)
 
     run_in_threads(work, 6)

@@ -22,15 +22,28 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NAME = "tfgpu_magic-0.1.0"
-BUILT = [REPO / "tfgpu_magic" / "static" / "widget.js", REPO / "tfgpu_magic" / "labextension" / "package.json"]
-FRONT_END_SOURCES = ["package.json", "package-lock.json", "tsconfig.json", "install.json",
-                     "jupyter-config/server-config/tfgpu_magic.json", "js/widget.js", "js/widget.css",
-                     "js/lab/index.ts", "js/lab/style/index.css"]
+BUILT = [
+    REPO / "tfgpu_magic" / "static" / "widget.js",
+    REPO / "tfgpu_magic" / "labextension" / "package.json",
+]
+FRONT_END_SOURCES = [
+    "package.json",
+    "package-lock.json",
+    "tsconfig.json",
+    "install.json",
+    "jupyter-config/server-config/tfgpu_magic.json",
+    "js/widget.js",
+    "js/widget.css",
+    "js/lab/index.ts",
+    "js/lab/style/index.css",
+]
 
 
 def run(*args: object, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env, cwd=cwd)
-    assert done.returncode == 0, f"{args} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{args} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done
 
 
@@ -41,7 +54,9 @@ def dists(tmp_path_factory) -> dict[str, Path]:
     if not all(p.is_file() for p in BUILT) and not shutil.which("npm"):
         pytest.skip("the front ends are not built and npm is missing")
     out = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "build", "-o", out, REPO, env=dict(os.environ, npm_config_prefer_offline="true"))
+    run(
+        sys.executable, "-m", "build", "-o", out, REPO, env=dict(os.environ, npm_config_prefer_offline="true")
+    )
     [sdist] = out.glob(f"{NAME}.tar.gz")
     [wheel] = out.glob(f"{NAME}-py3-none-any.whl")
     return {"sdist": sdist, "wheel": wheel}
@@ -53,7 +68,9 @@ def sdist_names(sdist: Path) -> set[str]:
 
 
 def git_files(under: str) -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "-z", under], cwd=REPO, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", under], cwd=REPO, capture_output=True, text=True, check=True
+    )
     return [n for n in listed.stdout.split("\0") if n]
 
 
@@ -61,7 +78,9 @@ def git_files(under: str) -> list[str]:
 @pytest.mark.timeout(600)
 def test_the_licence_is_in_the_wheel_and_the_sdist(dists):
     text = (REPO / "LICENSE").read_text()
-    assert text.startswith("BSD 3-Clause License") and "Copyright (c) 2026, the tfgpu_magic developers" in text
+    assert (
+        text.startswith("BSD 3-Clause License") and "Copyright (c) 2026, the tfgpu_magic developers" in text
+    )
     with zipfile.ZipFile(dists["wheel"]) as whl:
         assert whl.read(f"{NAME}.dist-info/licenses/LICENSE").decode() == text
         metadata = whl.read(f"{NAME}.dist-info/METADATA").decode()
@@ -77,8 +96,13 @@ def test_the_sdist_holds_the_front_end_sources_and_no_build_clutter(dists):
     for name in FRONT_END_SOURCES + git_files("js") + git_files("tests") + git_files("example_notebooks"):
         assert name in names, f"{name} is missing from the sdist"
     assert {"README.md", "LICENSE", "pyproject.toml", "Makefile", ".ci/apt-install"} <= names
-    clutter = [n for n in names if re.match(r"(node_modules|\.venv|test-artifacts|lib|dist|build)/", n)
-               or "__pycache__" in n or ".ipynb_checkpoints" in n]
+    clutter = [
+        n
+        for n in names
+        if re.match(r"(node_modules|\.venv|test-artifacts|lib|dist|build)/", n)
+        or "__pycache__" in n
+        or ".ipynb_checkpoints" in n
+    ]
     assert not clutter, clutter
 
 
@@ -96,7 +120,9 @@ def test_the_sdist_rebuilds_the_front_end(dists, tmp_path):
         shutil.rmtree(src / built, ignore_errors=True)
     assert not (src / "node_modules").exists()
     # npm installs from the sdist's lock; its cache makes that quick where it is warm.
-    env = dict(os.environ, npm_config_prefer_offline="true", npm_config_audit="false", npm_config_fund="false")
+    env = dict(
+        os.environ, npm_config_prefer_offline="true", npm_config_audit="false", npm_config_fund="false"
+    )
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "wheels", src, env=env)
     [wheel] = (tmp_path / "wheels").glob(f"{NAME}-*.whl")
     with zipfile.ZipFile(wheel) as whl:
@@ -104,7 +130,9 @@ def test_the_sdist_rebuilds_the_front_end(dists, tmp_path):
     share = f"{NAME}.data/data/share/jupyter/labextensions/tfgpu-magic"
     assert "tfgpu_magic/static/widget.js" in names
     assert {f"{share}/package.json", f"{share}/install.json", f"{share}/static/style.js"} <= names
-    assert any(re.fullmatch(rf"{re.escape(share)}/static/remoteEntry\.[0-9a-f]+\.js", n) for n in names), sorted(names)
+    assert any(re.fullmatch(rf"{re.escape(share)}/static/remoteEntry\.[0-9a-f]+\.js", n) for n in names), (
+        sorted(names)
+    )
     assert f"{NAME}.data/data/etc/jupyter/jupyter_server_config.d/tfgpu_magic.json" in names
 
 
@@ -136,10 +164,16 @@ exit 0
         (tmp_path / "locked-updates").write_text(str(locked_updates))
         if update_fails:
             (tmp_path / "update-fails").write_text("")
-        env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                   APT_LOCK_WAIT=str(wait), APT_LOCK_POLL="0")
+        env = dict(
+            os.environ,
+            PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            APT_LOCK_WAIT=str(wait),
+            APT_LOCK_POLL="0",
+        )
         started = time.monotonic()
-        done = subprocess.run([REPO / ".ci" / "apt-install", *packages], capture_output=True, text=True, env=env)
+        done = subprocess.run(
+            [REPO / ".ci" / "apt-install", *packages], capture_output=True, text=True, env=env
+        )
         calls = (tmp_path / "calls").read_text().splitlines()
         return done, calls, time.monotonic() - started
 

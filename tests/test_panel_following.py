@@ -29,7 +29,6 @@ class ManualSampler(Sampler):
         pass
 
 
-
 pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
 
 
@@ -41,7 +40,9 @@ def panels():
     clock = itertools.count(1_700_000_000.0, 0.5).__next__  # each tick half a second on, as the sampler runs
 
     def make():
-        made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5, clock=clock, visible=lambda: seen["visible"]))
+        made.append(
+            ManualSampler(Nvml(lib=server), ME, interval=0.5, clock=clock, visible=lambda: seen["visible"])
+        )
         return made[-1]
 
     def open_one(**kwargs):
@@ -114,7 +115,12 @@ def test_a_gpu_hidden_from_the_kernel_keeps_its_chart_with_a_note(panels, monkey
     panels.seen["visible"] = [1]
     panels.made[0].tick()
     notes = {d["key"]: d["gone"] for d in panel.devices}
-    assert notes == {"gpu0": widget.HIDDEN_GPU, "gpu1": None, "gpu2": widget.HIDDEN_GPU, "gpu3": widget.HIDDEN_GPU}
+    assert notes == {
+        "gpu0": widget.HIDDEN_GPU,
+        "gpu1": None,
+        "gpu2": widget.HIDDEN_GPU,
+        "gpu3": widget.HIDDEN_GPU,
+    }
     assert list(panel.sent[-1]["d"]) == ["gpu1"]
     panels.seen["visible"] = None  # shown again: the note goes
     panels.made[0].tick()
@@ -128,7 +134,9 @@ def test_a_panel_opened_after_use_auto_charts_only_the_visible_gpus_with_their_t
     panels.seen["visible"] = [1]
     panels.made[0].tick()
     late = panels()
-    assert late.devices == [{"key": "gpu1", "label": "GPU 1 · NVIDIA A100-SXM4-80GB", "gpu": True, "gone": None}]
+    assert late.devices == [
+        {"key": "gpu1", "label": "GPU 1 · NVIDIA A100-SXM4-80GB", "gpu": True, "gone": None}
+    ]
     late._on_message(late, {"kind": "history"}, [])
     (history,) = late.sent
     assert list(history["d"]) == ["gpu1"] and len(history["t"]) == 2
@@ -170,12 +178,22 @@ print(json.dumps({{"threads": [t.name for t in threading.enumerate()]}}))
 
 @pytest.mark.parametrize(
     "module, shell",
-    [("terminal.interactiveshell", "TerminalInteractiveShell"), ("core.interactiveshell", "InteractiveShell")],
+    [
+        ("terminal.interactiveshell", "TerminalInteractiveShell"),
+        ("core.interactiveshell", "InteractiveShell"),
+    ],
 )
 def test_in_a_terminal_ipython_monitor_prints_one_line_and_starts_nothing(module, shell, tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT, "IPYTHONDIR": str(tmp_path), "TFGPU_MAGIC_CLAIM_DIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT,
+        "IPYTHONDIR": str(tmp_path),
+        "TFGPU_MAGIC_CLAIM_DIR": str(tmp_path),
+    }
     code = TERMINAL.format(module=module, shell=shell)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     *printed, last = proc.stdout.strip().splitlines()
     assert printed == [monitor.NO_FRONT_END]
@@ -202,14 +220,20 @@ def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypat
     try:
         sampler = monitor.active_sampler()
         sampler.tick()
-        gpu.session.adapter("tensorflow").fake_stage, gpu.session.adapter("tensorflow").found = Stage.ENUMERATED, []  # it listed none
+        gpu.session.adapter("tensorflow").fake_stage, gpu.session.adapter("tensorflow").found = (
+            Stage.ENUMERATED,
+            [],
+        )  # it listed none
         allocator_figures.publish(gpu.session)  # the cell ends: the kernel publishes what it read
         sample = sampler.tick()
         assert [d["key"] for d in panel.devices] == shown
         assert [d["gone"] for d in panel.devices] == [None] * len(shown)  # not "hidden by %gpu use"
         assert [d.key for d in sample.devices] == shown and all(d.used_bytes for d in sample.devices)
         assert sample.status == monitor.FOUND_NO_GPU.format(name="TensorFlow")
-        assert sample.status == "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
+        assert (
+            sample.status
+            == "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
+        )
         late = monitor.open_panel(display=False, session=gpu.session)  # not "Nothing to chart"
         assert [d["key"] for d in late.devices] == shown
     finally:

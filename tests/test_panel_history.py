@@ -53,11 +53,17 @@ def full_history_of_8_gpus() -> Sampler:
 
     def figures():  # TensorFlow's allocator changes on every tick, read as after each cell
         tick[0] += 1
-        stats.update({f"GPU:{i}": Stats(10**9 + tick[0] * 4096 + i, 2 * 10**9 + tick[0] * 4096 + i) for i in range(8)})
+        stats.update(
+            {f"GPU:{i}": Stats(10**9 + tick[0] * 4096 + i, 2 * 10**9 + tick[0] * 4096 + i) for i in range(8)}
+        )
         return read()
 
     s = Sampler(
-        Nvml(lib=server), ME, interval=0.1, keep_s=10**6, figures=figures,
+        Nvml(lib=server),
+        ME,
+        interval=0.1,
+        keep_s=10**6,
+        figures=figures,
         limits=lambda: {i: 20 * 1024 * MIB for i in range(8)},
     )
     for _ in range(MAX_HISTORY + 200):  # full, and then some: the oldest go
@@ -77,12 +83,27 @@ def test_a_full_history_of_8_gpus_stays_within_the_stated_size():
 
 def test_packing_keeps_every_reading_gap_and_message():
     devices = (
-        DeviceSample("gpu0", "GPU 0 · A100", 80 * 2**30, 2**40, 0, None, None, 7, None,
-                     figures=(("pytorch", "allocated", 3), ("pytorch", "reserved", None))),
+        DeviceSample(
+            "gpu0",
+            "GPU 0 · A100",
+            80 * 2**30,
+            2**40,
+            0,
+            None,
+            None,
+            7,
+            None,
+            figures=(("pytorch", "allocated", 3), ("pytorch", "reserved", None)),
+        ),
         DeviceSample("gpu1", "GPU 1", None, None, None, None, None, None, "GPU 1 stopped answering"),
         # The older wire fields are filled from the figures their series name (TensorFlow's).
-        DeviceSample("tensorflow:CPU:0", "TensorFlow CPU:0", tf_in_use_bytes=2**63 - 1, tf_peak_bytes=0,
-                     figures=(("tensorflow", "in_use", 2**63 - 1), ("tensorflow", "peak", 0))),
+        DeviceSample(
+            "tensorflow:CPU:0",
+            "TensorFlow CPU:0",
+            tf_in_use_bytes=2**63 - 1,
+            tf_peak_bytes=0,
+            figures=(("tensorflow", "in_use", 2**63 - 1), ("tensorflow", "peak", 0)),
+        ),
     )
     series = (
         FigureSeries("pytorch", "allocated", "PyTorch allocator: allocated"),
@@ -90,14 +111,23 @@ def test_packing_keeps_every_reading_gap_and_message():
         FigureSeries("tensorflow", "in_use", "TensorFlow allocator: in use", "tf_in_use_bytes"),
         FigureSeries("tensorflow", "peak", "TensorFlow allocator: peak", "tf_peak_bytes"),
     )
-    sample = Sample(1700000000.25, devices, "a note", series, 1700000000.0, ("JAX: no allocator figures until its first operation",))
+    sample = Sample(
+        1700000000.25,
+        devices,
+        "a note",
+        series,
+        1700000000.0,
+        ("JAX: no allocator figures until its first operation",),
+    )
     stored = _Stored.pack(sample, None)
     assert stored.unpack() == sample
     assert stored.devices == devices and stored.time_s == sample.time_s
 
 
 def test_what_does_not_fit_an_int64_is_a_gap_not_an_error():
-    odd = DeviceSample("gpu0", "GPU 0", total_bytes=2**70, used_bytes=-(2**63), mine_bytes=12.0, limit_bytes="x")
+    odd = DeviceSample(
+        "gpu0", "GPU 0", total_bytes=2**70, used_bytes=-(2**63), mine_bytes=12.0, limit_bytes="x"
+    )
     back = _Stored.pack(Sample(1.0, (odd,)), None).unpack().devices[0]
     assert (back.total_bytes, back.used_bytes, back.mine_bytes, back.limit_bytes) == (None, None, 12, None)
 
@@ -105,7 +135,9 @@ def test_what_does_not_fit_an_int64_is_a_gap_not_an_error():
 def test_unchanged_labels_messages_and_status_are_shared_with_the_previous_sample():
     def sample(used: int) -> Sample:
         lost = DeviceSample("gpu1", f"GPU {1}", error=f"GPU {1} stopped answering")
-        return Sample(float(used), (DeviceSample("gpu0", f"GPU {0} · A100", used_bytes=used), lost), f"status {1}")
+        return Sample(
+            float(used), (DeviceSample("gpu0", f"GPU {0} · A100", used_bytes=used), lost), f"status {1}"
+        )
 
     first = _Stored.pack(sample(1), None)
     second = _Stored.pack(sample(2), first)

@@ -14,12 +14,11 @@ from fakes import monitor_threads, wait_for
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
-from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, AllocatorFigures
 from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, AllocatorFigures
 from tfgpu_magic.kernel.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, Hub, Sampler
 
 ME = 4242
-
 
 
 class Gate:
@@ -279,7 +278,9 @@ def test_a_refused_window_leaves_nothing_behind():
 
 @pytest.mark.parametrize("name", ["interval", "window"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
-def test_a_non_finite_setting_from_the_front_end_is_refused_and_the_panel_keeps_its_own(name, value, monkeypatch):
+def test_a_non_finite_setting_from_the_front_end_is_refused_and_the_panel_keeps_its_own(
+    name, value, monkeypatch
+):
     """Issue 28, item 11: a comm update `interval: NaN` passed the trait's bounds (NaN compares
     false to both), the sampler refused it with a traceback in the output area, and the panel kept
     NaN.  Now the panel keeps its value, the front end is sent it back, and nothing raises."""

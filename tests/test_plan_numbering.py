@@ -31,7 +31,9 @@ def test_split_sizes_and_a_limit_exclude_each_other():
 def facts(*totals_mib, allocated=None, allocation_text=None, cuda_found=None):
     """A machine with GPUs of these sizes (None: NVML cannot read it)."""
     count = len(totals_mib)
-    return MachineFacts(count, dict(enumerate(totals_mib)), allocated, allocation_text, cuda_found, tuple(range(count)))
+    return MachineFacts(
+        count, dict(enumerate(totals_mib)), allocated, allocation_text, cuda_found, tuple(range(count))
+    )
 
 
 def sizes(plan, machine):
@@ -40,14 +42,19 @@ def sizes(plan, machine):
 
 def test_limits_resolve_per_gpu():
     assert sizes(Plan(limits=(Percent(50),)), facts(40960, 81920)) == {0: (20480,), 1: (40960,)}
-    assert sizes(Plan(visible=(1, 3), limits=(4096, 8192)), facts(None, None, None, None)) == {1: (4096,), 3: (8192,)}
+    assert sizes(Plan(visible=(1, 3), limits=(4096, 8192)), facts(None, None, None, None)) == {
+        1: (4096,),
+        3: (8192,),
+    }
     with pytest.raises(PlanError, match="NVML cannot read here"):
         resolve(Plan(limits=(Percent(50),)), facts(None))
 
 
 def test_split_divides_the_limit_or_the_gpu():
     assert sizes(Plan(limits=(4096,), split=grammar.Split(count=2)), facts(40960)) == {0: (2048, 2048)}
-    assert sizes(Plan(split=grammar.Split(count=2)), facts(40960)) == {0: ((40960 - CONTEXT_RESERVE_MIB) // 2,) * 2}
+    assert sizes(Plan(split=grammar.Split(count=2)), facts(40960)) == {
+        0: ((40960 - CONTEXT_RESERVE_MIB) // 2,) * 2
+    }
     assert sizes(Plan(split=grammar.Split(sizes=(1024, 512))), facts(None)) == {0: (1024, 512)}
     assert sizes(Plan(), facts(40960)) == {0: None}
 
@@ -61,7 +68,9 @@ def test_the_resolution_names_percentages_per_gpu():
 def test_a_gpu_outside_the_allocation_is_refused_naming_it():
     machine = facts(40960, 40960, 40960, 40960, allocated=(2, 3), allocation_text="GPU 2, 3")
     assert resolve(Plan(visible="all"), machine).visible == (2, 3)
-    with pytest.raises(PlanError, match=r"^GPU 0 is outside this kernel's allocation: the environment allocated GPU 2, 3 "):
+    with pytest.raises(
+        PlanError, match=r"^GPU 0 is outside this kernel's allocation: the environment allocated GPU 2, 3 "
+    ):
         resolve(Plan(visible=(0,)), machine)
 
 

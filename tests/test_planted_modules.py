@@ -67,7 +67,9 @@ def test_a_command_that_fails_half_way_changes_nothing(gpu, monkeypatch):
     # The last framework's step of a command, after the environment was written and the others
     # were given it: a framework that raises there (a bug, a broken install) must not leave half a
     # command behind.
-    monkeypatch.setattr(session.adapter("jax"), "give", lambda *a: (_ for _ in ()).throw(RuntimeError("adapter bug")))
+    monkeypatch.setattr(
+        session.adapter("jax"), "give", lambda *a: (_ for _ in ()).throw(RuntimeError("adapter bug"))
+    )
     with pytest.raises(RuntimeError, match="adapter bug"):
         session.configure(grammar.parse("grow"))
     monkeypatch.undo()
@@ -104,8 +106,9 @@ def test_a_torch_py_in_the_notebooks_folder_leaves_gpu_working(tmp_path):
         "print(json.dumps(out))\n"
     )
     env = fresh_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "which is not PyTorch" in proc.stderr and "Traceback" not in proc.stderr
@@ -136,14 +139,20 @@ class Hostile:
 
 @pytest.mark.parametrize("hook", ["pytorch", "jax"])
 def test_an_object_whose_every_attribute_raises_is_one_note(gpu, hook):
-    gpu.session._on_import(gpu.session.adapter(hook), Hostile())  # raised RuntimeError('boom __file__') before (review)
+    gpu.session._on_import(
+        gpu.session.adapter(hook), Hostile()
+    )  # raised RuntimeError('boom __file__') before (review)
     assert any("gave a Hostile, which is not" in note for note in gpu.session.notes)
     gpu("")
 
 
 def test_a_module_with_only_some_of_torch_cuda_is_not_pytorch(gpu):
-    cuda = types.SimpleNamespace(is_initialized=lambda: True, _lazy_call=lambda f: None, device_count=lambda: 1)
-    gpu.session._on_import(gpu.session.adapter("pytorch"), types.SimpleNamespace(version=types.SimpleNamespace(), cuda=cuda))
+    cuda = types.SimpleNamespace(
+        is_initialized=lambda: True, _lazy_call=lambda f: None, device_count=lambda: 1
+    )
+    gpu.session._on_import(
+        gpu.session.adapter("pytorch"), types.SimpleNamespace(version=types.SimpleNamespace(), cuda=cuda)
+    )
     gpu("")
     gpu("free")  # both raised AttributeError: no memory_allocated (review)
     assert any("which is not PyTorch (it has no `cuda.memory_allocated`)" in n for n in gpu.session.notes)

@@ -18,8 +18,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from prometheus_stack import (
@@ -37,7 +38,9 @@ from prometheus_stack import (
 
 from tfgpu_magic import __version__
 
-needs_prometheus = pytest.mark.skipif(not has_prometheus(), reason="needs the prometheus binary (make setup installs it)")
+needs_prometheus = pytest.mark.skipif(
+    not has_prometheus(), reason="needs the prometheus binary (make setup installs it)"
+)
 CULLING_PANEL = "Kernels due for culling"
 
 
@@ -73,16 +76,33 @@ def prom(stack) -> Prometheus:
 @pytest.mark.slow
 @needs_prometheus
 def test_each_kernels_memory_per_gpu_is_what_the_status_says(stack, prom):
-    stored = by(prom.query("tfgpu_kernel_gpu_memory_bytes"), "instance", "kernel_id", "kernel_name", "path", "gpu", "gpu_uuid")
+    stored = by(
+        prom.query("tfgpu_kernel_gpu_memory_bytes"),
+        "instance",
+        "kernel_id",
+        "kernel_name",
+        "path",
+        "gpu",
+        "gpu_uuid",
+    )
     expected = {}
     for server in stack.servers:
         status = server.status()
         uuid = {str(gpu["index"]): gpu["uuid"] for gpu in status["gpus"]}
         for kernel in status["kernels"]:
             for gpu, size in kernel["gpu_memory_bytes"].items():
-                key = (stack.instance[id(server)], kernel["id"], kernel["name"], kernel["path"], gpu, uuid[gpu])
+                key = (
+                    stack.instance[id(server)],
+                    kernel["id"],
+                    kernel["name"],
+                    kernel["path"],
+                    gpu,
+                    uuid[gpu],
+                )
                 expected[key] = float(size)
-    assert len(expected) == 3 and all(expected.values())  # three kernels holding memory, or this proves nothing
+    assert len(expected) == 3 and all(
+        expected.values()
+    )  # three kernels holding memory, or this proves nothing
     assert stored == expected
 
 
@@ -113,8 +133,10 @@ def test_gpu_totals_used_and_utilization_are_the_servers_and_gpu_3_has_no_utiliz
 def test_server_info_reading_and_idle_kernels(stack, prom):
     info = by(prom.query("tfgpu_server_info"), "instance", "user", "version")
     assert info == {(stack.instance[id(s)], s.status()["user"], __version__): 1.0 for s in stack.servers}
-    assert by(prom.query("tfgpu_driver_available"), "instance") == {(stack.instance[id(s)],): 1.0 for s in stack.servers}
-    for (_, read_at) in by(prom.query("tfgpu_reading_timestamp_seconds"), "instance").items():
+    assert by(prom.query("tfgpu_driver_available"), "instance") == {
+        (stack.instance[id(s)],): 1.0 for s in stack.servers
+    }
+    for _, read_at in by(prom.query("tfgpu_reading_timestamp_seconds"), "instance").items():
         assert abs(time.time() - read_at) < 30
     idle = by(prom.query("tfgpu_kernel_idle_seconds"), "instance", "path")
     assert sorted(path for _, path in idle) == ["eval.ipynb", "explore.ipynb", "train.ipynb"]
@@ -133,7 +155,11 @@ def test_without_the_token_metrics_is_refused_and_prometheus_says_403(stack, pro
         status, body = server.request("GET", "metrics", authorization="Bearer")  # what Prometheus sends
         assert status == 200 and b"tfgpu_server_info{" in body
     health = {t["labels"]["job"]: t for t in prom.targets()}
-    assert {job: t["health"] for job, t in health.items()} == {"jupyter": "up", "jupyterhub": "up", "wrong-token": "down"}
+    assert {job: t["health"] for job, t in health.items()} == {
+        "jupyter": "up",
+        "jupyterhub": "up",
+        "wrong-token": "down",
+    }
     assert "403" in health["wrong-token"]["lastError"]
     assert health["jupyterhub"]["scrapeUrl"].endswith("/user/alice/metrics")
     assert health["jupyterhub"]["labels"]["instance"] == f"{stack.alice.address}/user/alice"
@@ -150,15 +176,24 @@ def test_the_dashboard_is_a_grafana_10_dashboard_on_a_chosen_prometheus():
     board = dashboard()
     assert board["schemaVersion"] >= 38 and board["uid"] and board["title"]
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert variables["DS_PROMETHEUS"]["type"] == "datasource" and variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    assert (
+        variables["DS_PROMETHEUS"]["type"] == "datasource"
+        and variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    )
     instance = variables["instance"]
     assert (instance["includeAll"], instance["allValue"], instance["multi"]) == (True, ".*", True)
     assert instance["definition"] == "label_values(tfgpu_server_info, instance)"
     titles = [p["title"] for p in panels(board)]
-    assert sorted(titles) == sorted([
-        "GPU memory by notebook", "GPU memory by user", "GPU memory by GPU across hosts",
-        "Idle kernels holding GPU memory", "Other users' memory per GPU", CULLING_PANEL,
-    ])
+    assert sorted(titles) == sorted(
+        [
+            "GPU memory by notebook",
+            "GPU memory by user",
+            "GPU memory by GPU across hosts",
+            "Idle kernels holding GPU memory",
+            "Other users' memory per GPU",
+            CULLING_PANEL,
+        ]
+    )
     assert len({p["id"] for p in panels(board)}) == len(titles)
     for panel in panels(board):
         assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, panel["title"]
@@ -182,13 +217,21 @@ def test_every_panel_query_returns_data_from_the_real_prometheus(title, stack, p
 def test_the_panels_add_up(stack, prom):
     """By notebook, by user and the instance variable give the figures the servers report."""
     notebooks = by(prom.query(as_grafana_sends(targets_of("GPU memory by notebook")[0])), "instance", "path")
-    kernels = {(stack.instance[id(s)], k["path"]): float(k["total_gpu_memory_bytes"])
-               for s in stack.servers for k in s.status()["kernels"]}
+    kernels = {
+        (stack.instance[id(s)], k["path"]): float(k["total_gpu_memory_bytes"])
+        for s in stack.servers
+        for k in s.status()["kernels"]
+    }
     assert notebooks == kernels
     users = by(prom.query(as_grafana_sends(targets_of("GPU memory by user")[0])), "user")
     assert users == {(stack.plain.status()["user"],): sum(kernels.values())}  # both servers run as this user
-    only_alice = as_grafana_sends(targets_of("GPU memory by notebook")[0], {"instance": f"{stack.alice.address}/user/alice"})
-    assert sorted(path for _, path in by(prom.query(only_alice), "instance", "path")) == ["eval.ipynb", "train.ipynb"]
+    only_alice = as_grafana_sends(
+        targets_of("GPU memory by notebook")[0], {"instance": f"{stack.alice.address}/user/alice"}
+    )
+    assert sorted(path for _, path in by(prom.query(only_alice), "instance", "path")) == [
+        "eval.ipynb",
+        "train.ipynb",
+    ]
     instances = prom.api("series", **{"match[]": "tfgpu_server_info"})
     assert sorted(s["instance"] for s in instances) == sorted(stack.instance.values())
     gpus = by(prom.query(as_grafana_sends(targets_of("GPU memory by GPU across hosts")[1])), "gpu_uuid")
@@ -203,20 +246,37 @@ def test_grafana_variables_are_substituted_as_with_all_selected():
 
 # -- the set-up ---------------------------------------------------------------------------------
 def test_a_started_servers_environment_inherits_nothing_from_the_shell(monkeypatch, tmp_path):
-    for name, value in {"JUPYTER_TOKEN": "leaked", "JUPYTER_CONFIG_DIR": "/nowhere", "CUDA_VISIBLE_DEVICES": "7",
-                        "TF_FORCE_GPU_ALLOW_GROWTH": "true", "IPYTHONDIR": "/nowhere", "JPY_SESSION_NAME": "x"}.items():
+    for name, value in {
+        "JUPYTER_TOKEN": "leaked",
+        "JUPYTER_CONFIG_DIR": "/nowhere",
+        "CUDA_VISIBLE_DEVICES": "7",
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "IPYTHONDIR": "/nowhere",
+        "JPY_SESSION_NAME": "x",
+    }.items():
         monkeypatch.setenv(name, value)
     env = clean_env(tmp_path, ["/extra"])
     assert {k for k in env if k.startswith(LEAKY_PREFIXES)} == {
-        "TF_CPP_MIN_LOG_LEVEL", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"}
+        "TF_CPP_MIN_LOG_LEVEL",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "IPYTHONDIR",
+    }
     assert str(tmp_path) in env["JUPYTER_CONFIG_DIR"] and env["PYTHONPATH"].endswith("/extra")
 
 
 @pytest.mark.slow
 @needs_prometheus
 def test_the_kernels_inherit_nothing_from_the_shell_either(stack):
-    ours = {"TF_CPP_MIN_LOG_LEVEL", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
-            "JUPYTER_CONFIG_PATH", "IPYTHONDIR"}
+    ours = {
+        "TF_CPP_MIN_LOG_LEVEL",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "JUPYTER_CONFIG_PATH",
+        "IPYTHONDIR",
+    }
     for server in stack.servers:
         for kernel in server.status()["kernels"]:
             environ = Path(f"/proc/{kernel['pid']}/environ").read_bytes().split(b"\0")
@@ -228,6 +288,8 @@ def test_the_kernels_inherit_nothing_from_the_shell_either(stack):
 def test_make_setup_installs_prometheus_without_its_recommends():
     if not shutil.which("make"):
         pytest.skip("make is not installed")
-    plan = subprocess.run(["make", "-n", "setup", "APT_BARE=prometheus"], cwd=ROOT, capture_output=True, text=True).stdout
+    plan = subprocess.run(
+        ["make", "-n", "setup", "APT_BARE=prometheus"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
     assert ".ci/apt-install --no-install-recommends prometheus" in plan
     assert "APT_BARE := $(if $(shell command -v prometheus),,prometheus)" in (ROOT / "Makefile").read_text()

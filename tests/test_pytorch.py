@@ -16,13 +16,13 @@ from conftest import run_scenario
 from fakes import FakeTensorFlow
 
 from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks.base import Stage
 from tfgpu_magic.frameworks.pytorch import PyTorch, alloc_conf_with_backend
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import cells, oom, status, trace
 from tfgpu_magic.kernel.session import Session, SessionError
-from tfgpu_magic.frameworks import adapters
 
 GIB = 1 << 30
 
@@ -39,7 +39,8 @@ def test_allocator_async_reaches_what_torch_parses_at_import_keeping_the_users_o
     r = torch_kernel
     assert r["torch_imported_by_magic"] is False  # the magic never imports torch
     assert r["env_before_import"] == {
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,backend:cudaMallocAsync", "PYTORCH_ALLOC_CONF": None
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,backend:cudaMallocAsync",
+        "PYTORCH_ALLOC_CONF": None,
     }
     assert r["torch_read"] == "expandable_segments:True,backend:cudaMallocAsync"  # torch's own reading
     assert r["frameworks"]["pytorch"]["allocator"] == "async"
@@ -72,8 +73,20 @@ def test_grow_says_pytorch_already_allocates_on_demand_and_free_says_nothing_was
 def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
     r = torch_kernel
     assert r["status_keys"] == sorted(
-        ["allocation", "display", "frameworks", "gpus", "in_force", "me", "notes", "nvml_error", "requested",
-         "resolved", "tensorflow", "visible_gpus"]
+        [
+            "allocation",
+            "display",
+            "frameworks",
+            "gpus",
+            "in_force",
+            "me",
+            "notes",
+            "nvml_error",
+            "requested",
+            "resolved",
+            "tensorflow",
+            "visible_gpus",
+        ]
     )
     torch = r["frameworks"]["pytorch"]
     assert r["frameworks"]["tensorflow"]["stage"] == "not_imported"
@@ -164,13 +177,17 @@ class OutOfMemoryError(RuntimeError):
 
 def cuda_torch(totals: list[int]) -> types.SimpleNamespace:
     return types.SimpleNamespace(
-        cuda=StandInCuda(totals), version=types.SimpleNamespace(cuda="12.8"), _C=types.SimpleNamespace(),
+        cuda=StandInCuda(totals),
+        version=types.SimpleNamespace(cuda="12.8"),
+        _C=types.SimpleNamespace(),
         OutOfMemoryError=OutOfMemoryError,
     )
 
 
 def torch_session(env: dict | None = None) -> Session:
-    return Session(nvml=Nvml(lib=shared_server()), env=dict(env or {}), frameworks=adapters(tensorflow=FakeTensorFlow()))
+    return Session(
+        nvml=Nvml(lib=shared_server()), env=dict(env or {}), frameworks=adapters(tensorflow=FakeTensorFlow())
+    )
 
 
 def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
@@ -180,10 +197,14 @@ def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
     torch = cuda_torch([80 * GIB])
     session._on_import(session.adapter("pytorch"), torch)
     assert torch.cuda.fractions == {}  # importing torch starts no CUDA context
-    assert session.adapter("pytorch").stage() is Stage.IMPORTED and session.adapter("pytorch").caps_bytes == {0: 8 * GIB}
+    assert session.adapter("pytorch").stage() is Stage.IMPORTED and session.adapter("pytorch").caps_bytes == {
+        0: 8 * GIB
+    }
     torch.cuda.start()
     assert torch.cuda.fractions == {0: 0.1}  # 8 GiB of the 80 GiB torch reports for cuda:0 (GPU 1)
-    assert session.adapter("pytorch").cuda_seen is not None  # the environment CUDA read, recorded as it started
+    assert (
+        session.adapter("pytorch").cuda_seen is not None
+    )  # the environment CUDA read, recorded as it started
     assert session.applied["pytorch"] is session.resolved()
 
 
@@ -202,8 +223,11 @@ def test_use_after_pytorch_started_cuda_is_too_late_for_every_framework():
     torch = cuda_torch([80 * GIB] * 4)
     session._on_import(session.adapter("pytorch"), torch)
     torch.cuda.start()
-    with pytest.raises(SessionError, match=r"PyTorch has already started CUDA with every GPU visible.*"
-                                           r"Put `%gpu use 1` at the top of the notebook, before `import torch`"):
+    with pytest.raises(
+        SessionError,
+        match=r"PyTorch has already started CUDA with every GPU visible.*"
+        r"Put `%gpu use 1` at the top of the notebook, before `import torch`",
+    ):
         session.configure(grammar.parse("use 1"))
     assert session.requested.visible is None  # nothing changed
 
@@ -256,17 +280,28 @@ def test_with_both_names_set_the_one_torch_reads_is_edited():
     """Torch 2.13 reads only PYTORCH_CUDA_ALLOC_CONF when both are set (measured in this suite's torch)."""
     session = torch_session({"PYTORCH_CUDA_ALLOC_CONF": "a:1", "PYTORCH_ALLOC_CONF": "b:2"})
     session.configure(grammar.parse("allocator async"))
-    assert session.env == {**session.env, "PYTORCH_CUDA_ALLOC_CONF": "a:1,backend:cudaMallocAsync",
-                           "PYTORCH_ALLOC_CONF": "b:2"}
+    assert session.env == {
+        **session.env,
+        "PYTORCH_CUDA_ALLOC_CONF": "a:1,backend:cudaMallocAsync",
+        "PYTORCH_ALLOC_CONF": "b:2",
+    }
 
 
 def test_use_after_tensorflow_listed_its_gpus_says_pytorch_sees_what_cuda_read_then():
-    session = Session(nvml=Nvml(lib=shared_server()), env={}, frameworks=adapters(tensorflow=FakeTensorFlow(stage=Stage.ENUMERATED, gpus={f"GPU:{i}": i for i in range(4)},
-                                        found=[0, 1, 2, 3])))
+    session = Session(
+        nvml=Nvml(lib=shared_server()),
+        env={},
+        frameworks=adapters(
+            tensorflow=FakeTensorFlow(
+                stage=Stage.ENUMERATED, gpus={f"GPU:{i}": i for i in range(4)}, found=[0, 1, 2, 3]
+            )
+        ),
+    )
     session._on_import(session.adapter("pytorch"), cuda_torch([80 * GIB] * 4))
     said = session.configure(grammar.parse("use 1"))
-    assert said.endswith("; PyTorch: sees the GPUs CUDA showed when TensorFlow listed its devices "
-                         "(`use` cannot change them)")
+    assert said.endswith(
+        "; PyTorch: sees the GPUs CUDA showed when TensorFlow listed its devices (`use` cannot change them)"
+    )
 
 
 def started_torch(*commands: str, totals: list[int] | None = None) -> tuple[Session, StandInCuda]:
@@ -298,7 +333,9 @@ def test_nested_windows_keep_each_others_peaks():
     outer = session.adapter("pytorch").open_peak_window()
     cuda.allocate(0, 4 * GIB)
     cuda.allocated[0] = 0
-    inner = session.adapter("pytorch").open_peak_window()  # resets torch's peak: the outer window keeps its 4 GiB
+    inner = session.adapter(
+        "pytorch"
+    ).open_peak_window()  # resets torch's peak: the outer window keeps its 4 GiB
     cuda.allocate(0, GIB)
     assert inner.peaks()["cuda:0"].peak_bytes == GIB
     assert outer.peaks()["cuda:0"].peak_bytes == 4 * GIB
@@ -332,7 +369,9 @@ def test_pytorchs_out_of_memory_is_explained_with_its_cap_and_neighbours():
         "60.00 GiB is free. Of the allocated memory 7.00 GiB is allocated by PyTorch"
     )
     text = oom.explain(session, error)
-    assert text.startswith("tfgpu_magic: PyTorch ran out of memory on GPU 1 (PyTorch cuda:0, NVIDIA A100-SXM4-80GB).\n")
+    assert text.startswith(
+        "tfgpu_magic: PyTorch ran out of memory on GPU 1 (PyTorch cuda:0, NVIDIA A100-SXM4-80GB).\n"
+    )
     assert "  Failed request: 2.00 GiB\n" in text
     assert "limit: 8,192 MiB (`%gpu limit`, set as fraction 0.1000)" in text
     assert "pid 41003: 8,192 MiB (bob, python finetune.py)" in text
@@ -343,7 +382,7 @@ def test_precision_tells_plain_pytorch_code_to_use_autocast():
     session, _ = started_torch()
     said = session.configure(grammar.parse("precision mixed_float16"))
     assert said.endswith(
-        '; PyTorch: the Keras policy does not reach plain PyTorch code: wrap the forward pass in '
+        "; PyTorch: the Keras policy does not reach plain PyTorch code: wrap the forward pass in "
         '`torch.autocast("cuda", dtype=torch.float16)`'
     )
     assert "PyTorch" not in session.configure(grammar.parse("precision float32"))
@@ -417,7 +456,9 @@ def test_allocator_default_on_a_cpu_build_is_no_restart():
 
 
 def test_allocator_async_names_the_users_options_it_ignores():
-    session = torch_session({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,garbage_collection_threshold:0.8"})
+    session = torch_session(
+        {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,garbage_collection_threshold:0.8"}
+    )
     said = session.configure(grammar.parse("allocator async"))
     assert (
         "PyTorch: cudaMallocAsync ignores your PYTORCH_CUDA_ALLOC_CONF options max_split_size_mb:128, "

@@ -20,8 +20,16 @@ SETUP = (
     "from tfgpu_magic.simulated import kernels_server\n"
     "tfgpu_magic.set_device_source(kernels_server())\n"
 )
-THEN = ["%gpu grow", "%gpu limit 50%", "%gpu free", "%gpu trace", "%gpu trace off", "%gpu reset", "%gpu",
-        "%gpu status --json"]
+THEN = [
+    "%gpu grow",
+    "%gpu limit 50%",
+    "%gpu free",
+    "%gpu trace",
+    "%gpu trace off",
+    "%gpu reset",
+    "%gpu",
+    "%gpu status --json",
+]
 TH_TD = re.compile(r"<tr><th[^>]*>(.*?)</th><td[^>]*>(.*?)</td></tr>", re.S)
 
 
@@ -52,7 +60,9 @@ def test_a_user_of_one_framework_never_reads_tensorflow(framework, kernel_env, t
     cells = [SETUP, *block.strip().split("\n"), *THEN, "import sys; print('tensorflow' in sys.modules)"]
     outputs = run_in_fresh_kernel(cells, tmp_path)
     assert texts(outputs[-1]) == ["False\n"]  # nobody imported TensorFlow behind the user's back
-    said = [(cell, text) for cell, out in zip(cells[1:-2], outputs[1:-2]) for text in texts(out)]
+    said = [
+        (cell, text) for cell, out in zip(cells[1:-2], outputs[1:-2], strict=False) for text in texts(out)
+    ]
     assert said, "the quick start printed nothing"
     for cell, text in said:
         assert "Traceback" not in text, (cell, text)
@@ -60,11 +70,13 @@ def test_a_user_of_one_framework_never_reads_tensorflow(framework, kernel_env, t
     assert any(f"{framework}:" in text for _, text in said)  # its own line is there
 
     # The card (what JupyterLab and Notebook 7 show) carries every line of the text's header.
-    status = next(out for cell, out in zip(cells, outputs) if cell == "%gpu")
+    status = next(out for cell, out in zip(cells, outputs, strict=False) if cell == "%gpu")
     shown = next(o["data"] for o in status if "text/html" in o.get("data", {}))
     rows = [(html.unescape(k), html.unescape(v)) for k, v in TH_TD.findall(shown["text/html"])]
     lines = shown["text/plain"].split("\n")
-    header = lines[: lines.index(next(line for line in lines if line.startswith(("GPUs:", "Bars:", "GPU 0"))))]
+    header = lines[
+        : lines.index(next(line for line in lines if line.startswith(("GPUs:", "Bars:", "GPU 0"))))
+    ]
     as_text = [f"{k + ':':<11} {v}" if k else f"  {v}" for k, v in rows]
     assert as_text == header
 

@@ -30,8 +30,7 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 # The line that fails on purpose -> what its one-line answer starts with.
 EXPECTED_FAILURES = {
-    "%gpu limit 4G              # too late: one line says what is in force and what to do":
-        "UsageError: TensorFlow has already started",
+    "%gpu limit 4G              # too late: one line says what is in force and what to do": "UsageError: TensorFlow has already started",
     # TensorFlow's CPU build (this machine, CI) sees no GPU, so it cannot place a cell on GPU 1.
     "%%gpu on 1": "UsageError: GPU 1 is not visible to TensorFlow",
 }
@@ -53,8 +52,7 @@ RUN_BY = {  # bash lines another test runs, and which
     "make test-fast": "tests/test_readme.py::test_make_test_fast_selects_no_slow_browser_or_gpu_test (its selection)",
     ".venv/bin/jupyter lab": "tests/test_browser.py, tests/test_extension_browser.py (jupyter lab in Chromium)",
     ".venv/bin/jupyter notebook": "tests/test_extension_browser.py (Notebook 7 in Chromium)",
-    "jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server":
-        "tests/test_extension_browser.py (the GPU panel on kernels_server)",
+    "jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server": "tests/test_extension_browser.py (the GPU panel on kernels_server)",
     'pip install ".[cpu]"': "make setup (pip install -e .[cpu,test])",
     "pip install .": "tests/test_install.py::test_the_wheel_installs_both_extensions_without_npm_or_a_build",
     'pip install -e ".[cpu,test]"': "make setup; tests/test_install.py::test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place",
@@ -152,7 +150,7 @@ def _failure_text(outputs: list[dict]) -> str | None:
             return f"{output['ename']}: {output['evalue']}"
         text = "".join(output.get("text", ""))
         if output.get("name") == "stderr" and "UsageError:" in text:
-            return text[text.index("UsageError:"):].splitlines()[0]
+            return text[text.index("UsageError:") :].splitlines()[0]
     return None
 
 
@@ -190,7 +188,9 @@ def _load_config(block: Block, tmp_path: Path):
     return name, PyFileConfigLoader(name, str(tmp_path)).load_config()
 
 
-@pytest.mark.parametrize("block", [b for b in blocks("python") if CONFIG_FILE.match(b.code)], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "block", [b for b in blocks("python") if CONFIG_FILE.match(b.code)], ids=lambda b: b.name
+)
 def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
     name, config = _load_config(block, tmp_path)
     if name == "jupyter_server_config.py":
@@ -200,7 +200,9 @@ def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
         for trait, value in config.TfgpuMagic.items():
             assert getattr(settings, trait) == value
         return
-    if name == "jupyterhub_config.py":  # tests/test_jupyterhub.py runs it in a real hub; here, each setting exists
+    if (
+        name == "jupyterhub_config.py"
+    ):  # tests/test_jupyterhub.py runs it in a real hub; here, each setting exists
         from jupyterhub.app import JupyterHub
         from jupyterhub.spawner import LocalProcessSpawner
 
@@ -209,7 +211,9 @@ def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
             built = configurables[section](config=config)
             assert set(values) <= set(built.trait_names(config=True)), f"{section}: no such setting"
             for trait, value in values.items():
-                assert getattr(built, trait) == value or (trait == "spawner_class" and built.spawner_class is LocalProcessSpawner)
+                assert getattr(built, trait) == value or (
+                    trait == "spawner_class" and built.spawner_class is LocalProcessSpawner
+                )
         return
     from tfgpu_magic.gpus.nvml import Nvml
     from tfgpu_magic.gpus.simulated import shared_server
@@ -220,4 +224,3 @@ def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
     magics = GpuMagics(shell, session=Session(nvml=Nvml(lib=shared_server()), env={}), config=config)
     magics.apply_defaults()
     assert magics.session.requested.describe() == list(config.GpuMagics.defaults)  # each default applied
-

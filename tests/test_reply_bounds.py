@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tfgpu_magic import __version__
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.gpus import owners
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess
@@ -42,7 +43,6 @@ from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.session import Session
 from tfgpu_magic.server import extension, kernel_inventory, metrics
 from tfgpu_magic.server.kernel_inventory import KernelDescription
-from tfgpu_magic.frameworks import adapters
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -63,8 +63,15 @@ def strict_loads(text: str) -> Any:
 def node_parses(text: str) -> bool:
     """Whether Node's ``JSON.parse`` accepts ``text`` (read from stdin)."""
     proc = subprocess.run(
-        [NODE, "-e", "let s='';process.stdin.on('data',d=>s+=d).on('end',()=>{JSON.parse(s);process.exit(0)})"],
-        input=text, capture_output=True, text=True, timeout=60,
+        [
+            NODE,
+            "-e",
+            "let s='';process.stdin.on('data',d=>s+=d).on('end',()=>{JSON.parse(s);process.exit(0)})",
+        ],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return proc.returncode == 0
 
@@ -72,7 +79,8 @@ def node_parses(text: str) -> bool:
 def bobs_server(count: int = 20, size: int = MIB, user: str = "bob") -> SimulatedNvml:
     """Bob runs ``count`` GPU processes, each with a ``size``-character command line."""
     processes = [
-        SimulatedProcess(50_000 + i, 1024, user=user, command="python " + "A" * size + "\x1b[2J") for i in range(count)
+        SimulatedProcess(50_000 + i, 1024, user=user, command="python " + "A" * size + "\x1b[2J")
+        for i in range(count)
     ]
     return SimulatedNvml([SimulatedGpu(total_mib=81920, processes=processes)])
 
@@ -100,7 +108,12 @@ def test_other_users_command_lines_are_cut_in_gpu_status_json(shell):
     from tfgpu_magic.kernel.magics import GpuMagics
 
     server = bobs_server()
-    shell.register_magics(GpuMagics(shell, session=Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow()))))
+    shell.register_magics(
+        GpuMagics(
+            shell,
+            session=Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow())),
+        )
+    )
     with capture_output() as out:
         shell.run_line_magic("gpu", "status --json")
     report = strict_loads(out.stdout)
@@ -116,7 +129,9 @@ def test_a_one_mebibyte_command_line_is_read_with_a_bounded_read(monkeypatch):
 
     args = ["B" * 100_000 for _ in range(11)]  # 1.1 MB in all (one argument may hold at most 128 KiB)
     code = "import sys; print('ready', flush=True); sys.stdin.read()"
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         assert proc.stdout.readline() == b"ready\n"  # past its exec: the command line is in place
         asked: list[int] = []
@@ -144,9 +159,17 @@ def test_a_one_mebibyte_command_line_is_read_with_a_bounded_read(monkeypatch):
 
 # -- item 7: hidepid makes other users' memory unknown, never 0 --------------------------------------
 def _hidden_reply(monkeypatch, bob: int, alice: int) -> dict:
-    server = SimulatedNvml([SimulatedGpu(total_mib=40960, processes=[
-        SimulatedProcess(bob, 8192), SimulatedProcess(alice, 4096),
-    ])])
+    server = SimulatedNvml(
+        [
+            SimulatedGpu(
+                total_mib=40960,
+                processes=[
+                    SimulatedProcess(bob, 8192),
+                    SimulatedProcess(alice, 4096),
+                ],
+            )
+        ]
+    )
     monkeypatch.setattr(owners, "_hides_others", lambda: True, raising=False)
     table = owners.PsutilProcessTable(min_age_s=0)
     return kernel_inventory.inventory(Nvml(lib=server), [], table, clock=lambda: 1_795_000_000.0)
@@ -167,10 +190,19 @@ def _assert_hidden(reply: dict, bob: int, alice: int) -> None:
     assert reply["unattributed"] == []  # never "exited, but NVML still lists it"
     assert [p["pid"] for p in reply["hidden_processes"]] == [bob]
     assert reply["my_other_processes"] == [
-        {"gpu": 0, "pid": alice, "used_memory_bytes": 4 * GIB, "command": reply["my_other_processes"][0]["command"]}
+        {
+            "gpu": 0,
+            "pid": alice,
+            "used_memory_bytes": 4 * GIB,
+            "command": reply["my_other_processes"][0]["command"],
+        }
     ]
     split = reply["gpus"][0]["split"]
-    assert (split["my_other_bytes"], split["others_bytes"], split["unattributed_bytes"]) == (4 * GIB, None, None)
+    assert (split["my_other_bytes"], split["others_bytes"], split["unattributed_bytes"]) == (
+        4 * GIB,
+        None,
+        None,
+    )
     assert reply["pids_visible"] is False
     assert any("hidepid" in note and str(bob) in note for note in reply["notes"])
     assert any("hidepid" in note for note in reply["gpus"][0]["notes"])
@@ -204,9 +236,17 @@ def test_the_hidepid_option_is_read_from_the_proc_mount(tmp_path, monkeypatch):
 
 
 def test_gpu_status_says_hidden_and_unknown_where_proc_hides_a_pid():
-    server = SimulatedNvml([SimulatedGpu(total_mib=40960, processes=[
-        SimulatedProcess(4242, 1024, user="me"), SimulatedProcess(41003, 8192, user="bob", alive=False),
-    ])])
+    server = SimulatedNvml(
+        [
+            SimulatedGpu(
+                total_mib=40960,
+                processes=[
+                    SimulatedProcess(4242, 1024, user="me"),
+                    SimulatedProcess(41003, 8192, user="bob", alive=False),
+                ],
+            )
+        ]
+    )
     table = fake_process_table(server, my_pid=4242, hides_others=True)
     report = status.build_report(Session(nvml=Nvml(lib=server), env={}), my_pid=4242, process_table=table)
     assert report["gpus"][0]["usage"]["others_bytes"] is None
@@ -229,7 +269,9 @@ def _libc_mount_hidepid() -> None:
 ALICE, BOB = 54331, 54332
 
 
-@pytest.mark.skipif(not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root: a real hidepid mount, two uids")
+@pytest.mark.skipif(
+    not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root: a real hidepid mount, two uids"
+)
 def test_with_a_real_hidepid_mount_other_users_memory_is_unknown_not_zero():
     """Alice's server reads a GPU where bob (another uid) holds 8 GiB and alice's own process 4 GiB,
     with /proc mounted hidepid=2 in a private mount namespace: bob's pid is invisible to her."""
@@ -247,12 +289,23 @@ def test_with_a_real_hidepid_mount_other_users_memory_is_unknown_not_zero():
                 os.setgroups([])
                 os.setgid(ALICE)
                 os.setuid(ALICE)
-                server = SimulatedNvml([SimulatedGpu(total_mib=40960, processes=[
-                    SimulatedProcess(bob, 8192), SimulatedProcess(alice, 4096),
-                ])])
+                server = SimulatedNvml(
+                    [
+                        SimulatedGpu(
+                            total_mib=40960,
+                            processes=[
+                                SimulatedProcess(bob, 8192),
+                                SimulatedProcess(alice, 4096),
+                            ],
+                        )
+                    ]
+                )
                 table = owners.PsutilProcessTable(min_age_s=0)
-                value: Any = ("ok", kernel_inventory.inventory(Nvml(lib=server), [], table, clock=lambda: 1.0))
-            except BaseException as err:  # noqa: BLE001 - reported to the parent
+                value: Any = (
+                    "ok",
+                    kernel_inventory.inventory(Nvml(lib=server), [], table, clock=lambda: 1.0),
+                )
+            except BaseException as err:
                 import traceback
 
                 value = ("error", f"{err!r}\n{traceback.format_exc()}")
@@ -279,7 +332,11 @@ def _jax_session_with(fraction: str) -> Session:
     from test_jax import StandInJax
 
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction  # inherited (the fixture restores os.environ)
-    session = Session(nvml=Nvml(lib=bobs_server(count=1, size=10)), env=os.environ, frameworks=adapters(tensorflow=FakeTensorFlow()))
+    session = Session(
+        nvml=Nvml(lib=bobs_server(count=1, size=10)),
+        env=os.environ,
+        frameworks=adapters(tensorflow=FakeTensorFlow()),
+    )
     jax = StandInJax()
     session._on_import(session.adapter("jax"), jax)
     jax.devices()  # JAX starts, reading the fraction
@@ -295,7 +352,9 @@ def test_gpu_status_json_is_strict_json_with_a_non_finite_inherited_fraction(she
         shell.run_line_magic("gpu", "status --json")
     report = strict_loads(out.stdout)
     assert report["frameworks"]["jax"]["started_with"]["memory_fraction"] is None
-    assert any("frameworks.jax.started_with.memory_fraction" in note and fraction in note for note in report["notes"])
+    assert any(
+        "frameworks.jax.started_with.memory_fraction" in note and fraction in note for note in report["notes"]
+    )
     if NODE:
         assert node_parses(out.stdout)
 
@@ -336,7 +395,9 @@ def test_the_servers_reply_text_is_strict_json():
 HOSTILE = st.one_of(
     st.text(max_size=40),
     st.text(alphabet=st.characters(categories=["Cc", "Cf", "Zl", "Zp", "Cs", "Co"]), max_size=20),
-    st.sampled_from(['x"}\nfake_series{a="b"} 1\n', "\x1b]0;owned\x07", "\\", '"', "\u202e", "\ud800", "é" * 50]),
+    st.sampled_from(
+        ['x"}\nfake_series{a="b"} 1\n', "\x1b]0;owned\x07", "\\", '"', "\u202e", "\ud800", "é" * 50]
+    ),
     st.integers(0, 3).map(lambda k: "C" * (MIB >> k)),  # up to 1 MiB
 )
 NUMBER = st.one_of(
@@ -355,17 +416,31 @@ def readings(draw: Any) -> tuple[SimulatedNvml, list[KernelDescription], float, 
         processes = []
         for _ in range(draw(st.integers(0, 10))):
             pid += 1
-            processes.append(SimulatedProcess(
-                pid, draw(USED_MIB), user=draw(HOSTILE), command=draw(HOSTILE),
-                alive=draw(st.booleans()),  # False: the process vanished while NVML still lists it
-            ))
-        gpu = SimulatedGpu(name=draw(HOSTILE), total_mib=draw(st.integers(1, 2**30)), processes=processes,
-                           base_used_mib=draw(st.integers(-(2**20), 2**30)))
+            processes.append(
+                SimulatedProcess(
+                    pid,
+                    draw(USED_MIB),
+                    user=draw(HOSTILE),
+                    command=draw(HOSTILE),
+                    alive=draw(st.booleans()),  # False: the process vanished while NVML still lists it
+                )
+            )
+        gpu = SimulatedGpu(
+            name=draw(HOSTILE),
+            total_mib=draw(st.integers(1, 2**30)),
+            processes=processes,
+            base_used_mib=draw(st.integers(-(2**20), 2**30)),
+        )
         gpu.utilization = draw(NUMBER)
         gpus.append(gpu)
     kernels = [
-        KernelDescription(draw(HOSTILE), name=draw(HOSTILE), path=draw(HOSTILE), execution_state=draw(HOSTILE),
-                          pid=draw(st.one_of(st.none(), st.integers(60_001, pid + 2))))
+        KernelDescription(
+            draw(HOSTILE),
+            name=draw(HOSTILE),
+            path=draw(HOSTILE),
+            execution_state=draw(HOSTILE),
+            pid=draw(st.one_of(st.none(), st.integers(60_001, pid + 2))),
+        )
         for _ in range(draw(st.integers(0, 2)))
     ]
     # hides_others: /proc mounted hidepid, so a process not shown is hidden rather than exited
@@ -375,19 +450,32 @@ def readings(draw: Any) -> tuple[SimulatedNvml, list[KernelDescription], float, 
 def reply_bound(reply: dict) -> int:
     """What a reply may weigh: a fixed part, and per listed process and per kernel a bounded part
     (kernel ids and paths are this server's own, counted as they are)."""
-    listed = sum(len(reply.get(key, [])) for key in ("my_other_processes", "other_users", "unattributed", "hidden_processes"))
-    kernels = sum(len(json.dumps([k["id"], k["name"], k["path"], k["execution_state"]])) + 2000 for k in reply["kernels"])
+    listed = sum(
+        len(reply.get(key, []))
+        for key in ("my_other_processes", "other_users", "unattributed", "hidden_processes")
+    )
+    kernels = sum(
+        len(json.dumps([k["id"], k["name"], k["path"], k["execution_state"]])) + 2000
+        for k in reply["kernels"]
+    )
     gpus = sum(2000 + len(json.dumps(g["name"])) + 400 * len(g["notes"]) for g in reply["gpus"])
     return 4000 + gpus + kernels + listed * 2 * 6 * (COMMAND_BOUND + NAME_BOUND + 100)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(readings())
 def test_any_reading_gives_a_bounded_strict_reply_and_metrics_with_no_forged_series(reading):
     server, kernels, now, interval, hides_others = reading
     table = fake_process_table(server, hides_others=hides_others)
     reply = kernel_inventory.inventory(
-        Nvml(lib=server), kernels, table, parents={}, clock=lambda: now, refresh_interval_s=interval,
+        Nvml(lib=server),
+        kernels,
+        table,
+        parents={},
+        clock=lambda: now,
+        refresh_interval_s=interval,
     )
     text = extension.reply_text(reply)
     parsed = strict_loads(text)
@@ -404,10 +492,12 @@ def test_any_reading_gives_a_bounded_strict_reply_and_metrics_with_no_forged_ser
 
 def test_twenty_one_mebibyte_command_lines_weigh_what_twenty_short_ones_do():
     """The size bound does not grow with what others plant: 20 x 1 MiB against 20 x 2 KiB."""
+
     def size(length: int) -> int:
         server = bobs_server(size=length)
-        reply = kernel_inventory.inventory(Nvml(lib=server), [], fake_process_table(server), clock=lambda: 1.0)
+        reply = kernel_inventory.inventory(
+            Nvml(lib=server), [], fake_process_table(server), clock=lambda: 1.0
+        )
         return len(extension.reply_text(reply))
 
     assert size(MIB) == size(2 * COMMAND_BOUND)
-

@@ -24,12 +24,18 @@ from typing import Any
 
 import pytest
 from jupyter_server.auth import Authorizer
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  the fixtures: jp_serverapp, jp_fetch, ...
+from pytest_jupyter.jupyter_server import *  # noqa: F403  the fixtures: jp_serverapp, jp_fetch, ...
 from tornado.httpclient import HTTPClientError
 from traitlets.config.loader import DeferredConfigString
 
 from tfgpu_magic.gpus import owners
-from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, kernels_server, shared_server
+from tfgpu_magic.gpus.simulated import (
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+    kernels_server,
+    shared_server,
+)
 from tfgpu_magic.server import extension as serverext
 from tfgpu_magic.server import kernel_inventory
 
@@ -80,7 +86,9 @@ def start_session(jp_fetch, run):
     """Start a real kernel with a notebook session through the REST API; returns the session model."""
 
     def start(path: str) -> dict[str, Any]:
-        body = json.dumps({"path": path, "name": os.path.basename(path), "type": "notebook", "kernel": {"name": "python3"}})
+        body = json.dumps(
+            {"path": path, "name": os.path.basename(path), "type": "notebook", "kernel": {"name": "python3"}}
+        )
         return json.loads(run(jp_fetch("api", "sessions", method="POST", body=body)).body)
 
     return start
@@ -124,7 +132,9 @@ def all_strings(value: Any) -> list[str]:
 
 # -- the endpoint with real kernels ------------------------------------------------------------
 @pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
-def test_a_kernel_reading_kernels_server_sees_what_the_panel_shows(jp_serverapp, get_status, start_session, run):
+def test_a_kernel_reading_kernels_server_sees_what_the_panel_shows(
+    jp_serverapp, get_status, start_session, run
+):
     """One simulated server for both: the README's two recipes give the same figures (issue 16, item 6)."""
     first, second = start_session("a.ipynb"), start_session("b.ipynb")
     code = (
@@ -138,14 +148,22 @@ def test_a_kernel_reading_kernels_server_sees_what_the_panel_shows(jp_serverapp,
         kernel_id = session["kernel"]["id"]
         report = json.loads(run(execute_in_kernel(jp_serverapp, kernel_id, code)))
         status = get_status()
-        in_kernel = {str(g["index"]): g["usage"]["this_kernel_bytes"] for g in report["gpus"] if g["usage"]["this_kernel_bytes"]}
+        in_kernel = {
+            str(g["index"]): g["usage"]["this_kernel_bytes"]
+            for g in report["gpus"]
+            if g["usage"]["this_kernel_bytes"]
+        }
         on_panel = {k["id"]: k for k in status["kernels"]}[kernel_id]["gpu_memory_bytes"]
         assert in_kernel == on_panel and in_kernel  # e.g. {"1": 2 GiB} for the second kernel, in both
-        assert [g["memory_used_bytes"] for g in report["gpus"]] == [g["memory_used_bytes"] for g in status["gpus"]]
+        assert [g["memory_used_bytes"] for g in report["gpus"]] == [
+            g["memory_used_bytes"] for g in status["gpus"]
+        ]
 
 
 @pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:host_kernels_server"])
-def test_a_kernel_reading_host_kernels_server_sees_what_the_panel_shows(jp_serverapp, get_status, start_session, run):
+def test_a_kernel_reading_host_kernels_server_sees_what_the_panel_shows(
+    jp_serverapp, get_status, start_session, run
+):
     """The host-wide simulated server (JupyterHub's test): the kernel's %gpu and the panel agree on it."""
     from tfgpu_magic.gpus.simulated import HOST_KERNEL_MIB
 
@@ -158,7 +176,11 @@ def test_a_kernel_reading_host_kernels_server_sees_what_the_panel_shows(jp_serve
         "get_ipython().run_line_magic('gpu', 'status --json')\n"
     )
     report = json.loads(run(execute_in_kernel(jp_serverapp, kernel_id, code)))
-    in_kernel = {str(g["index"]): g["usage"]["this_kernel_bytes"] for g in report["gpus"] if g["usage"]["this_kernel_bytes"]}
+    in_kernel = {
+        str(g["index"]): g["usage"]["this_kernel_bytes"]
+        for g in report["gpus"]
+        if g["usage"]["this_kernel_bytes"]
+    }
     on_panel = {k["id"]: k for k in get_status()["kernels"]}[kernel_id]["gpu_memory_bytes"]
     pid = kernel_pid(jp_serverapp, kernel_id)
     assert in_kernel == on_panel == {str(pid % 2): HOST_KERNEL_MIB[pid % 4] * MIB}
@@ -188,7 +210,12 @@ def test_real_kernels_and_a_kernels_child_hold_the_memory_the_simulated_driver_g
     kernels = {k["id"]: k for k in status["kernels"]}
     assert set(kernels) == set(pids)
     a, b = kernels[first["kernel"]["id"]], kernels[second["kernel"]["id"]]
-    assert (a["path"], a["session_name"], a["session_type"], a["name"]) == ("work/a.ipynb", "a.ipynb", "notebook", "python3")
+    assert (a["path"], a["session_name"], a["session_type"], a["name"]) == (
+        "work/a.ipynb",
+        "a.ipynb",
+        "notebook",
+        "python3",
+    )
     assert (b["path"], b["pid"], b["child_pids"]) == ("b.ipynb", pids[second["kernel"]["id"]], [])
     assert (a["pid"], a["child_pids"], a["note"]) == (pids[first["kernel"]["id"]], [child], None)
     for kernel_id, memory in expected.items():
@@ -203,7 +230,8 @@ def test_real_kernels_and_a_kernels_child_hold_the_memory_the_simulated_driver_g
     assert gpu1["split"]["kernels_bytes"] == sum(m.get("1", 0) for m in expected.values())
     assert (gpu0["split"]["others_bytes"], gpu1["split"]["my_other_bytes"]) == (30 * GIB, 4 * GIB)
     assert [(p["user"], p["command"]) for p in status["other_users"]] == [
-        ("alice", "python train_resnet.py"), ("bob", "python finetune.py")
+        ("alice", "python train_resnet.py"),
+        ("bob", "python finetune.py"),
     ]
     assert [p["command"] for p in status["my_other_processes"]] == ["python train.py --resume"]
     assert [p["gpu"] for p in status["unattributed"]] == [3]
@@ -259,8 +287,12 @@ def hanging():
 
 @pytest.fixture
 def hanging_config(jp_server_config, hanging):
-    jp_server_config["TfgpuMagic"].update(device_source=lambda: hanging, reading_timeout=1.0,
-                                          cull_idle_gpu_kernels_after=1.0, cull_interval=3600.0)
+    jp_server_config["TfgpuMagic"].update(
+        device_source=lambda: hanging,
+        reading_timeout=1.0,
+        cull_idle_gpu_kernels_after=1.0,
+        cull_interval=3600.0,
+    )
     return jp_server_config
 
 
@@ -269,7 +301,9 @@ def get_within(jp_fetch, run, bound_s: float = 15.0) -> dict[str, Any]:
     return json.loads(run(asyncio.wait_for(jp_fetch(*serverext.ROUTE), bound_s)).body)
 
 
-def test_a_hung_driver_gives_the_last_good_reading_with_a_note(hanging_config, hanging, jp_serverapp, get_status, jp_fetch, run):
+def test_a_hung_driver_gives_the_last_good_reading_with_a_note(
+    hanging_config, hanging, jp_serverapp, get_status, jp_fetch, run
+):
     """Issue 28, 4: a reading has a timeout; the handler never waits for a stuck driver."""
     good = get_status()
     assert good["driver"]["available"] and not good["notes"]
@@ -296,13 +330,22 @@ def bad_culler_config(jp_server_config, bad_setting):
 
 @pytest.mark.parametrize(
     "bad_setting",
-    [{"cull_interval": 0.5}, {"cull_idle_gpu_kernels_after": -1.0}, {"cull_idle_gpu_kernels_after": float("nan")},
-     {"cull_idle_gpu_kernels_after": 60.0, "cull_min_gpu_memory": "lots"},
-     # as the command line gives them (--TfgpuMagic.cull_interval=0.5): text a trait reads
-     {"cull_idle_gpu_kernels_after": DeferredConfigString("60"), "cull_interval": DeferredConfigString("0.5")}],
+    [
+        {"cull_interval": 0.5},
+        {"cull_idle_gpu_kernels_after": -1.0},
+        {"cull_idle_gpu_kernels_after": float("nan")},
+        {"cull_idle_gpu_kernels_after": 60.0, "cull_min_gpu_memory": "lots"},
+        # as the command line gives them (--TfgpuMagic.cull_interval=0.5): text a trait reads
+        {
+            "cull_idle_gpu_kernels_after": DeferredConfigString("60"),
+            "cull_interval": DeferredConfigString("0.5"),
+        },
+    ],
     ids=["interval 0.5", "after -1", "after nan", "size lots", "command line"],
 )
-def test_a_bad_culler_setting_turns_only_the_culler_off(bad_culler_config, bad_setting, jp_serverapp, get_status, jp_fetch, run):
+def test_a_bad_culler_setting_turns_only_the_culler_off(
+    bad_culler_config, bad_setting, jp_serverapp, get_status, jp_fetch, run
+):
     """Issue 28, 5: the panel's endpoint and the metrics stay on (the log line: the test below)."""
     status = get_status()
     assert status["culler"] is None and status["driver"]["available"]
@@ -316,14 +359,25 @@ def test_a_bad_culler_setting_turns_only_the_culler_off(bad_culler_config, bad_s
 def test_settings_are_checked_together_one_line_each_and_only_the_culler_goes_off(caplog):
     from traitlets.config import Config
 
-    config = Config({"TfgpuMagic": {"cull_interval": 0.5, "cull_idle_gpu_kernels_after": DeferredConfigString("nan"),
-                                    "cull_min_gpu_memory": "lots", "refresh_interval": -1.0, "device_source": "x:y",
-                                    "reading_timeout": DeferredConfigString("3")}})
+    config = Config(
+        {
+            "TfgpuMagic": {
+                "cull_interval": 0.5,
+                "cull_idle_gpu_kernels_after": DeferredConfigString("nan"),
+                "cull_min_gpu_memory": "lots",
+                "refresh_interval": -1.0,
+                "device_source": "x:y",
+                "reading_timeout": DeferredConfigString("3"),
+            }
+        }
+    )
     log = logging.getLogger("settings-test")
     with caplog.at_level(logging.WARNING, "settings-test"):
         settings, policy = serverext.load_settings(config, log)
     assert not policy.enabled
-    assert settings.refresh_interval == kernel_inventory.REFRESH_INTERVAL_S and settings.device_source == "x:y"
+    assert (
+        settings.refresh_interval == kernel_inventory.REFRESH_INTERVAL_S and settings.device_source == "x:y"
+    )
     assert settings.reading_timeout == 3.0
     lines = caplog.messages
     assert len(lines) == 4, lines
@@ -337,8 +391,14 @@ def test_settings_are_checked_together_one_line_each_and_only_the_culler_goes_of
 def test_command_line_settings_turn_the_culler_on():
     from traitlets.config import Config
 
-    config = Config({"TfgpuMagic": {"cull_idle_gpu_kernels_after": DeferredConfigString("3600"),
-                                    "cull_interval": DeferredConfigString("5")}})
+    config = Config(
+        {
+            "TfgpuMagic": {
+                "cull_idle_gpu_kernels_after": DeferredConfigString("3600"),
+                "cull_interval": DeferredConfigString("5"),
+            }
+        }
+    )
     settings, policy = serverext.load_settings(config, logging.getLogger("settings-test"))
     assert policy.enabled and policy.after_s == 3600.0 and settings.cull_interval == 5.0
 
@@ -359,7 +419,10 @@ def test_without_a_driver_the_reply_says_why_and_still_lists_the_kernels(get_sta
     assert status["gpus"] == [] and status["other_users"] == []
     [kernel] = status["kernels"]
     assert (kernel["id"], kernel["path"], kernel["gpu_memory_bytes"], kernel["total_gpu_memory_bytes"]) == (
-        session["kernel"]["id"], "a.ipynb", {}, None
+        session["kernel"]["id"],
+        "a.ipynb",
+        {},
+        None,
     )
 
 
@@ -367,7 +430,9 @@ def test_without_a_driver_the_reply_says_why_and_still_lists_the_kernels(get_sta
 def test_a_wrong_device_source_is_said_in_the_reply_and_does_not_stop_the_server(get_status, device_source):
     status = get_status()
     assert status["driver"]["available"] is False
-    assert status["driver"]["reason"].startswith(f"TfgpuMagic.device_source {device_source!r} could not be loaded (")
+    assert status["driver"]["reason"].startswith(
+        f"TfgpuMagic.device_source {device_source!r} could not be loaded ("
+    )
 
 
 def test_a_lost_gpu_is_marked_lost_with_nulls(server, get_status):
@@ -375,12 +440,16 @@ def test_a_lost_gpu_is_marked_lost_with_nulls(server, get_status):
     server.gpus[1].lost = True
     gpu = get_status()["gpus"][1]
     assert gpu["lost"] is True
-    assert [gpu[k] for k in ("name", "uuid", "memory_used_bytes", "memory_total_bytes", "utilization_percent")] == [None] * 5
+    assert [
+        gpu[k] for k in ("name", "uuid", "memory_used_bytes", "memory_total_bytes", "utilization_percent")
+    ] == [None] * 5
     assert set(gpu["split"].values()) == {None}
 
 
 @pytest.mark.parametrize("device_source", [kernels_server])
-def test_a_kernel_that_dies_between_two_readings_is_never_an_error(jp_serverapp, jp_fetch, get_status, start_session, run):
+def test_a_kernel_that_dies_between_two_readings_is_never_an_error(
+    jp_serverapp, jp_fetch, get_status, start_session, run
+):
     doomed, shut = start_session("doomed.ipynb"), start_session("shut.ipynb")
     doomed_id, shut_id = doomed["kernel"]["id"], shut["kernel"]["id"]
     doomed_pid = kernel_pid(jp_serverapp, doomed_id)
@@ -395,7 +464,10 @@ def test_a_kernel_that_dies_between_two_readings_is_never_an_error(jp_serverapp,
     assert (doomed_pid, 1 * GIB) not in holders and (doomed_pid, 2 * GIB) not in holders
     if doomed_id in kernels and kernels[doomed_id]["pid"] == doomed_pid:  # not restarted yet
         dead = kernels[doomed_id]
-        assert (dead["total_gpu_memory_bytes"], dead["note"]) == (0, f"its process {doomed_pid} is not running")
+        assert (dead["total_gpu_memory_bytes"], dead["note"]) == (
+            0,
+            f"its process {doomed_pid} is not running",
+        )
     listed = [p["pid"] for key in ("my_other_processes", "other_users") for p in status[key]]
     assert doomed_pid not in listed  # if NVML still lists it, it is unattributed, not someone's
 
@@ -413,7 +485,8 @@ def test_a_bug_in_reading_becomes_the_reason_and_the_log_has_the_traceback(get_s
     monkeypatch.setattr(kernel_inventory, "inventory", broken)
     status = get_status()
     assert status["driver"] == {
-        "available": False, "reason": "reading the GPUs failed (TypeError: a bug); see the server's log"
+        "available": False,
+        "reason": "reading the GPUs failed (TypeError: a bug); see the server's log",
     }
     [logged] = [r for r in caplog.records if r.getMessage() == "tfgpu_magic: reading the GPUs failed"]
     assert logged.exc_info[0] is TypeError
@@ -450,9 +523,22 @@ def strict_loads(text):
     return json.loads(text, parse_constant=refuse)
 
 
-@pytest.mark.parametrize("device_source", [lambda: SimulatedNvml([SimulatedGpu(total_mib=81920, processes=[
-    SimulatedProcess(50_000 + i, 1024, "bob", "python " + "A" * (1 << 20)) for i in range(20)
-])])])
+@pytest.mark.parametrize(
+    "device_source",
+    [
+        lambda: SimulatedNvml(
+            [
+                SimulatedGpu(
+                    total_mib=81920,
+                    processes=[
+                        SimulatedProcess(50_000 + i, 1024, "bob", "python " + "A" * (1 << 20))
+                        for i in range(20)
+                    ],
+                )
+            ]
+        )
+    ],
+)
 def test_twenty_one_mebibyte_command_lines_make_a_small_reply(jp_fetch, run):
     response = run(jp_fetch(*serverext.ROUTE))
     status = strict_loads(response.body)
@@ -565,10 +651,16 @@ def test_a_cancelled_request_does_not_cancel_the_reading_others_wait_for(run):
 # -- packaging ----------------------------------------------------------------------------------
 def test_the_extension_is_declared_without_importing_the_server_and_enabled_by_the_shipped_config():
     probe = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, tfgpu_magic; points = tfgpu_magic._jupyter_server_extension_points(); "
-         "print(points, sorted(m for m in ('jupyter_server', 'tornado', 'psutil', 'pynvml') if m in sys.modules))"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys, tfgpu_magic; points = tfgpu_magic._jupyter_server_extension_points(); "
+            "print(points, sorted(m for m in ('jupyter_server', 'tornado', 'psutil', 'pynvml') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert probe.stdout.strip() == "[{'module': 'tfgpu_magic.server.extension'}] []", probe.stderr
     with open(os.path.join(ROOT, "jupyter-config", "server-config", "tfgpu_magic.json")) as f:

@@ -8,19 +8,18 @@ back, or blocks on a lock of its own, cannot deadlock the kernel)."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any
 
 import pytest
+from fakes import FakeTensorFlow, WriteSideDefaults
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.command.plan import Plan, Resolution
 from tfgpu_magic.frameworks import adapters
-from tfgpu_magic.frameworks.base import Change, DeviceMemory, FreeReport, Framework, Host, Refusal, Stage
+from tfgpu_magic.frameworks.base import Change, DeviceMemory, Framework, FreeReport, Host, Refusal, Stage
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.kernel.session import Session, SessionError
 from tfgpu_magic.simulated import shared_server
-
-from fakes import FakeTensorFlow, WriteSideDefaults
 
 
 class Made(WriteSideDefaults):
@@ -36,8 +35,8 @@ class Made(WriteSideDefaults):
         self._stage = stage
         self.given: list[Resolution] = []
         self.calls: list[str] = []
-        self.session: Optional[Session] = None
-        self.refuse: Optional[str] = None
+        self.session: Session | None = None
+        self.refuse: str | None = None
 
     def _called(self, name: str) -> None:
         if self.session is not None:
@@ -50,7 +49,7 @@ class Made(WriteSideDefaults):
     def takes(self, command: Any) -> bool:
         return True
 
-    def consider(self, change: Change) -> Optional[str]:
+    def consider(self, change: Change) -> str | None:
         self._called("consider")
         if self.refuse:
             raise Refusal(self.refuse)
@@ -69,7 +68,7 @@ class Made(WriteSideDefaults):
     def takes_share(self) -> bool:
         return True
 
-    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+    def set_precision(self, policy: str | None) -> str | None:
         self._called("set_precision")
         return None
 
@@ -100,14 +99,17 @@ class Made(WriteSideDefaults):
     def open_peak_window(self) -> Any:
         raise NotImplementedError
 
-    def oom_error_type(self) -> Optional[type]:
+    def oom_error_type(self) -> type | None:
         return None
 
 
-def session_with_made(env: Optional[dict] = None) -> tuple[Session, Made]:
+def session_with_made(env: dict | None = None) -> tuple[Session, Made]:
     made = Made()
-    session = Session(nvml=Nvml(lib=shared_server()), env=dict(env or {}),
-                      frameworks=(*adapters(tensorflow=FakeTensorFlow()), made))
+    session = Session(
+        nvml=Nvml(lib=shared_server()),
+        env=dict(env or {}),
+        frameworks=(*adapters(tensorflow=FakeTensorFlow()), made),
+    )
     made.session = session
     return session, made
 
@@ -132,7 +134,7 @@ def test_a_refusal_by_one_framework_changes_nothing_for_any():
     session.configure(grammar.parse("grow"))
     before = (session.requested, dict(session.env), dict(session.applied))
     made.refuse = "MadeUp has started with its own limit; restart the kernel"
-    with pytest.raises(SessionError, match="^MadeUp has started with its own limit; restart the kernel$"):
+    with pytest.raises(SessionError, match=r"^MadeUp has started with its own limit; restart the kernel$"):
         session.configure(grammar.parse("limit 4G"))
     assert (session.requested, dict(session.env), dict(session.applied)) == before
 
@@ -144,10 +146,23 @@ def test_no_framework_is_called_with_the_sessions_lock_held():
     session._on_import(made, object())
     session.free()
     session.reset()
-    assert {"consider", "prepare", "give", "free_reading", "free", "frozen", "set_precision", "on_import"} <= set(made.calls)
+    assert {
+        "consider",
+        "prepare",
+        "give",
+        "free_reading",
+        "free",
+        "frozen",
+        "set_precision",
+        "on_import",
+    } <= set(made.calls)
 
 
 def test_the_session_has_no_method_named_for_a_framework():
     names = [name for name, _ in inspect.getmembers(Session) if not name.startswith("__")]
-    named = [n for n in names if any(w in n.lower() for w in ("tf", "tensorflow", "torch", "pytorch", "jax", "keras"))]
+    named = [
+        n
+        for n in names
+        if any(w in n.lower() for w in ("tf", "tensorflow", "torch", "pytorch", "jax", "keras"))
+    ]
     assert named == [], named

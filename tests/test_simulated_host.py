@@ -38,10 +38,28 @@ SHELL_KERNEL = ["/bin/sh", "-c", "sleep 60; :", "sh", "-f"]
 @pytest.mark.parametrize(
     "argv",
     [
-        ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/run/user/1000/jupyter/runtime/kernel-3f2a.json"],
-        ["python", "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "/tmp/tmpab12.json"],  # nbclient's name
+        [
+            "/usr/bin/python3",
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "/run/user/1000/jupyter/runtime/kernel-3f2a.json",
+        ],
+        [
+            "python",
+            "-Xfrozen_modules=off",
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "/tmp/tmpab12.json",
+        ],  # nbclient's name
         ["python", "-m", "ipykernel", "-f", "x.json"],
-        ["/opt/conda/bin/python", "/opt/conda/lib/python3.11/site-packages/ipykernel_launcher.py", "-f", "c.json"],
+        [
+            "/opt/conda/bin/python",
+            "/opt/conda/lib/python3.11/site-packages/ipykernel_launcher.py",
+            "-f",
+            "c.json",
+        ],
         ["/bin/sh", "-c", "sleep 60", "sh", "-f", "/tmp/kernel-0.json"],
         ["python", "--f=/root/.local/share/jupyter/runtime/kernel-9.json"],
     ],
@@ -54,8 +72,11 @@ def test_a_kernels_command_line_is_a_kernel(argv):
     "argv",
     [
         # A server started with this very device source mentions "kernel" (LiveKernelsNvml's looser rule would take it).
-        ["/venv/bin/python", "/venv/bin/jupyterhub-singleuser",
-         "--TfgpuMagic.device_source=tfgpu_magic.simulated:host_kernels_server"],
+        [
+            "/venv/bin/python",
+            "/venv/bin/jupyterhub-singleuser",
+            "--TfgpuMagic.device_source=tfgpu_magic.simulated:host_kernels_server",
+        ],
         ["jupyter", "lab", "--KernelManager.shutdown_wait_time=1"],
         ["vim", "kernel-notes.json"],  # a connection file's name, but not after -f
         ["python", "-m", "pytest", "tests/test_simulated_host.py"],
@@ -123,7 +144,10 @@ def expected_on(gpu: int, held: dict[int, list[int]], kernel_gpus: int = 2) -> s
         (pid, mib)
         for kernel, below in held.items()
         if kernel % kernel_gpus == gpu
-        for pid, mib in [(kernel, HOST_KERNEL_MIB[kernel % 4]), *((child, KERNEL_CHILD_MIB) for child in below)]
+        for pid, mib in [
+            (kernel, HOST_KERNEL_MIB[kernel % 4]),
+            *((child, KERNEL_CHILD_MIB) for child in below),
+        ]
     }
 
 
@@ -182,11 +206,16 @@ def test_another_users_kernel_is_another_users_process_and_mine_is_my_kernel(ker
         below = children_soon(theirs.pid)
         nvml = Nvml(lib=host_kernels_server())
         mine = next(iter(held))
-        reply = inventory(nvml, [KernelDescription(id="mine", name="python3", path="a.ipynb", pid=mine)],
-                          owners.process_table_for(nvml, os.getpid()))
+        reply = inventory(
+            nvml,
+            [KernelDescription(id="mine", name="python3", path="a.ipynb", pid=mine)],
+            owners.process_table_for(nvml, os.getpid()),
+        )
         assert reply["user"] == owners.PsutilProcessTable().current_user()
         (kernel,) = reply["kernels"]
-        assert kernel["gpu_memory_bytes"] == {str(mine % 2): (HOST_KERNEL_MIB[mine % 4] + KERNEL_CHILD_MIB) * MIB}
+        assert kernel["gpu_memory_bytes"] == {
+            str(mine % 2): (HOST_KERNEL_MIB[mine % 4] + KERNEL_CHILD_MIB) * MIB
+        }
         others = {p["pid"]: p for p in reply["other_users"]}
         assert others[theirs.pid]["user"] == "nobody"
         assert others[theirs.pid]["used_memory_bytes"] == HOST_KERNEL_MIB[theirs.pid % 4] * MIB
@@ -201,6 +230,9 @@ def test_the_documented_name_is_there():
 
     assert documented.host_kernels_server is host_kernels_server
     assert [gpu.name for gpu in host_kernels_server().gpus] == [
-        "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA RTX A5000", "Tesla T4"
+        "NVIDIA A100-SXM4-40GB",
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA RTX A5000",
+        "Tesla T4",
     ]
     assert sys.modules["tfgpu_magic.simulated"] is simulated

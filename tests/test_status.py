@@ -9,18 +9,25 @@ import sys
 import textwrap
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from IPython.utils.capture import capture_output
 
 from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.gpus import claims
 from tfgpu_magic.gpus.nvml import Nvml
-from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, busy_server, shared_server
+from tfgpu_magic.gpus.simulated import (
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+    busy_server,
+    shared_server,
+)
 from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.choosing import choose_gpus
 from tfgpu_magic.kernel.session import Session
-from tfgpu_magic.frameworks import adapters
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -66,14 +73,20 @@ def test_report_keeps_its_keys_and_adds_the_inventory():
     old_keys = {"tensorflow", "requested", "in_force", "gpus", "nvml_error", "notes", "me", "visible_gpus"}
     # keys are added, never renamed; `display` is what the text and the card show (adapters' words)
     assert set(report) == old_keys | {"resolved", "allocation", "frameworks", "display"}
-    assert report["resolved"] == {"summary": [], "visible": [0, 1, 2, 3], "gpus": [
-        {"index": i, "limit_mib": None, "logical_mib": None} for i in range(4)
-    ]}
+    assert report["resolved"] == {
+        "summary": [],
+        "visible": [0, 1, 2, 3],
+        "gpus": [{"index": i, "limit_mib": None, "logical_mib": None} for i in range(4)],
+    }
     assert report["allocation"] is None  # nothing inherited: every GPU is this kernel's to use
     assert report["me"] == {"pid": ME, "user": "me", "label": "this kernel"}
     gpu = report["gpus"][1]
     assert {k: gpu[k] for k in ("index", "name", "lost", "visible", "tensorflow_names")} == {
-        "index": 1, "name": "NVIDIA A100-SXM4-80GB", "lost": False, "visible": True, "tensorflow_names": [],
+        "index": 1,
+        "name": "NVIDIA A100-SXM4-80GB",
+        "lost": False,
+        "visible": True,
+        "tensorflow_names": [],
     }
     assert gpu["memory_total_bytes"] == 81920 * MIB and gpu["memory_free_bytes"] == (81920 - 22828) * MIB
     assert gpu["compute_capability"] == [8, 0] and gpu["mig_enabled"] is False
@@ -87,8 +100,14 @@ def test_report_keeps_its_keys_and_adds_the_inventory():
         "free_bytes": (81920 - 22828) * MIB,
     }
     assert gpu["processes"][2] == {
-        "pid": 41003, "user": "bob", "command": "python finetune.py", "used_memory_bytes": 8192 * MIB,
-        "kind": "compute", "alive": True, "whose": "others", "note": None,
+        "pid": 41003,
+        "user": "bob",
+        "command": "python finetune.py",
+        "used_memory_bytes": 8192 * MIB,
+        "kind": "compute",
+        "alive": True,
+        "whose": "others",
+        "note": None,
     }
     assert gpu["claim"] is None and gpu["tensorflow_in_use_bytes"] is None
     assert json.loads(json.dumps(report)) == report  # JSON-ready as it is
@@ -98,8 +117,16 @@ def test_unsupported_readings_are_missing_never_zero():
     server = shared_server(ME)
     server.gpus[2].unsupported = {"memory", "utilization", "name", "compute_capability", "mig"}
     gpu = report_for(server)["gpus"][2]
-    assert (gpu["name"], gpu["memory_total_bytes"], gpu["utilization_percent"], gpu["compute_capability"]) == (
-        None, None, None, None,
+    assert (
+        gpu["name"],
+        gpu["memory_total_bytes"],
+        gpu["utilization_percent"],
+        gpu["compute_capability"],
+    ) == (
+        None,
+        None,
+        None,
+        None,
     )
     assert gpu["usage"]["unattributed_bytes"] is None and gpu["usage"]["free_bytes"] is None
     line = status.render_text(report_for(server)).splitlines()[13]
@@ -119,7 +146,9 @@ def test_a_lost_gpu_is_one_line_and_the_rest_still_shows():
 def test_without_a_driver_the_report_says_so():
     report = report_for(SimulatedNvml([], driver=False))
     assert report["gpus"] == [] and report["visible_gpus"] is None
-    assert report["nvml_error"].startswith("no NVIDIA driver could be reached through NVML (Driver Not Loaded)")
+    assert report["nvml_error"].startswith(
+        "no NVIDIA driver could be reached through NVML (Driver Not Loaded)"
+    )
     assert "This kernel: pid 4242, user n/a; GPUs seen: unknown" in status.render_text(report)
 
 
@@ -130,7 +159,9 @@ def no_driver_started(gpus: dict[str, int], found: list[int]) -> dict:
     from tfgpu_magic.frameworks.tensorflow import Stage
 
     tf = FakeTensorFlow(Stage.STARTED, gpus=gpus, found=found)
-    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={}, frameworks=adapters(tensorflow=tf))
+    session = Session(
+        nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={}, frameworks=adapters(tensorflow=tf)
+    )
     return status.build_report(session, my_pid=ME)
 
 
@@ -167,8 +198,11 @@ def test_claims_are_shown_for_this_kernel_and_others():
     session = Session(nvml=Nvml(lib=server), env={})
     choose_gpus(session, grammar.Auto(), print)
     other = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(
-            """
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
             import sys
             from tfgpu_magic.gpus import claims
             with claims.choosing():
@@ -176,8 +210,13 @@ def test_claims_are_shown_for_this_kernel_and_others():
             print("claimed", flush=True)
             sys.stdin.read()
             """
-        ), server.gpus[2].uuid],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            ),
+            server.gpus[2].uuid,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert other.stdout.readline().strip() == "claimed"
@@ -216,7 +255,7 @@ def test_bars_are_always_full_width():
 class _Checker(HTMLParser):
     """Fails on unbalanced tags; collects text and style attributes."""
 
-    VOID = {"br", "img", "hr"}
+    VOID: ClassVar[set[str]] = {"br", "img", "hr"}
 
     def __init__(self) -> None:
         super().__init__()
@@ -245,9 +284,17 @@ def test_html_is_balanced_self_contained_and_themed():
     assert checker.stack == []
     assert "<script" not in page and "&lt;script&gt;" in page  # commands are escaped
     assert "<style" not in page and "class=" in page  # inline styles only
-    assert all("var(--jp-" not in s or "," in s for s in checker.styles)  # every theme variable has a fallback
+    assert all(
+        "var(--jp-" not in s or "," in s for s in checker.styles
+    )  # every theme variable has a fallback
     text = " ".join(checker.text)
-    for fragment in ("GPU 1  NVIDIA A100-SXM4-80GB", "this kernel 10.0 GiB", "other users 8.0 GiB", "bob", "exited"):
+    for fragment in (
+        "GPU 1  NVIDIA A100-SXM4-80GB",
+        "this kernel 10.0 GiB",
+        "other users 8.0 GiB",
+        "bob",
+        "exited",
+    ):
         assert fragment in text
 
 
@@ -282,7 +329,9 @@ def test_many_gpus_and_processes_render(gpu):
 
 
 def test_a_process_of_unknown_owner_counts_as_others():
-    server = SimulatedNvml([SimulatedGpu(processes=[SimulatedProcess(7, 1024, user=None, command=None)])])  # psutil: AccessDenied
+    server = SimulatedNvml(
+        [SimulatedGpu(processes=[SimulatedProcess(7, 1024, user=None, command=None)])]
+    )  # psutil: AccessDenied
     gpu = report_for(server)["gpus"][0]
     assert gpu["processes"][0]["user"] is None and gpu["processes"][0]["whose"] == "others"
     assert gpu["usage"]["others_bytes"] == 1024 * MIB
@@ -298,10 +347,16 @@ def test_all_is_honest_and_the_package_import_stays_light():
     for module in (claims, choosing, holdings, machine, owners, plan, session, status, tf_runtime, cli):
         assert all(hasattr(module, name) for name in module.__all__), module.__name__
     probe = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, tfgpu_magic; "
-         "print(sorted(m for m in ('psutil', 'pynvml', 'tensorflow', 'IPython') if m in sys.modules))"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys, tfgpu_magic; "
+            "print(sorted(m for m in ('psutil', 'pynvml', 'tensorflow', 'IPython') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
     )
     assert probe.stdout.strip() == "[]"
 
@@ -311,11 +366,17 @@ def test_gpus_tensorflow_did_not_find_are_not_called_hidden(gpu):
     from tfgpu_magic.frameworks.tensorflow import Stage
 
     gpu("use 1,2")
-    gpu.session.adapter("tensorflow").fake_stage, gpu.session.adapter("tensorflow").found = Stage.ENUMERATED, []
+    gpu.session.adapter("tensorflow").fake_stage, gpu.session.adapter("tensorflow").found = (
+        Stage.ENUMERATED,
+        [],
+    )
     report = status.build_report(gpu.session)
     lines = [line for line in status.render_text(report).splitlines() if line.startswith("GPU ")]
     assert [line.split("used (driver)")[1].split("  ")[-1] for line in lines] == [
-        "hidden", "not found by TensorFlow", "not found by TensorFlow", "hidden"
+        "hidden",
+        "not found by TensorFlow",
+        "not found by TensorFlow",
+        "hidden",
     ]
     assert [g["shown_to_cuda"] for g in report["gpus"]] == [False, True, True, False]
     assert [g["visible"] for g in report["gpus"]] == [False] * 4  # the key scripts read is unchanged
@@ -326,7 +387,11 @@ def test_one_unit_per_gpu_chosen_from_its_total():
 
     size = sizes_for(15 * GIB)  # every figure of a 15 GiB GPU reads in GiB (issue 16, item 8)
     assert [size(v) for v in (2348 * MIB, 15 * GIB, 0, 4 * MIB, None)] == [
-        "2.3 GiB", "15.0 GiB", "0.0 GiB", "0.0039 GiB", "n/a"  # a small share keeps two digits
+        "2.3 GiB",
+        "15.0 GiB",
+        "0.0 GiB",
+        "0.0039 GiB",
+        "n/a",  # a small share keeps two digits
     ]
     assert [sizes_for(512 * MIB)(v) for v in (300 * MIB, 512 * MIB)] == ["300 MiB", "512 MiB"]
     assert sizes_for(None)(2048 * MIB) == "2,048 MiB"  # no total known: MiB, never a guess
@@ -337,8 +402,15 @@ def test_the_card_and_the_gpu_panel_colour_each_holder_alike():
     import re
 
     css = (Path(status.__file__).resolve().parents[2] / "js" / "lab" / "style" / "index.css").read_text()
-    panel = {part: var for part, var in re.findall(r"\.tfgpu-lab-(\w+)[^{]*\{\s*background: var\((--[\w-]+)\)", css)}
-    card = {key: re.match(r"var\((--[\w-]+)", colour).group(1) for key, _n, _c, colour in status.SEGMENTS if colour != "transparent"}
+    panel = {
+        part: var
+        for part, var in re.findall(r"\.tfgpu-lab-(\w+)[^{]*\{\s*background: var\((--[\w-]+)\)", css)
+    }
+    card = {
+        key: re.match(r"var\((--[\w-]+)", colour).group(1)
+        for key, _n, _c, colour in status.SEGMENTS
+        if colour != "transparent"
+    }
     assert card == {
         "this_kernel_bytes": panel["kernels"],  # this kernel, among this server's kernels
         "my_other_bytes": panel["my_other"],

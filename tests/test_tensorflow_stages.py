@@ -25,7 +25,10 @@ def test_settings_wait_for_the_import_then_land_before_the_first_op(not_imported
     assert r["limit"] == "limit 4096MiB: takes effect when TensorFlow, PyTorch or JAX starts in this kernel"
     assert r["stage_after_magic"] == "NOT_IMPORTED"  # the magic never imports TensorFlow
     # magic, import and first op in one cell
-    assert r["cell"] == "allocator async: takes effect when TensorFlow, PyTorch or JAX starts in this kernel\n16.0"
+    assert (
+        r["cell"]
+        == "allocator async: takes effect when TensorFlow, PyTorch or JAX starts in this kernel\n16.0"
+    )
     assert r["stage_after_cell"] == "STARTED"
     assert r["env"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TF_GPU_ALLOCATOR": "cuda_malloc_async"}
 
@@ -34,7 +37,9 @@ def test_after_start_the_same_request_is_quiet_and_a_different_one_gets_the_reme
     r = not_imported
     assert r["same_again"] == "limit 4096MiB: already requested; nothing changed (TensorFlow has started)"
     assert r["use_none"] == "use none: already in force (TensorFlow has started); nothing changed"
-    assert r["use_0"] == "UsageError: TensorFlow has already started with no GPU visible, " + REMEDY.format("use 0")
+    assert r["use_0"] == "UsageError: TensorFlow has already started with no GPU visible, " + REMEDY.format(
+        "use 0"
+    )
     assert r["different"] == (
         "UsageError: TensorFlow has already started with no GPU visible (so GPU memory settings "
         "cannot take effect), " + REMEDY.format("limit 2048MiB")
@@ -88,7 +93,9 @@ def test_without_a_driver_the_card_gives_one_answer_about_the_gpus_seen():
     # (the CPU allocator's line comes between them only where TF_CPU_ALLOCATOR_USE_BFC is set)
     kernel = next(line for line in lines if line.startswith("This kernel: pid "))
     assert kernel.endswith("; sees no GPU")
-    assert lines[lines.index(kernel) + 1].startswith("GPUs:       no NVIDIA driver could be reached through NVML")
+    assert lines[lines.index(kernel) + 1].startswith(
+        "GPUs:       no NVIDIA driver could be reached through NVML"
+    )
     assert "GPUs seen: unknown" not in r["status"] + r["html"]
     assert r["json"]["visible_gpus"] == [] and r["json"]["in_force"][0] == "GPUs visible to TensorFlow: none"
 
@@ -102,7 +109,11 @@ def test_contract_settings_made_before_import_reach_gpu_options(contract):
     assert contract["import"] == ""  # nothing printed, nothing failed at import
     assert contract["stage"] == "ENUMERATED"  # applying enumerated, but never started TensorFlow
     # CUDA was told GPUs 1,2 (CUDA numbers them 0,1); each gets a 4096 MiB logical device.
-    assert contract["at_import"] == {"visible_device_list": "0,1", "allow_growth": False, "virtual_mib": [[4096.0], [4096.0]]}
+    assert contract["at_import"] == {
+        "visible_device_list": "0,1",
+        "allow_growth": False,
+        "virtual_mib": [[4096.0], [4096.0]],
+    }
     # TensorFlow drops the growth flag beside a limit, so the variable carries it.
     assert contract["growth_env"] == "true"
 
@@ -114,7 +125,11 @@ def test_contract_changes_after_enumeration_go_through_tf_config(contract):
     assert contract["after_split"]["virtual_mib"] == [[2048.0, 2048.0]]
     assert contract["after_limit_50"]["virtual_mib"] == [[12288.0]]  # 50% of GPU 2's 24 GiB
     # Without a limit, the requested growth goes back into GPUOptions itself.
-    assert contract["after_limit_off"] == {"visible_device_list": "1", "allow_growth": True, "virtual_mib": []}
+    assert contract["after_limit_off"] == {
+        "visible_device_list": "1",
+        "allow_growth": True,
+        "virtual_mib": [],
+    }
 
 
 def test_contract_growth_is_made_uniform(contract):

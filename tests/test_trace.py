@@ -30,7 +30,9 @@ def kernel():
 
 def without_others(out: str) -> str:
     """The reply's TensorFlow part: before any import the installed PyTorch and JAX are named after it."""
-    return out.split("; also the allocator of PyTorch and JAX on each GPU, once started")[0].rstrip("\n") + "\n"
+    return (
+        out.split("; also the allocator of PyTorch and JAX on each GPU, once started")[0].rstrip("\n") + "\n"
+    )
 
 
 @pytest.mark.slow
@@ -51,13 +53,21 @@ def test_before_tensorflow_starts_it_turns_on_the_cpu_allocator_statistics(kerne
 
 @pytest.mark.slow
 def test_lines_match_the_tensors_the_cells_allocate(kernel):
-    assert lines(kernel["import"]) == ["[gpu trace] CPU:0: peak 4 MiB (+4 MiB in this cell), retained +4 MiB, T s"]
-    assert lines(kernel["alloc"]) == ["[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, T s"]
+    assert lines(kernel["import"]) == [
+        "[gpu trace] CPU:0: peak 4 MiB (+4 MiB in this cell), retained +4 MiB, T s"
+    ]
+    assert lines(kernel["alloc"]) == [
+        "[gpu trace] CPU:0: peak 68 MiB (+64 MiB in this cell), retained +64 MiB, T s"
+    ]
     assert lines(kernel["temporary"]) == [
         "[gpu trace] CPU:0: peak 100 MiB (+32 MiB in this cell), retained unchanged, T s"
     ]
-    assert lines(kernel["free"]) == ["[gpu trace] CPU:0: peak 68 MiB (+0 B in this cell), retained -64 MiB, T s"]
-    assert lines(kernel["python_only"]) == ["[gpu trace] CPU:0: peak 4 MiB (+0 B in this cell), retained unchanged, T s"]
+    assert lines(kernel["free"]) == [
+        "[gpu trace] CPU:0: peak 68 MiB (+0 B in this cell), retained -64 MiB, T s"
+    ]
+    assert lines(kernel["python_only"]) == [
+        "[gpu trace] CPU:0: peak 4 MiB (+0 B in this cell), retained unchanged, T s"
+    ]
 
 
 @pytest.mark.slow
@@ -118,14 +128,18 @@ def test_gpus_expected_so_the_cpu_allocator_is_left_alone(tracing, session):
 
 def test_no_gpu_and_not_started_sets_the_variable_in_the_sessions_environment(tracing, session):
     session.nvml = type(session.nvml)(lib=SimulatedNvml([]))
-    assert tracing(True).endswith("TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics")
+    assert tracing(True).endswith(
+        "TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics"
+    )
     assert session.env[tf_runtime.CPU_STATS_ENV] == "true"
 
 
 def test_a_cpu_only_tensorflow_sees_no_gpu_whatever_the_driver_lists(tracing, session):
     """tensorflow-cpu beside four GPUs (the simulated server): the CPU allocator is what to trace."""
     session.adapter("tensorflow").cpu_only = True
-    assert tracing(True).endswith("TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics")
+    assert tracing(True).endswith(
+        "TF_CPU_ALLOCATOR_USE_BFC=true is now set for TensorFlow's CPU allocator to keep statistics"
+    )
     assert session.env[tf_runtime.CPU_STATS_ENV] == "true"
 
 
@@ -191,7 +205,9 @@ def test_a_failing_hook_never_breaks_the_cell_and_says_so_once(tracing, shell, c
         raise RuntimeError("allocator gone")
 
     session.adapter("tensorflow").open_peak_window = broken
-    session.adapter("tensorflow").fake_stage = Stage.IMPORTED  # a window is opened for an imported framework only, as for any
+    session.adapter(
+        "tensorflow"
+    ).fake_stage = Stage.IMPORTED  # a window is opened for an imported framework only, as for any
     tracing(True)
     capsys.readouterr()
     ok, out, err = run(shell, capsys, "y = 41 + 1")
@@ -207,7 +223,7 @@ def test_hooks_take_ipythons_event_arguments(session):
     events = []
 
     class Shell:
-        class events:  # noqa: N801  (IPython's attribute name)
+        class events:
             register = staticmethod(lambda name, f: events.append(name))
             unregister = staticmethod(lambda name, f: events.remove(name))
 
@@ -257,8 +273,11 @@ def test_peak_windows_survive_nested_resets():
         (0, AllocatorStats(0, 0), "peak 0 B (+0 B in this cell), retained unchanged"),
         (0, AllocatorStats(512, 768), "peak 768 B (+768 B in this cell), retained +512 B"),
         (MIB, AllocatorStats(MIB + 3072, MIB + 4096), "peak 1 MiB (+4 KiB in this cell), retained +3 KiB"),
-        (12 * 1024 * MIB, AllocatorStats(11 * 1024 * MIB, 13 * 1024 * MIB),
-         "peak 13.0 GiB (+1,024 MiB in this cell), retained -1,024 MiB"),
+        (
+            12 * 1024 * MIB,
+            AllocatorStats(11 * 1024 * MIB, 13 * 1024 * MIB),
+            "peak 13.0 GiB (+1,024 MiB in this cell), retained -1,024 MiB",
+        ),
     ],
 )
 def test_format_line(start, stats, expected):

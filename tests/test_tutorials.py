@@ -26,7 +26,12 @@ MAX_BYTES = 60 * 1024
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # What TensorFlow 2.21's C++ core writes at start-up when nothing quiets it (see tutorial 1).
-STARTUP_LINES = ("oneDNN custom operations", "absl::InitializeLog", "cpu_feature_guard", "This TensorFlow binary")
+STARTUP_LINES = (
+    "oneDNN custom operations",
+    "absl::InitializeLog",
+    "cpu_feature_guard",
+    "This TensorFlow binary",
+)
 
 
 def test_there_are_six_tutorials() -> None:
@@ -87,10 +92,13 @@ def test_stored_outputs_have_no_tensorflow_startup_lines(path: Path) -> None:
     nb = _load(path)
     for i, cell in _code_cells(nb):
         for output in cell["outputs"]:
-            assert not any(line in _text(output) for line in STARTUP_LINES), f"cell {i}: {_text(output)[:300]}"
+            assert not any(line in _text(output) for line in STARTUP_LINES), (
+                f"cell {i}: {_text(output)[:300]}"
+            )
 
 
 # -- running them: nbconvert and papermill ----------------------------------------------------------
+
 
 def _environment(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
@@ -109,18 +117,44 @@ def _run(tool: str, path: Path, tmp: Path) -> dict:
     out_dir.mkdir()
     out = out_dir / path.name
     if tool == "nbconvert":  # no --allow-errors: only the tagged cells may fail
-        args = [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
-                "--ExecutePreprocessor.timeout=300", "--output-dir", str(out_dir), str(path)]
+        args = [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            "--ExecutePreprocessor.timeout=300",
+            "--output-dir",
+            str(out_dir),
+            str(path),
+        ]
     else:
-        args = [sys.executable, "-m", "papermill", "--no-progress-bar", "--execution-timeout", "300",
-                "--cwd", str(out_dir), str(path), str(out)]
+        args = [
+            sys.executable,
+            "-m",
+            "papermill",
+            "--no-progress-bar",
+            "--execution-timeout",
+            "300",
+            "--cwd",
+            str(out_dir),
+            str(path),
+            str(out),
+        ]
     scratch = out_dir / "tmp"  # the run's TMPDIR: what a tutorial leaves in /tmp is left here
     scratch.mkdir()
     env = {**_environment(tmp), "TMPDIR": str(scratch)}
     start = time.monotonic()
     done = subprocess.run(args, capture_output=True, text=True, cwd=out_dir, env=env, timeout=480)
-    return {"rc": done.returncode, "log": done.stdout[-3000:] + done.stderr[-5000:], "out": out,
-            "seconds": time.monotonic() - start, "scratch": scratch}
+    return {
+        "rc": done.returncode,
+        "log": done.stdout[-3000:] + done.stderr[-5000:],
+        "out": out,
+        "seconds": time.monotonic() - start,
+        "scratch": scratch,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +182,8 @@ def _check_ran_to_the_end(result: dict) -> dict:
         assert not failed or _tagged(cell), f"cell {i} failed and is not tagged raises-exception"
         for output in cell["outputs"]:
             assert not any(line in _text(output) for line in STARTUP_LINES), (
-                f"cell {i}: TensorFlow's start-up messages were not quieted: {_text(output)[:300]}")
+                f"cell {i}: TensorFlow's start-up messages were not quieted: {_text(output)[:300]}"
+            )
     return nb
 
 

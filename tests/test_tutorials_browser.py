@@ -12,7 +12,15 @@ import re
 import time
 
 import pytest
-from browser_support import REPO, accept_kernel_choice, chromium, has_chromium, jupyter_server, shot, wait_for_kernel
+from browser_support import (
+    REPO,
+    accept_kernel_choice,
+    chromium,
+    has_chromium,
+    jupyter_server,
+    shot,
+    wait_for_kernel,
+)
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -22,7 +30,9 @@ except ImportError:  # has_chromium() skips these tests without Playwright
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,  # TensorFlow starts in each kernel
-    pytest.mark.skipif(not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        not has_chromium(), reason="no Chromium at /usr/bin/chromium (apt-get install -y chromium)"
+    ),
 ]
 
 TUTORIALS = [  # those with cells that fail on purpose (tutorial 5 has none; nbconvert runs it)
@@ -126,7 +136,10 @@ def test_run_all_runs_every_cell(tmp_path, monkeypatch, app, path, name):
     cleared(REPO / "example_notebooks" / name, root / name)
     monkeypatch.setenv("TFGPU_MAGIC_CLAIM_DIR", str(tmp_path / "claims"))
     render_every_cell(tmp_path / "home")
-    with jupyter_server(root, tmp_path / "home", log_name=f"tutorial-{app}.log", app=app) as server, chromium() as browser:
+    with (
+        jupyter_server(root, tmp_path / "home", log_name=f"tutorial-{app}.log", app=app) as server,
+        chromium() as browser,
+    ):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(server.url(path.format(name=name)))
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)

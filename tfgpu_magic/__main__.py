@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from . import __version__
 
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             return _main(argv)
@@ -54,7 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
-def _main(argv: Optional[Sequence[str]]) -> int:
+def _main(argv: Sequence[str] | None) -> int:
     if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # an ASCII or Latin-1 terminal: \\xb7, no traceback
     args = _parser().parse_args(argv)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["CUT", "bounded", "finite_tree", "safe", "safe_tree", "strict_json"]
 
@@ -111,7 +111,7 @@ def finite_tree(value: Any, path: str = "") -> tuple[Any, list[tuple[str, float]
 NOTED_PLACES = 8  # places named in the note about non-finite numbers; the rest counted
 
 
-def strict_json(value: Any, indent: Optional[int] = None) -> str:
+def strict_json(value: Any, indent: int | None = None) -> str:
     """``value`` as JSON that a strict parser (``JSON.parse``) reads: NaN and infinities are null.
 
     Where ``value`` is a dict with a ``notes`` list, a note says which figures were not finite

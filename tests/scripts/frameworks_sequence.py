@@ -15,8 +15,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from harness import run_gpu  # noqa: E402
-from IPython.testing.globalipapp import start_ipython  # noqa: E402
+from harness import run_gpu
+from IPython.testing.globalipapp import start_ipython
 
 steps = json.loads(sys.argv[1])
 ip = start_ipython()

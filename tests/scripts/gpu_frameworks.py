@@ -13,8 +13,8 @@ from contextlib import redirect_stdout
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from harness import run_gpu  # noqa: E402
-from IPython.testing.globalipapp import start_ipython  # noqa: E402
+from harness import run_gpu
+from IPython.testing.globalipapp import start_ipython
 
 case = sys.argv[1]
 ip = start_ipython()

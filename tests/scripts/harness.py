@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 from contextlib import redirect_stdout
-from typing import Any, Optional
+from typing import Any
 
 from IPython.core.error import UsageError
 
@@ -21,7 +21,7 @@ def run_gpu(ip: Any, line: str) -> str:
     return out.getvalue().strip()
 
 
-def add_fake_cuda_gpus(seen: Optional[dict] = None) -> None:
+def add_fake_cuda_gpus(seen: dict | None = None) -> None:
     """List the GPUs CUDA would show for the environment now (tensorflow.md's contract recipe).
 
     Call from a post-import hook registered before the extension's.  ``seen`` receives the CUDA

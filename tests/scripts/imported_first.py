@@ -21,7 +21,10 @@ session = Session(nvml=Nvml(lib=shared_server()), env={})
 session.prepare()  # the import hook fires at once: TensorFlow is already here
 report = status.build_report(session)
 status.render_text(report), status.render_html(report)
-results = {"stage_after_status": session.adapter("tensorflow").stage().name, "reported_stage": report["tensorflow"]["stage"]}
+results = {
+    "stage_after_status": session.adapter("tensorflow").stage().name,
+    "reported_stage": report["tensorflow"]["stage"],
+}
 
 tf.constant(1)  # the runtime starts: visibility is frozen (a CPU build: no GPU)
 try:

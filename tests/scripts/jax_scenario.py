@@ -13,11 +13,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from harness import run_gpu  # noqa: E402
-from IPython.testing.globalipapp import start_ipython  # noqa: E402
+from harness import run_gpu
+from IPython.testing.globalipapp import start_ipython
 
-XLA = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION",
-       "XLA_PYTHON_CLIENT_ALLOCATOR", "CUDA_VISIBLE_DEVICES")
+XLA = (
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 ip = start_ipython()
 ip.run_line_magic("load_ext", "tfgpu_magic")

@@ -37,9 +37,9 @@ results["small"] = history.history.get("cpu0_peak_bytes")
 # A model 16 times as wide holds more weights and activations: its epoch peaks are higher.
 wide = model(1024)
 wide.compile(optimizer="sgd", loss="mse")
-results["wide"] = wide.fit(x, y, epochs=1, batch_size=64, verbose=0, callbacks=[MemoryCallback()]).history.get(
-    "cpu0_peak_bytes"
-)
+results["wide"] = wide.fit(
+    x, y, epochs=1, batch_size=64, verbose=0, callbacks=[MemoryCallback()]
+).history.get("cpu0_peak_bytes")
 results["small_weights_bytes"] = int(sum(np.prod(w.shape) * 4 for w in small.weights))
 results["wide_weights_bytes"] = int(sum(np.prod(w.shape) * 4 for w in wide.weights))
 import tfgpu_magic.keras as memory_keras  # noqa: E402

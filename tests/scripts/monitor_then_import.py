@@ -29,10 +29,16 @@ from tfgpu_magic.kernel.monitor import active_sampler, stop_panels  # noqa: E402
 sampler = active_sampler()
 last = sampler.latest() if sampler is not None else None
 stop_panels()
-print(json.dumps({
-    "error": None if error is None else f"{type(error).__name__}: {error}",
-    "total": ip.user_ns.get("total"),
-    "sampler_thread_seen": any(t.name == "tfgpu-monitor" for t in threading.enumerate()) or sampler is not None,
-    # TensorFlow's figures, read on this thread after the cell, reach the sampler's samples.
-    "tf_device_sampled": last is not None and any(f[0] == "tensorflow" for d in last.devices for f in d.figures),
-}))
+print(
+    json.dumps(
+        {
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "total": ip.user_ns.get("total"),
+            "sampler_thread_seen": any(t.name == "tfgpu-monitor" for t in threading.enumerate())
+            or sampler is not None,
+            # TensorFlow's figures, read on this thread after the cell, reach the sampler's samples.
+            "tf_device_sampled": last is not None
+            and any(f[0] == "tensorflow" for d in last.devices for f in d.figures),
+        }
+    )
+)

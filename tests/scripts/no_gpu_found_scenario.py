@@ -17,13 +17,14 @@ os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # before anything reads it
 from tfgpu_magic.frameworks import tensorflow as tf_runtime
 
 if "--as-cuda-build-install" in sys.argv:
+
     def as_cuda_build_install(distribution: str) -> bool:
         return distribution == "tensorflow"
 
     tf_runtime.TensorFlow.cpu_only_build = lambda self: False  # what a `tensorflow` install answers
     tf_runtime.distribution_installed = as_cuda_build_install  # what the diagnosis names
 
-from memory_shell import cell, finish, ip, results  # noqa: E402
+from memory_shell import cell, finish, ip, results
 
 results["on"] = cell("%gpu trace")
 results["env_after_on"] = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC")

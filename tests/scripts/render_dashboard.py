@@ -30,7 +30,18 @@ from browser_support import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from prometheus_stack import ROOT, Prometheus, Stack, as_grafana_sends, dashboard, panels  # noqa: E402
 
 GIB = 1024**3
-PALETTE = ["#73BF69", "#F2CC0C", "#8AB8FF", "#FF780A", "#F2495C", "#5794F2", "#B877D9", "#FADE2A", "#37872D", "#C4162A"]
+PALETTE = [
+    "#73BF69",
+    "#F2CC0C",
+    "#8AB8FF",
+    "#FF780A",
+    "#F2495C",
+    "#5794F2",
+    "#B877D9",
+    "#FADE2A",
+    "#37872D",
+    "#C4162A",
+]
 WIDTH, HEIGHT = 700, 250  # one chart's drawing area, in CSS pixels
 
 
@@ -45,7 +56,9 @@ def scenario(stack: Stack) -> tuple[float, float]:
     time.sleep(10)
     server, kernel_id = stack.kernels["train.ipynb"]
     # kernels_server: each process a kernel starts holds 256 MiB on the kernel's GPU.
-    server.execute(kernel_id, "import subprocess\n_workers = [subprocess.Popen(['sleep', '600']) for _ in range(4)]")
+    server.execute(
+        kernel_id, "import subprocess\n_workers = [subprocess.Popen(['sleep', '600']) for _ in range(4)]"
+    )
     time.sleep(20)
     end = time.time()
     server.execute(kernel_id, "for _w in _workers: _w.kill(); _w.wait()")  # our processes, by their handles
@@ -81,7 +94,11 @@ def nice_step(top: float) -> float:
 def timeseries(panel: dict[str, Any], prom: Prometheus, start: float, end: float) -> str:
     unit = panel["fieldConfig"]["defaults"].get("unit", "")
     stacked = panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
-    dashed = {o["matcher"]["options"] for o in panel["fieldConfig"]["overrides"] if o["matcher"]["id"] == "byFrameRefID"}
+    dashed = {
+        o["matcher"]["options"]
+        for o in panel["fieldConfig"]["overrides"]
+        if o["matcher"]["id"] == "byFrameRefID"
+    }
     series = []
     for target in panel["targets"]:
         for s in prom.query_range(as_grafana_sends(target["expr"]), start, end, 1):
@@ -112,19 +129,25 @@ def timeseries(panel: dict[str, Any], prom: Prometheus, start: float, end: float
     parts = [f'<svg width="{WIDTH}" height="{HEIGHT}" xmlns="http://www.w3.org/2000/svg">']
     tick = 0.0
     while tick <= top + 1e-9:
-        parts.append(f'<line x1="{left}" x2="{WIDTH - 10}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>'
-                     f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" class="axis" text-anchor="end">{fmt(tick, unit)}</text>')
+        parts.append(
+            f'<line x1="{left}" x2="{WIDTH - 10}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>'
+            f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" class="axis" text-anchor="end">{fmt(tick, unit)}</text>'
+        )
         tick += step
     for k in range(0, 5):
         t = start + k * (end - start) / 4
         label = time.strftime("%H:%M:%S", time.localtime(t))
         anchor = "start" if k == 0 else "end" if k == 4 else "middle"
-        parts.append(f'<text x="{x(t):.1f}" y="{HEIGHT - 4}" class="axis" text-anchor="{anchor}">{label}</text>')
-    for name, colour, dash, pts, _ in drawn:
+        parts.append(
+            f'<text x="{x(t):.1f}" y="{HEIGHT - 4}" class="axis" text-anchor="{anchor}">{label}</text>'
+        )
+    for _name, colour, dash, pts, _ in drawn:
         line = " ".join(f"{x(t):.1f},{y(high):.1f}" for t, _, high in pts)
         if stacked and pts:
             lower = " ".join(f"{x(t):.1f},{y(low):.1f}" for t, low, _ in reversed(pts))
-            parts.append(f'<polygon points="{line} {lower}" fill="{colour}" fill-opacity="0.2" stroke="none"/>')
+            parts.append(
+                f'<polygon points="{line} {lower}" fill="{colour}" fill-opacity="0.2" stroke="none"/>'
+            )
         style = 'stroke-dasharray="8 6" stroke-width="1.5"' if dash else 'stroke-width="2"'
         parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" {style}/>')
     parts.append("</svg>")
@@ -133,7 +156,9 @@ def timeseries(panel: dict[str, Any], prom: Prometheus, start: float, end: float
         f'<td class="num">{fmt(last, unit) if last is not None else ""}</td></tr>'
         for name, c, _, _, last in drawn
     )
-    return "".join(parts) + f'<table class="legend"><tr><th></th><th class="num">Last *</th></tr>{rows}</table>'
+    return (
+        "".join(parts) + f'<table class="legend"><tr><th></th><th class="num">Last *</th></tr>{rows}</table>'
+    )
 
 
 def table(panel: dict[str, Any], prom: Prometheus) -> str:
@@ -142,7 +167,10 @@ def table(panel: dict[str, Any], prom: Prometheus) -> str:
     keys = ("instance", "kernel_id", "kernel_name", "path")
     for target in panel["targets"]:
         for s in prom.query(as_grafana_sends(target["expr"])):
-            row = rows.setdefault(tuple(s["metric"].get(k, "") for k in keys), dict(zip(keys, (s["metric"].get(k, "") for k in keys))))
+            row = rows.setdefault(
+                tuple(s["metric"].get(k, "") for k in keys),
+                dict(zip(keys, (s["metric"].get(k, "") for k in keys), strict=False)),
+            )
             row[f"Value #{target['refId']}"] = float(s["value"][1])
     transforms = {t["id"]: t["options"] for t in panel["transformations"]}
     if "filterByValue" in transforms:
@@ -200,12 +228,14 @@ def page(prom: Prometheus, start: float, end: float) -> str:
         inner = timeseries(panel, prom, start, end) if panel["type"] == "timeseries" else table(panel, prom)
         sections.append(f"<section><h2>{html.escape(panel['title'])}</h2>{inner}</section>")
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(end))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><style>{STYLE}</style></head><body>"
-            f"<header><h1>{html.escape(board['title'])}</h1><span class='var'>Prometheus: prometheus</span>"
-            f"<span class='var'>Jupyter server: All</span>"
-            f"<span class='note'>the dashboard's queries against a real Prometheus, simulated GPUs, {when}; "
-            f"drawn by tests/scripts/render_dashboard.py, not Grafana</span></header>"
-            f"<main>{''.join(sections)}</main></body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><style>{STYLE}</style></head><body>"
+        f"<header><h1>{html.escape(board['title'])}</h1><span class='var'>Prometheus: prometheus</span>"
+        f"<span class='var'>Jupyter server: All</span>"
+        f"<span class='note'>the dashboard's queries against a real Prometheus, simulated GPUs, {when}; "
+        f"drawn by tests/scripts/render_dashboard.py, not Grafana</span></header>"
+        f"<main>{''.join(sections)}</main></body></html>"
+    )
 
 
 def main() -> None:

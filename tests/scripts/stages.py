@@ -60,7 +60,9 @@ def not_imported() -> None:
     result["limit"] = gpu("limit 4096")
     result["stage_after_magic"] = stage()
     # The magic, the import and the first op in one cell.
-    result["cell"] = cell("%gpu allocator async\nimport tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones([4, 4]))))")
+    result["cell"] = cell(
+        "%gpu allocator async\nimport tensorflow as tf\nprint(float(tf.reduce_sum(tf.ones([4, 4]))))"
+    )
     result["stage_after_cell"] = stage()
     result["env"] = {k: os.environ.get(k) for k in ("CUDA_DEVICE_ORDER", "TF_GPU_ALLOCATOR")}
     result["same_again"] = gpu("limit 4096")

@@ -10,8 +10,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from harness import run_gpu  # noqa: E402
-from IPython.testing.globalipapp import start_ipython  # noqa: E402
+from harness import run_gpu
+from IPython.testing.globalipapp import start_ipython
 
 ip = start_ipython()
 ip.run_line_magic("load_ext", "tfgpu_magic")
@@ -22,14 +22,18 @@ tfgpu_magic.set_device_source(shared_server())
 result: dict = {}
 result["allocator"] = run_gpu(ip, "allocator async")
 result["limit"] = run_gpu(ip, "limit 4G")
-result["env_before_import"] = {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+result["env_before_import"] = {
+    k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+}
 result["torch_imported_by_magic"] = "torch" in sys.modules
 ip.run_cell("import torch")
 import torch  # noqa: E402
 
 result["torch_read"] = torch._C._accelerator_getAllocatorSettings()
 result["cuda_initialized"] = torch.cuda.is_initialized()
-result["torch_version_cuda"] = torch.version.cuda  # None on the CPU build; a CUDA build runs here too, with no GPU
+result["torch_version_cuda"] = (
+    torch.version.cuda
+)  # None on the CPU build; a CUDA build runs here too, with no GPU
 result["allocator_after"] = run_gpu(ip, "allocator default")
 result["allocator_same"] = run_gpu(ip, "allocator async")
 result["grow"] = run_gpu(ip, "grow")

@@ -9,7 +9,7 @@ import os
 
 os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # before anything reads it
 
-from memory_shell import cell, finish, ip, results  # noqa: E402
+from memory_shell import cell, finish, ip, results
 
 results["env_before"] = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC")
 results["on"] = cell("%gpu trace")

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
 
 __all__ = [
+    "CELL_FORMS",
+    "CELL_VERBS",
+    "FORMS",
+    "PRECISIONS",
+    "TABLE",
+    "VERBS",
     "Allocator",
     "Auto",
     "Free",
@@ -33,12 +39,6 @@ __all__ = [
     "Trace",
     "Use",
     "Verb",
-    "CELL_FORMS",
-    "CELL_VERBS",
-    "FORMS",
-    "PRECISIONS",
-    "TABLE",
-    "VERBS",
     "cell_usage",
     "complete",
     "manual",
@@ -70,7 +70,7 @@ class Percent:
         return f"{self.value:g}%"
 
 
-Size = Union[int, Percent]  # an int is MiB
+Size = int | Percent  # an int is MiB
 
 
 @dataclass(frozen=True)
@@ -78,14 +78,14 @@ class Auto:
     """``use auto``: let the product choose GPUs (see :mod:`tfgpu_magic.inventory`)."""
 
     count: int = 1
-    min_free_bytes: Optional[int] = None
-    wait_seconds: Optional[float] = None
+    min_free_bytes: int | None = None
+    wait_seconds: float | None = None
 
 
 # -- commands -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Use:
-    gpus: Union[tuple[int, ...], str, Auto]  # NVML indices, "all", "none", or Auto
+    gpus: tuple[int, ...] | str | Auto  # NVML indices, "all", "none", or Auto
 
 
 @dataclass(frozen=True)
@@ -95,19 +95,25 @@ class Grow:
 
 @dataclass(frozen=True)
 class Limit:
-    sizes: Optional[tuple[Size, ...]]  # None: off; one size for every GPU, or one per GPU
+    sizes: tuple[Size, ...] | None  # None: off; one size for every GPU, or one per GPU
     # Or the kernel's limit as named shares, one size each, on every visible GPU: ("tensorflow", 6144), ...
-    shares: Optional[tuple[tuple[str, Size], ...]] = None
+    shares: tuple[tuple[str, Size], ...] | None = None
 
 
 # The words `%gpu limit 6G tensorflow, 2G jax` accepts for a framework, and the key each names.
-FRAMEWORK_WORDS = {"tensorflow": "tensorflow", "tf": "tensorflow", "pytorch": "pytorch", "torch": "pytorch", "jax": "jax"}
+FRAMEWORK_WORDS = {
+    "tensorflow": "tensorflow",
+    "tf": "tensorflow",
+    "pytorch": "pytorch",
+    "torch": "pytorch",
+    "jax": "jax",
+}
 
 
 @dataclass(frozen=True)
 class Split:
-    count: Optional[int] = None  # n equal logical GPUs on each visible GPU
-    sizes: Optional[tuple[int, ...]] = None  # explicit MiB of each logical GPU
+    count: int | None = None  # n equal logical GPUs on each visible GPU
+    sizes: tuple[int, ...] | None = None  # explicit MiB of each logical GPU
 
     @property
     def off(self) -> bool:
@@ -142,7 +148,7 @@ class Reset:
 @dataclass(frozen=True)
 class Monitor:
     sidebar: bool = False
-    interval: Optional[float] = None  # seconds between samples; None: the running sampler's (0.5 s if none)
+    interval: float | None = None  # seconds between samples; None: the running sampler's (0.5 s if none)
     window: float = 300.0  # seconds of history shown
     off: bool = False  # `%gpu monitor off`: stop every panel of this kernel and its sampler
 
@@ -152,7 +158,7 @@ class Trace:
     on: bool
 
 
-Command = Union[Use, Grow, Limit, Split, Allocator, Precision, Free, Status, Reset, Monitor, Trace]
+Command = Use | Grow | Limit | Split | Allocator | Precision | Free | Status | Reset | Monitor | Trace
 
 PRECISIONS = ("mixed_float16", "mixed_bfloat16", "float32")
 MAX_SPLIT = 16
@@ -275,7 +281,7 @@ def _size_list(text: str, verb: str, percent: bool = True) -> tuple[Size, ...]:
 
 # -- options ------------------------------------------------------------------------------------
 def _options(
-    verb: str, tokens: list[str], allowed: dict[str, Optional[Callable[[str], object]]]
+    verb: str, tokens: list[str], allowed: dict[str, Callable[[str], object] | None]
 ) -> dict[str, object]:
     """``--name value`` pairs (or ``--flag`` when the converter is None), each at most once."""
     found: dict[str, object] = {}
@@ -311,12 +317,12 @@ def _one(verb: str, tokens: list[str]) -> str:
 
 # -- line verbs ---------------------------------------------------------------------------------
 _INDEX_LIST = re.compile(r"[0-9]+(,[0-9]+)*", re.ASCII)
-_AUTO_OPTIONS: dict[str, Optional[Callable[[str], object]]] = {
+_AUTO_OPTIONS: dict[str, Callable[[str], object] | None] = {
     "min-free": lambda v: parse_bytes(v, "use"),
     "wait": lambda v: parse_duration(v, "use"),
 }
-_STATUS_OPTIONS: dict[str, Optional[Callable[[str], object]]] = {"json": None}
-_MONITOR_OPTIONS: dict[str, Optional[Callable[[str], object]]] = {
+_STATUS_OPTIONS: dict[str, Callable[[str], object] | None] = {"json": None}
+_MONITOR_OPTIONS: dict[str, Callable[[str], object] | None] = {
     "sidebar": None,
     "interval": lambda v: parse_duration(v, "monitor"),
     "window": lambda v: parse_duration(v, "monitor"),
@@ -388,7 +394,9 @@ def _shares(text: str) -> tuple[tuple[str, Size], ...]:
     for part in text.split(","):
         words = part.split()
         if len(words) != 2 or words[1].lower() not in FRAMEWORK_WORDS:
-            raise _fail("limit", f"{_shown(part.strip())} is not a share: give a size and a framework, e.g. `4G jax`")
+            raise _fail(
+                "limit", f"{_shown(part.strip())} is not a share: give a size and a framework, e.g. `4G jax`"
+            )
         key = FRAMEWORK_WORDS[words[1].lower()]
         if key in shares:
             raise _fail("limit", f"{_shown(words[1])} has two shares: give each framework one")
@@ -473,7 +481,9 @@ def _budget(tokens: list[str]) -> int:
     try:
         mib = _size(tokens[0], percent=False)
     except _NotASize:
-        raise _fail("budget", f"{_shown(tokens[0])} is not a size (like 512M, 2G or 1.5GiB; a bare number is MiB)") from None
+        raise _fail(
+            "budget", f"{_shown(tokens[0])} is not a size (like 512M, 2G or 1.5GiB; a bare number is MiB)"
+        ) from None
     except _Refused as refused:  # a size, but out of bounds
         raise _fail("budget", str(refused)) from None
     return int(mib) * MIB
@@ -566,7 +576,10 @@ TABLE: tuple[Verb, ...] = (
         ),
         manual=(
             ("%gpu limit 4096", "cap each visible GPU at 4096 MiB (4G | 1.5GiB | 50% | 4G,8G | off)"),
-            ("%gpu limit 6G tensorflow, 2G jax", "the kernel's limit in shares, one per framework (tf | torch | jax)"),
+            (
+                "%gpu limit 6G tensorflow, 2G jax",
+                "the kernel's limit in shares, one per framework (tf | torch | jax)",
+            ),
         ),
         words=("off", "50%", "4G"),
     ),
@@ -591,14 +604,21 @@ TABLE: tuple[Verb, ...] = (
         "precision",
         _precision,
         forms=tuple(f"%gpu precision {p}" for p in PRECISIONS),
-        manual=(("%gpu precision mixed_float16", "the Keras global dtype policy (mixed_bfloat16 | float32)"),),
+        manual=(
+            ("%gpu precision mixed_float16", "the Keras global dtype policy (mixed_bfloat16 | float32)"),
+        ),
         words=PRECISIONS,
     ),
     Verb(
         "free",
         _free,
         forms=("%gpu free",),
-        manual=(("%gpu free", "empty the frameworks' caches (and Keras's session), with the driver's before/after"),),
+        manual=(
+            (
+                "%gpu free",
+                "empty the frameworks' caches (and Keras's session), with the driver's before/after",
+            ),
+        ),
     ),
     Verb(
         "monitor",
@@ -619,7 +639,9 @@ TABLE: tuple[Verb, ...] = (
         "budget",
         _budget,
         forms=("%%gpu budget 2G",),
-        manual=(("%%gpu budget 2G", "run the cell; fail it if a framework's peak rose more than 2 GiB during it"),),
+        manual=(
+            ("%%gpu budget 2G", "run the cell; fail it if a framework's peak rose more than 2 GiB during it"),
+        ),
         cell=True,
     ),
     Verb(
@@ -633,7 +655,9 @@ TABLE: tuple[Verb, ...] = (
         "trace",
         _trace,
         forms=("%gpu trace", "%gpu trace off"),
-        manual=(("%gpu trace [off]", "after each cell: each framework's allocator peak and retained change"),),
+        manual=(
+            ("%gpu trace [off]", "after each cell: each framework's allocator peak and retained change"),
+        ),
         words=("on", "off"),
     ),
     Verb(
@@ -653,7 +677,7 @@ FORMS: dict[str, tuple[str, ...]] = {name: verb.forms for name, verb in _LINE_VE
 CELL_FORMS = tuple(form for verb in _CELL_VERBS.values() for form in verb.forms)
 
 
-def usage(verb: Optional[str] = None) -> str:
+def usage(verb: str | None = None) -> str:
     """The valid forms of one verb, or of every ``%gpu`` verb, as one line.
 
     Cell words share one line (``%%gpu on 1 budget 2G``), so each names the forms of all of them.
@@ -700,7 +724,9 @@ def split_line(line: str) -> list[str]:
     try:
         return shlex.split(code)
     except ValueError as err:  # an unclosed quote, a trailing backslash
-        raise GrammarError(f"cannot read {_shown(code.strip())} ({err}); {usage(_first_verb(code))}") from None
+        raise GrammarError(
+            f"cannot read {_shown(code.strip())} ({err}); {usage(_first_verb(code))}"
+        ) from None
 
 
 def parse(line: str) -> Command:
@@ -711,14 +737,16 @@ def parse(line: str) -> Command:
     word = tokens[0].lower()
     if word in _CELL_VERBS:
         form = _CELL_VERBS[word].forms[0]
-        raise GrammarError(f"`%gpu {word}` is a cell magic: put `{form}` on the cell's first line; {cell_usage()}")
+        raise GrammarError(
+            f"`%gpu {word}` is a cell magic: put `{form}` on the cell's first line; {cell_usage()}"
+        )
     verb = _LINE_VERBS.get(word)
     if verb is None:
         raise GrammarError(f"unknown subcommand {_shown(tokens[0])}; {usage()}")
     return verb.parse(tokens[1:])  # type: ignore[return-value]
 
 
-def _first_verb(line: str) -> Optional[str]:
+def _first_verb(line: str) -> str | None:
     """The verb a line that shlex cannot read starts with, if it is one: its forms help most."""
     words = line.split(maxsplit=1)
     return words[0].lower() if words and words[0].lower() in _LINE_VERBS else None

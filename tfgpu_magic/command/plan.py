@@ -19,7 +19,6 @@ Decisions on combinations TensorFlow mishandles:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Union
 
 from . import grammar
 from .grammar import Percent, Size
@@ -37,22 +36,22 @@ class PlanError(ValueError):
     """A request that contradicts itself or the machine; the message says how to resolve it."""
 
 
-Visible = Union[tuple[int, ...], str, None]  # nvidia-smi indices, "all", "none", or None (not asked)
+Visible = tuple[int, ...] | str | None  # nvidia-smi indices, "all", "none", or None (not asked)
 
 
 @dataclass(frozen=True)
 class Plan:
     visible: Visible = None
-    growth: Optional[bool] = None
-    limits: Optional[tuple[Size, ...]] = None
-    split: Optional[grammar.Split] = None
-    allocator: Optional[str] = None  # "async", "default" or "platform" (JAX only)
-    precision: Optional[str] = None
+    growth: bool | None = None
+    limits: tuple[Size, ...] | None = None
+    split: grammar.Split | None = None
+    allocator: str | None = None  # "async", "default" or "platform" (JAX only)
+    precision: str | None = None
     # The kernel's limit named in shares (framework key, size on each visible GPU); `limits` is
     # then None, and each GPU's cap is the shares' sum.
-    shares: Optional[tuple[tuple[str, Size], ...]] = None
+    shares: tuple[tuple[str, Size], ...] | None = None
 
-    def with_command(self, command: object) -> "Plan":
+    def with_command(self, command: object) -> Plan:
         """The plan after one configuration command; raises :class:`PlanError` on a conflict."""
         if isinstance(command, grammar.Use):
             if isinstance(command.gpus, grammar.Auto):
@@ -81,7 +80,7 @@ class Plan:
             return replace(self, precision=command.policy)
         raise TypeError(f"not a configuration command: {command!r}")
 
-    def describe_limit(self) -> Optional[str]:
+    def describe_limit(self) -> str | None:
         """The limit as its command would give it again ("limit 4096MiB", "limit 6144MiB tensorflow, ...")."""
         return next((line for line in self.describe() if line.startswith("limit ")), None)
 
@@ -115,8 +114,12 @@ class Plan:
         """
         named_gpus = isinstance(self.visible, tuple) and bool(self.visible)
         capped = self.limits is not None or self.shares is not None
-        return named_gpus or self.growth is True or capped or self.split is not None or (
-            self.allocator in ("async", "platform")
+        return (
+            named_gpus
+            or self.growth is True
+            or capped
+            or self.split is not None
+            or (self.allocator in ("async", "platform"))
         )
 
 
@@ -134,12 +137,12 @@ class MachineFacts:
     no ``%gpu use`` is asked.
     """
 
-    count: Optional[int]
-    totals_mib: dict[int, Optional[int]]
-    allocated: Optional[tuple[int, ...]]
-    allocation_text: Optional[str]  # "GPU 2, 3" when the environment restricts, else None
-    cuda_found: Optional[tuple[int, ...]]
-    default_visible: Optional[tuple[int, ...]]
+    count: int | None
+    totals_mib: dict[int, int | None]
+    allocated: tuple[int, ...] | None
+    allocation_text: str | None  # "GPU 2, 3" when the environment restricts, else None
+    cuda_found: tuple[int, ...] | None
+    default_visible: tuple[int, ...] | None
     # The framework CUDA listed the GPUs for (as shown, and as imported): said when a GPU is missing.
     listed_by: tuple[str, str] = ("the framework", "it")
 
@@ -149,12 +152,12 @@ class GpuPlan:
     """One visible GPU as the plan configures it."""
 
     index: int  # nvidia-smi's
-    total_mib: Optional[int]
-    cap_mib: Optional[int]  # the per-GPU limit, resolved (None: no limit)
-    logical_mib: Optional[tuple[int, ...]]  # logical GPUs to create (a limit alone: one of that size)
+    total_mib: int | None
+    cap_mib: int | None  # the per-GPU limit, resolved (None: no limit)
+    logical_mib: tuple[int, ...] | None  # logical GPUs to create (a limit alone: one of that size)
     shares_mib: tuple[tuple[str, int], ...] = ()  # the named shares of ``cap_mib`` (framework key, MiB)
 
-    def with_cap(self, cap_mib: int) -> "GpuPlan":
+    def with_cap(self, cap_mib: int) -> GpuPlan:
         """This GPU with a part of its cap (a framework's share of the kernel's limit): a limit's
         one logical GPU shrinks to it, `split N`'s N logical GPUs divide it."""
         logical = self.logical_mib
@@ -164,7 +167,7 @@ class GpuPlan:
         return replace(self, cap_mib=cap_mib, logical_mib=logical, shares_mib=())
 
     @property
-    def configured_bytes(self) -> Optional[int]:
+    def configured_bytes(self) -> int | None:
         """Everything TensorFlow may take on this GPU (the panel's limit line), or None."""
         return None if not self.logical_mib else sum(self.logical_mib) * MIB
 
@@ -174,16 +177,16 @@ class Resolution:
     """A plan made concrete for this machine: the one answer every reader uses."""
 
     plan: Plan
-    visible: Optional[tuple[int, ...]]  # nvidia-smi indices TensorFlow will see; None: unknown
+    visible: tuple[int, ...] | None  # nvidia-smi indices TensorFlow will see; None: unknown
     gpus: tuple[GpuPlan, ...]  # one per visible GPU, in order
 
-    def gpu(self, index: int) -> Optional[GpuPlan]:
+    def gpu(self, index: int) -> GpuPlan | None:
         return next((g for g in self.gpus if g.index == index), None)
 
-    def logical_mib(self) -> dict[int, Optional[tuple[int, ...]]]:
+    def logical_mib(self) -> dict[int, tuple[int, ...] | None]:
         return {g.index: g.logical_mib for g in self.gpus}
 
-    def with_caps(self, caps_mib: dict[int, int]) -> "Resolution":
+    def with_caps(self, caps_mib: dict[int, int]) -> Resolution:
         """The same request, with each listed GPU's cap replaced (a framework's share of it)."""
         gpus = tuple(g.with_cap(caps_mib[g.index]) if g.index in caps_mib else g for g in self.gpus)
         return replace(self, gpus=gpus)
@@ -206,8 +209,10 @@ def _logical_text(gpu: GpuPlan) -> str:
     sizes = gpu.logical_mib or ()
     if len(sizes) == 1:
         return format_bytes(sizes[0] * MIB)
-    return f"{len(sizes)} x {format_bytes(sizes[0] * MIB)}" if len(set(sizes)) == 1 else " + ".join(
-        format_bytes(s * MIB) for s in sizes
+    return (
+        f"{len(sizes)} x {format_bytes(sizes[0] * MIB)}"
+        if len(set(sizes)) == 1
+        else " + ".join(format_bytes(s * MIB) for s in sizes)
     )
 
 
@@ -223,11 +228,14 @@ def resolve(plan: Plan, facts: MachineFacts) -> Resolution:
                 "or one per visible GPU"
             )
     positions = visible if visible is not None else tuple(range(len(plan.limits or ())))
-    gpus = tuple(_gpu_plan(plan, position, index, facts.totals_mib.get(index)) for position, index in enumerate(positions))
+    gpus = tuple(
+        _gpu_plan(plan, position, index, facts.totals_mib.get(index))
+        for position, index in enumerate(positions)
+    )
     return Resolution(plan, visible, gpus if visible is not None else ())
 
 
-def _visible(plan: Plan, facts: MachineFacts) -> Optional[tuple[int, ...]]:
+def _visible(plan: Plan, facts: MachineFacts) -> tuple[int, ...] | None:
     if plan.visible is None:
         return facts.default_visible
     if plan.visible == "none":
@@ -235,12 +243,16 @@ def _visible(plan: Plan, facts: MachineFacts) -> Optional[tuple[int, ...]]:
     if facts.allocation_text is not None and facts.allocated is None:
         allowed = None  # an allocation whose GPUs cannot be numbered: not every GPU either
     else:
-        allowed = facts.allocated if facts.allocated is not None else (
-            None if facts.count is None else tuple(range(facts.count))
+        allowed = (
+            facts.allocated
+            if facts.allocated is not None
+            else (None if facts.count is None else tuple(range(facts.count)))
         )
     if plan.visible == "all":
-        return allowed if facts.cuda_found is None or allowed is None else tuple(
-            i for i in allowed if i in facts.cuda_found
+        return (
+            allowed
+            if facts.cuda_found is None or allowed is None
+            else tuple(i for i in allowed if i in facts.cuda_found)
         )
     wanted = tuple(sorted(plan.visible))
     if facts.count is not None:
@@ -285,7 +297,7 @@ def _not_found_by_cuda(hidden: list[int], found: tuple[int, ...], name: str, mod
     )
 
 
-def _gpu_plan(plan: Plan, position: int, index: int, total_mib: Optional[int]) -> GpuPlan:
+def _gpu_plan(plan: Plan, position: int, index: int, total_mib: int | None) -> GpuPlan:
     cap = _cap_mib(plan, position, index, total_mib)
     if cap is not None and total_mib is not None and cap > total_mib:
         raise PlanError(
@@ -296,7 +308,7 @@ def _gpu_plan(plan: Plan, position: int, index: int, total_mib: Optional[int]) -
     return GpuPlan(index, total_mib, cap, _logical_sizes(plan, index, cap, total_mib), shares)
 
 
-def _cap_mib(plan: Plan, position: int, index: int, total_mib: Optional[int]) -> Optional[int]:
+def _cap_mib(plan: Plan, position: int, index: int, total_mib: int | None) -> int | None:
     """The cap of the ``position``-th visible GPU, in MiB; a list gives one size per GPU, in order;
     named shares add up to the kernel's cap."""
     if plan.shares is not None:
@@ -307,7 +319,7 @@ def _cap_mib(plan: Plan, position: int, index: int, total_mib: Optional[int]) ->
     return _mib(sizes[0] if len(sizes) == 1 else sizes[position], total_mib)
 
 
-def _mib(size: Size, total_mib: Optional[int]) -> int:
+def _mib(size: Size, total_mib: int | None) -> int:
     if isinstance(size, Percent):
         if total_mib is None:
             raise PlanError(
@@ -318,7 +330,7 @@ def _mib(size: Size, total_mib: Optional[int]) -> int:
     return int(size)
 
 
-def _logical_sizes(plan: Plan, index: int, cap: Optional[int], total_mib: Optional[int]) -> Optional[tuple[int, ...]]:
+def _logical_sizes(plan: Plan, index: int, cap: int | None, total_mib: int | None) -> tuple[int, ...] | None:
     split = plan.split
     if split is None:
         return None if cap is None else (cap,)

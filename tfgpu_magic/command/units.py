@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
-__all__ = ["MIB", "GIB", "format_bytes", "format_change", "format_size", "sizes_for"]
+__all__ = ["GIB", "MIB", "format_bytes", "format_change", "format_size", "sizes_for"]
 
 MIB = 1024**2
 GIB = 1024**3
 
 
-def format_bytes(value: Optional[int]) -> str:
+def format_bytes(value: int | None) -> str:
     """``1536 MiB`` style below 10 GiB, ``12.5 GiB`` above; a missing reading is ``n/a``."""
     if value is None:
         return "n/a"
@@ -28,9 +28,7 @@ def format_size(value: int) -> str:
     return format_bytes(value)
 
 
-def format_change(
-    before: Optional[int], after: Optional[int], fmt: Callable[[int], str] = format_bytes
-) -> str:
+def format_change(before: int | None, after: int | None, fmt: Callable[[int], str] = format_bytes) -> str:
     """``+64 MiB``, ``-1,024 MiB`` or ``unchanged``; ``n/a`` when a reading is missing."""
     if before is None or after is None:
         return "n/a"
@@ -40,7 +38,7 @@ def format_change(
     return ("+" if delta > 0 else "-") + fmt(abs(delta))
 
 
-def sizes_for(total: Optional[int]) -> Callable[[Optional[int]], str]:
+def sizes_for(total: int | None) -> Callable[[int | None], str]:
     """One unit for a group of figures side by side (a GPU's used, free, shares and processes),
     chosen from the group's largest, its total: GiB from 1 GiB up, else MiB.  ``2.3 GiB / 15.0 GiB``,
     never ``2,348 MiB / 15.0 GiB``; a small non-zero share keeps two significant digits."""
@@ -49,7 +47,7 @@ def sizes_for(total: Optional[int]) -> Callable[[Optional[int]], str]:
     return _in_gib
 
 
-def _in_gib(value: Optional[int]) -> str:
+def _in_gib(value: int | None) -> str:
     if value is None:
         return "n/a"
     gib = value / GIB

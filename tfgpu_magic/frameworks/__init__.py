@@ -5,15 +5,13 @@ never imports its framework: it is handed the module once the user's import has 
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .base import Framework
 
 __all__ = ["adapters"]
 
 
 def adapters(
-    tensorflow: Optional[Framework] = None, pytorch: Optional[Framework] = None, jax: Optional[Framework] = None
+    tensorflow: Framework | None = None, pytorch: Framework | None = None, jax: Framework | None = None
 ) -> tuple[Framework, ...]:
     """Every framework's adapter, in the order of every report; a stand-in replaces one (tests)."""
     from .jax import Jax

@@ -13,16 +13,39 @@ import functools
 import importlib.util
 import os
 import threading
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, MutableMapping, Optional, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..command.plan import Plan, Resolution
 
 __all__ = [
-    "CUDA_ENV", "Capture", "Change", "ChartedFigure", "CudaRecord", "DeviceMemory", "Framework", "FreeReport", "GpuShare",
-    "Host", "OomFacts", "PeakReading", "PeakWindow", "Refusal", "ReportView", "Reporting", "ReportingDefaults",
-    "ResettingPeakWindow", "Stage", "UnresettablePeakWindow", "attribute", "capture", "environment_line", "installed",
-    "not_the_framework", "too_late",
+    "CUDA_ENV",
+    "Capture",
+    "Change",
+    "ChartedFigure",
+    "CudaRecord",
+    "DeviceMemory",
+    "Framework",
+    "FreeReport",
+    "GpuShare",
+    "Host",
+    "OomFacts",
+    "PeakReading",
+    "PeakWindow",
+    "Refusal",
+    "ReportView",
+    "Reporting",
+    "ReportingDefaults",
+    "ResettingPeakWindow",
+    "Stage",
+    "UnresettablePeakWindow",
+    "attribute",
+    "capture",
+    "environment_line",
+    "installed",
+    "not_the_framework",
+    "too_late",
 ]
 
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # read by CUDA when it starts in the process
@@ -51,14 +74,14 @@ class Capture:
     are the ones found at load time (the best evidence left).
     """
 
-    env: Mapping[str, Optional[str]]
+    env: Mapping[str, str | None]
     late: bool = False
 
-    def get(self, name: str) -> Optional[str]:
+    def get(self, name: str) -> str | None:
         return self.env.get(name)
 
 
-def capture(names: tuple[str, ...], late: bool = False, env: Optional[Mapping[str, str]] = None) -> Capture:
+def capture(names: tuple[str, ...], late: bool = False, env: Mapping[str, str] | None = None) -> Capture:
     """The variables as ``env`` (the process environment unless the session gave its own) holds them now."""
     source = os.environ if env is None else env
     return Capture({name: source.get(name) for name in names}, late)
@@ -74,12 +97,12 @@ class CudaRecord:
     """
 
     def __init__(self) -> None:
-        self.capture: Optional[Capture] = None
-        self.by: Optional[str] = None  # the framework that started CUDA ("PyTorch", ...)
-        self.when: Optional[str] = None  # the moment, in words ("when PyTorch started CUDA")
+        self.capture: Capture | None = None
+        self.by: str | None = None  # the framework that started CUDA ("PyTorch", ...)
+        self.when: str | None = None  # the moment, in words ("when PyTorch started CUDA")
         self._lock = threading.Lock()
 
-    def note(self, seen: Capture, by: str, when: Optional[str] = None) -> None:
+    def note(self, seen: Capture, by: str, when: str | None = None) -> None:
         """``by`` started CUDA with ``seen``: kept if it is the first; a later one changes nothing."""
         with self._lock:
             if self.capture is None:
@@ -97,13 +120,13 @@ class Host(Protocol):
     environment its framework reads at start-up, and CUDA's numbering."""
 
     env: Mapping[str, str]
-    inherited: Mapping[str, Optional[str]]  # the managed variables as the kernel inherited them
+    inherited: Mapping[str, str | None]  # the managed variables as the kernel inherited them
 
-    def set_env(self, name: str, value: Optional[str]) -> None:
+    def set_env(self, name: str, value: str | None) -> None:
         """Set (None: remove) a variable the framework reads, remembering it was set for it."""
         ...
 
-    def unmanaged_value(self, name: str) -> Optional[str]:
+    def unmanaged_value(self, name: str) -> str | None:
         """The variable as the user left it: what tfgpu_magic set undone, a hand-made value kept."""
         ...
 
@@ -111,7 +134,7 @@ class Host(Protocol):
         """nvidia-smi index of each CUDA device (the framework's device k is entry k)."""
         ...
 
-    def visible_value(self, resolution: Resolution) -> Optional[str]:
+    def visible_value(self, resolution: Resolution) -> str | None:
         """The CUDA_VISIBLE_DEVICES that shows CUDA ``resolution``'s GPUs (None: unset)."""
         ...
 
@@ -132,7 +155,7 @@ class Change:
     before: Plan  # the request before it
     resolution: Resolution  # ``plan`` on this machine, resolved once
     host: Host
-    others: tuple["Framework", ...] = ()  # the kernel's other adapters
+    others: tuple[Framework, ...] = ()  # the kernel's other adapters
 
     @property
     def changed(self) -> bool:
@@ -144,8 +167,8 @@ class FreeReport:
     """A framework's part of `%gpu free`: what was run and its allocator's figures before and after."""
 
     lines: tuple[str, ...] = ()
-    opener: Optional[str] = None  # a first line that replaces "Ran garbage collection." (Keras's)
-    kept: Optional[str] = None  # why nothing went back to the driver, said when nothing did
+    opener: str | None = None  # a first line that replaces "Ran garbage collection." (Keras's)
+    kept: str | None = None  # why nothing went back to the driver, said when nothing did
 
 
 # -- what every adapter answers -----------------------------------------------------------------------
@@ -155,8 +178,8 @@ class DeviceMemory:
 
     in_use_bytes: int  # held by live tensors or arrays
     peak_bytes: int  # the most in use since the last peak reset (since start-up where none exists)
-    reserved_bytes: Optional[int] = None  # taken from the driver by the allocator's pool
-    limit_bytes: Optional[int] = None  # the most the allocator will take, by its own account
+    reserved_bytes: int | None = None  # taken from the driver by the allocator's pool
+    limit_bytes: int | None = None  # the most the allocator will take, by its own account
 
 
 @dataclass(frozen=True)
@@ -172,7 +195,7 @@ class ChartedFigure:
     series: str  # "allocated", "reserved", "in_use", "peak"
     field: str  # "in_use_bytes", "peak_bytes", "reserved_bytes", "limit_bytes"
     label: str  # "allocated", "in use", ...
-    wire_field: Optional[str] = None
+    wire_field: str | None = None
 
 
 @dataclass(frozen=True)
@@ -208,7 +231,7 @@ class Framework(Protocol):
     start_variables: tuple[str, ...]  # the environment variables it reads as it starts (CUDA's aside)
     managed_variables: tuple[str, ...]  # those tfgpu_magic may set for it
     environ: Mapping[str, str]  # where it reads them (the machine's environment)
-    cuda_record: Optional[CudaRecord]  # the kernel's one record of CUDA's start
+    cuda_record: CudaRecord | None  # the kernel's one record of CUDA's start
     takes_effect: str  # when a setting reaches it once imported: "when it starts CUDA", ...
 
     def on_import(self, module: Any) -> None: ...
@@ -218,7 +241,7 @@ class Framework(Protocol):
         """Whether ``command`` is one of its settings (``allocator platform`` is JAX's alone)."""
         ...
 
-    def consider(self, change: Change) -> Optional[str]:
+    def consider(self, change: Change) -> str | None:
         """Its clause of the reply ("PyTorch: capped now"), or None when it has nothing to add;
         raises :class:`Refusal` when the setting cannot hold for it (too late, a CPU build...).
         Called before anything is changed, so a refusal leaves everything as it was."""
@@ -242,7 +265,7 @@ class Framework(Protocol):
         """Whether the part it was given can no longer change (it has started with it)."""
         ...
 
-    def arrived(self, plan: Plan) -> Optional[str]:
+    def arrived(self, plan: Plan) -> str | None:
         """Just imported, with ``plan`` requested: why these settings cannot reach it (None: they can)."""
         ...
 
@@ -250,7 +273,7 @@ class Framework(Protocol):
         """Whether CUDA listed its GPUs for it as a stage of its own (TensorFlow's enumeration)."""
         ...
 
-    def cuda_found(self) -> Optional[list[int]]:
+    def cuda_found(self) -> list[int] | None:
         """CUDA's index of each GPU it found when it listed them; None before (or never listed)."""
         ...
 
@@ -258,7 +281,7 @@ class Framework(Protocol):
         """Its device names ("GPU:0", "cuda:0", "gpu:0") -> nvidia-smi index; empty before it knows."""
         ...
 
-    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+    def set_precision(self, policy: str | None) -> str | None:
         """Apply the dtype policy (None: the default); its clause of the reply, or None."""
         ...
 
@@ -282,7 +305,7 @@ class Framework(Protocol):
         """Whether the framework can be imported in this kernel (imported, or found without importing)."""
         ...
 
-    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, str | None]:
         """Its ``start_variables`` as it read them (recorded then), or as ``env`` holds them before."""
         ...
 
@@ -294,12 +317,12 @@ class Framework(Protocol):
 
     def open_peak_window(self) -> PeakWindow: ...
 
-    def oom_error_type(self) -> Optional[type]: ...
+    def oom_error_type(self) -> type | None: ...
 
     # -- figures for the panel and the trace --
     charted_figures: tuple[ChartedFigure, ...]  # what the panel draws of device_memory(), in order
 
-    def figures_absent(self) -> Optional[str]:
+    def figures_absent(self) -> str | None:
         """Imported or started, why this build keeps no allocator figures to chart (a short phrase,
         shown after "<name>: no allocator figures"); None where it keeps them, or where it is
         not imported.  Asked on the user's thread only; never starts anything."""
@@ -310,27 +333,34 @@ class Framework(Protocol):
         (``cuda_map[k]`` is CUDA device k's nvidia-smi index); empty where it cannot tell yet."""
         ...
 
-    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+    def trace_label(self, device: str, gpu: int | None) -> str:
         """How the trace names one of its devices, given its nvidia-smi index (None: none)."""
         ...
 
-    import_says_little: bool  # its import alone does not say the user works with it (another framework imports it)
+    import_says_little: (
+        bool  # its import alone does not say the user works with it (another framework imports it)
+    )
     # The session's found-no-GPU answer and diagnosis are about it: the panel names it, the trace
     # says the diagnosis before its lines.
     no_gpu_diagnosed: bool
 
-    def trace_absent(self) -> Optional[str]:
+    def trace_absent(self) -> str | None:
         """The trace's line (said once) when it started and keeps no allocator figures; None: nothing to say."""
         ...
 
-    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+    def trace_ready(
+        self, env: MutableMapping[str, str], visible: Callable[[], list[int] | None]
+    ) -> bool | None:
         """Before it starts, set what its allocator needs to keep figures for the trace (True: set now,
         False: set already, None: nothing to set, or too late).  ``visible``: the GPUs CUDA will show."""
         ...
 
     def trace_reply(
-        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
-    ) -> Optional[str]:
+        self,
+        env: MutableMapping[str, str],
+        visible: Callable[[], list[int] | None],
+        label: Callable[[str], str],
+    ) -> str | None:
         """Its own words for what ``%gpu trace`` will show (set up for it: see :meth:`trace_ready`);
         None where the reply names it with the others.  ``label`` names one of its devices."""
         ...
@@ -340,7 +370,7 @@ class Framework(Protocol):
         ...
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def installed(module: str) -> bool:
     """Whether ``import module`` would find something, found without importing it (kept for the
     kernel's life: a framework installed while it runs is imported by a restarted kernel)."""
@@ -360,7 +390,7 @@ def attribute(obj: Any, path: str) -> Any:
     return obj
 
 
-def not_the_framework(module: Any, framework: str, imported_as: str, needs: tuple[str, ...]) -> Optional[str]:
+def not_the_framework(module: Any, framework: str, imported_as: str, needs: tuple[str, ...]) -> str | None:
     """Why what ``import imported_as`` gave is not ``framework`` (None: it is).
 
     ``sys.modules`` holds whatever the import found first: a ``torch.py`` in the notebook's folder,
@@ -394,8 +424,12 @@ class ResettingPeakWindow:
     still open, as TensorFlow's adapter does.
     """
 
-    def __init__(self, read: Callable[[], dict[str, DeviceMemory]], reset: Callable[[str], None],
-                 open_windows: "set[ResettingPeakWindow]") -> None:
+    def __init__(
+        self,
+        read: Callable[[], dict[str, DeviceMemory]],
+        reset: Callable[[str], None],
+        open_windows: set[ResettingPeakWindow],
+    ) -> None:
         self._read, self._open = read, open_windows
         self.folded: dict[str, int] = {}
         self.start: dict[str, int] = {}
@@ -408,8 +442,11 @@ class ResettingPeakWindow:
 
     def peaks(self) -> dict[str, PeakReading]:
         return {
-            device: PeakReading(self.start.get(device, 0), memory.in_use_bytes,
-                                max(memory.peak_bytes, self.folded.get(device, 0)))
+            device: PeakReading(
+                self.start.get(device, 0),
+                memory.in_use_bytes,
+                max(memory.peak_bytes, self.folded.get(device, 0)),
+            )
             for device, memory in self._read().items()
         }
 
@@ -445,14 +482,16 @@ class ReportView:
 
     cuda_map: tuple[int, ...] = ()  # CUDA device k -> nvidia-smi index, as CUDA numbered them
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the kernel's environment now
-    cuda_env: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)  # as CUDA read them (or will)
+    cuda_env: Mapping[str, str | None] = dataclasses.field(
+        default_factory=dict
+    )  # as CUDA read them (or will)
     applied: Any = None  # the Resolution this framework was given (``Session.applied[key]``); None: nothing
     accepted: Any = None  # the request as resolved when it was accepted; None: it cannot hold
-    exposed_gpus: Optional[tuple[int, ...]] = None  # nvidia-smi indices CUDA shows this kernel; None: unknown
-    visible_gpus: Optional[tuple[int, ...]] = None  # nvidia-smi indices this kernel sees; None: unknown
-    cuda_found: Optional[tuple[int, ...]] = None  # nvidia-smi indices the listing framework found
+    exposed_gpus: tuple[int, ...] | None = None  # nvidia-smi indices CUDA shows this kernel; None: unknown
+    visible_gpus: tuple[int, ...] | None = None  # nvidia-smi indices this kernel sees; None: unknown
+    cuda_found: tuple[int, ...] | None = None  # nvidia-smi indices the listing framework found
     nvml: Any = None  # the machine's Nvml (driver facts: its CUDA version)
-    precision: Optional[str] = None  # the requested mixed-precision policy
+    precision: str | None = None  # the requested mixed-precision policy
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -462,8 +501,8 @@ class GpuShare:
     what its allocator holds on them, summed over them, in bytes (None: no reading)."""
 
     names: tuple[str, ...] = ()  # "GPU:0", "GPU:1" (two logical GPUs on one physical)
-    in_use_bytes: Optional[int] = None
-    peak_bytes: Optional[int] = None  # the sum of the devices' peaks: an upper bound
+    in_use_bytes: int | None = None
+    peak_bytes: int | None = None  # the sum of the devices' peaks: an upper bound
 
 
 @dataclass(frozen=True)
@@ -475,13 +514,13 @@ class OomFacts:
     named: str  # the device in its words, inside the GPU's: "GPU 1 (TF GPU:0, NVIDIA A100)"
     label: str  # the device as said where no GPU is known: "CPU:0", "PyTorch cuda:3"
     on_gpu: bool  # a GPU's memory ran out (False: the CPU's)
-    gpu: Optional[int] = None  # nvidia-smi index; None: not a GPU, or not mapped to nvidia-smi's numbering
+    gpu: int | None = None  # nvidia-smi index; None: not a GPU, or not mapped to nvidia-smi's numbering
     lines: tuple[str, ...] = ()  # the failed request, its allocator's figures and its limit
     steps: tuple[str, ...] = ()  # its own remedies, said first
-    cpu_step: Optional[str] = None  # the last remedy where no GPU ran out (None: a higher `%gpu limit`)
+    cpu_step: str | None = None  # the last remedy where no GPU ran out (None: a higher `%gpu limit`)
 
 
-def environment_line(label: str, env: Mapping[str, Optional[str]]) -> list[str]:
+def environment_line(label: str, env: Mapping[str, str | None]) -> list[str]:
     """``label: NAME=value, ...`` for the variables set (none set: no line); an inherited value may
     be megabytes of anything: shown escaped and cut."""
     from ..gpus.numbering import shown as cut
@@ -513,7 +552,7 @@ class Reporting(Protocol):
         ``"  continuation"`` lines; none while it is not imported."""
         ...
 
-    def in_force(self, view: ReportView) -> Optional[list[str]]:
+    def in_force(self, view: ReportView) -> list[str] | None:
         """What it runs with for ``In force``; None where the environment it will read says it
         (said once for every framework)."""
         ...
@@ -522,7 +561,7 @@ class Reporting(Protocol):
         """Lines of ``In force`` after the GPU settings (a precision policy)."""
         ...
 
-    def listed_gpus(self, view: ReportView) -> Optional[list[int]]:
+    def listed_gpus(self, view: ReportView) -> list[int] | None:
         """nvidia-smi indices it listed and uses (None: it has not listed them itself)."""
         ...
 
@@ -530,11 +569,11 @@ class Reporting(Protocol):
         """Its part of each GPU (by nvidia-smi index) it knows of."""
         ...
 
-    def gpu_keys(self, share: Optional[GpuShare]) -> dict[str, Any]:
+    def gpu_keys(self, share: GpuShare | None) -> dict[str, Any]:
         """Its own keys in every GPU's entry of the report (kept for scripts; new adapters have none)."""
         ...
 
-    def started_gpus(self, view: ReportView) -> Optional[tuple[int, ...]]:
+    def started_gpus(self, view: ReportView) -> tuple[int, ...] | None:
         """nvidia-smi indices it started with where it can no longer change them; None: it can."""
         ...
 
@@ -542,11 +581,11 @@ class Reporting(Protocol):
         """Whether ``error``, of its ``oom_error_type()``, is about memory (JAX's covers every failure)."""
         ...
 
-    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts | None:
         """What its out-of-memory ``error`` says (None: not an error of its own)."""
         ...
 
-    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
         """For ``%%gpu on``: the GPUs it sees (nvidia-smi numbers; None: none it could run on,
         not imported or not started) and, when ``gpu`` is among them, its scope for a cell there."""
         ...
@@ -567,11 +606,11 @@ class Reporting(Protocol):
         """One of its devices as ``%gpu`` names it: ``GPU 1 (PyTorch cuda:0)``, nvidia-smi's number first."""
         ...
 
-    def measurement_problem(self, view: ReportView) -> Optional[str]:
+    def measurement_problem(self, view: ReportView) -> str | None:
         """Why a cell's peak cannot be measured on it although it started (None: it can, or it has not started)."""
         ...
 
-    def keep_statistics(self, view: ReportView, alone: bool) -> Optional[str]:
+    def keep_statistics(self, view: ReportView, alone: bool) -> str | None:
         """Before a measured cell: make its allocator keep statistics if it can; what it did, to say
         (None: nothing).  ``alone``: no other framework is in use."""
         ...
@@ -585,31 +624,31 @@ class ReportingDefaults:
     def report_keys(self, entry: dict[str, Any]) -> dict[str, Any]:
         return {}
 
-    def in_force_lines(self, view: ReportView) -> Optional[list[str]]:
+    def in_force_lines(self, view: ReportView) -> list[str] | None:
         return None
 
     def in_force_notes(self, view: ReportView) -> list[str]:
         return []
 
-    def listed_gpus(self, view: ReportView) -> Optional[list[int]]:
+    def listed_gpus(self, view: ReportView) -> list[int] | None:
         return None
 
     def gpu_shares(self, view: ReportView) -> dict[int, GpuShare]:
         return {}
 
-    def gpu_keys(self, share: Optional[GpuShare]) -> dict[str, Any]:
+    def gpu_keys(self, share: GpuShare | None) -> dict[str, Any]:
         return {}
 
-    def started_gpus(self, view: ReportView) -> Optional[tuple[int, ...]]:
+    def started_gpus(self, view: ReportView) -> tuple[int, ...] | None:
         return None
 
     def is_out_of_memory(self, error: BaseException) -> bool:
         return True
 
-    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts | None:
         return None
 
-    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
         return None, None
 
     def in_use(self) -> bool:
@@ -632,30 +671,35 @@ class ReportingDefaults:
         except (IndexError, ValueError):
             return named
 
-    def measurement_problem(self, view: ReportView) -> Optional[str]:
+    def measurement_problem(self, view: ReportView) -> str | None:
         return None
 
-    def keep_statistics(self, view: ReportView, alone: bool) -> Optional[str]:
+    def keep_statistics(self, view: ReportView, alone: bool) -> str | None:
         return None
 
     # The trace, for a framework whose allocator keeps its figures whatever the environment.
-    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+    def trace_label(self, device: str, gpu: int | None) -> str:
         """``GPU 1 (PyTorch cuda:0)``: nvidia-smi's number first, its own name after."""
         name = self.name  # type: ignore[attr-defined]
         return f"{name} {device}" if gpu is None else f"GPU {gpu} ({name} {device})"
 
-    def trace_absent(self) -> Optional[str]:
+    def trace_absent(self) -> str | None:
         """Started without figures (the panel's note says why): nothing of it to trace."""
         why = self.figures_absent()  # type: ignore[attr-defined]
         return None if why is None else f"{self.name}: no allocator figures {why}; nothing of it to trace"  # type: ignore[attr-defined]
 
-    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+    def trace_ready(
+        self, env: MutableMapping[str, str], visible: Callable[[], list[int] | None]
+    ) -> bool | None:
         """Nothing to set up: its allocator keeps its figures whatever the environment."""
         return None
 
     def trace_reply(
-        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
-    ) -> Optional[str]:
+        self,
+        env: MutableMapping[str, str],
+        visible: Callable[[], list[int] | None],
+        label: Callable[[str], str],
+    ) -> str | None:
         """None: the trace's reply names it with the others."""
         return None
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["run_after_import"]
 
@@ -76,7 +77,10 @@ def _run(name: str, hooks: list[Hook], module: Any) -> None:
         except Exception:  # the user's import succeeded; a hook must not turn it into a failure
             import traceback
 
-            print(f"tfgpu_magic: a hook run after importing {name!r} failed (the import worked):", file=sys.stderr)
+            print(
+                f"tfgpu_magic: a hook run after importing {name!r} failed (the import worked):",
+                file=sys.stderr,
+            )
             traceback.print_exc()
 
 
@@ -104,7 +108,7 @@ class _PostImportFinder:
     def _spec_from_later_finders(self, fullname: str, path: Any, target: Any) -> Any:
         """What importing would find without this finder: ask the ones after it, in order."""
         finders = list(sys.meta_path)  # a copy: another thread may change the list meanwhile
-        later = finders[finders.index(self) + 1:] if self in finders else finders
+        later = finders[finders.index(self) + 1 :] if self in finders else finders
         for finder in later:
             find_spec = getattr(finder, "find_spec", None)
             if find_spec is None:

@@ -18,28 +18,45 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
 from .base import (
-    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, OomFacts, Refusal,
-    ReportingDefaults, ReportView, Stage, UnresettablePeakWindow, attribute, capture, installed, not_the_framework,
+    CUDA_ENV,
+    Capture,
+    Change,
+    ChartedFigure,
+    CudaRecord,
+    DeviceMemory,
+    FreeReport,
+    Host,
+    OomFacts,
+    Refusal,
+    ReportingDefaults,
+    ReportView,
+    Stage,
+    UnresettablePeakWindow,
+    attribute,
+    capture,
+    installed,
+    not_the_framework,
     too_late,
 )
 
 __all__ = [
     "ALLOCATOR_ENV",
     "ALLOCATOR_NAMES",
+    "FRACTION_STEP",
     "JAX_DEFAULT_FRACTION",
     "JAX_START_ENV",
+    "MEM_FRACTION_ENV",
+    "PREALLOCATE_ENV",
     "Jax",
     "JaxStart",
-    "MEM_FRACTION_ENV",
-    "FRACTION_STEP",
-    "PREALLOCATE_ENV",
     "fraction_for",
     "limit_problem",
     "mem_fraction_name",
@@ -62,7 +79,7 @@ _OOM = re.compile(r"allocate (?P<bytes>\d+) bytes|\((?P<b>\d+)B\)")
 _ORDINAL = re.compile(r"device ordinal (?P<ordinal>\d+)")
 # What the adapter uses of ``jax``: a module without them is not JAX (a planted jax.py).
 NEEDS = ("devices", "default_device", "clear_caches")
-JAX_START_ENV = CUDA_ENV + (PREALLOCATE_ENV, ALLOCATOR_ENV, *MEM_FRACTION_ENV, "JAX_PLATFORMS")
+JAX_START_ENV = (*CUDA_ENV, PREALLOCATE_ENV, ALLOCATOR_ENV, *MEM_FRACTION_ENV, "JAX_PLATFORMS")
 
 
 def mem_fraction_name(env: Mapping[str, str]) -> str:
@@ -76,9 +93,9 @@ class JaxStart:
     """What JAX started its backends with, as its CUDA plugin read the variables."""
 
     preallocate: bool  # True: 75% of each GPU (or the fraction) taken at the first op
-    memory_fraction: Optional[float]  # None: JAX's default (0.75)
+    memory_fraction: float | None  # None: JAX's default (0.75)
     allocator: str  # "default", "platform", "cuda_async", "bfc" or "vmm"
-    cuda_visible_devices: Optional[str]  # as CUDA read it then (None: unset, every GPU)
+    cuda_visible_devices: str | None  # as CUDA read it then (None: unset, every GPU)
     gpu: bool  # a GPU backend started (False on the CPU build, or with no GPU to see)
 
     def describe(self) -> str:
@@ -103,19 +120,21 @@ class Jax(ReportingDefaults):
         self._jax: Any = None
         self._bridge: Any = None  # jax._src.xla_bridge: where the backends start
         self._lock = threading.Lock()
-        self.started_with: Optional[Capture] = None  # the variables when the backends started
-        self.plugin_options: Optional[dict[str, Any]] = None  # what JAX's CUDA plugin made of them
-        self.plugin_error: Optional[str] = None  # why it would refuse them (both fraction names set...)
-        self._gpu_seen: Optional[bool] = None
-        self.memory_error: Optional[str] = None  # the last device whose statistics could not be read
-        self.warn: Optional[Callable[[str], None]] = None  # the kernel's: said at JAX's start, to whoever uses it
-        self.given: Optional[Resolution] = None  # the request given to it, read at its start
+        self.started_with: Capture | None = None  # the variables when the backends started
+        self.plugin_options: dict[str, Any] | None = None  # what JAX's CUDA plugin made of them
+        self.plugin_error: str | None = None  # why it would refuse them (both fraction names set...)
+        self._gpu_seen: bool | None = None
+        self.memory_error: str | None = None  # the last device whose statistics could not be read
+        self.warn: Callable[[str], None] | None = (
+            None  # the kernel's: said at JAX's start, to whoever uses it
+        )
+        self.given: Resolution | None = None  # the request given to it, read at its start
         self.imported_by_tensorflow = False  # see on_import
         self.in_use_now = False  # its backends are starting: the notebook uses it, whoever imported it
-        self.starting: Optional[Callable[[], None]] = None  # the kernel's, just before its backends start
-        self.refused: Optional[str] = None  # why what `import jax` gave is not JAX
+        self.starting: Callable[[], None] | None = None  # the kernel's, just before its backends start
+        self.refused: str | None = None  # why what `import jax` gave is not JAX
         self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
-        self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the session
+        self.cuda_record: CudaRecord | None = None  # the kernel's, handed over by the session
 
     # -- the moment jax arrives ---------------------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -136,7 +155,9 @@ class Jax(ReportingDefaults):
                 self._note_start(late=True)
             elif self._bridge is not None:
                 try:
-                    _before_first_call(self._bridge, "backends", self._note_start, self._started, self._note_started)
+                    _before_first_call(
+                        self._bridge, "backends", self._note_start, self._started, self._note_started
+                    )
                 except Exception as err:  # a bridge that cannot be wrapped: its start is recorded late
                     self.plugin_error = f"JAX's start could not be watched ({type(err).__name__}: {err})"
 
@@ -174,7 +195,9 @@ class Jax(ReportingDefaults):
         self._gpu_seen = _has_gpu_backend(backends)
         if self._gpu_seen and self.cuda_record is not None and self.started_with is not None:
             cuda = {name: self.started_with.get(name) for name in CUDA_ENV}  # as its plugin read them
-            self.cuda_record.note(Capture(cuda, self.started_with.late), self.name, "when JAX's backends started")
+            self.cuda_record.note(
+                Capture(cuda, self.started_with.late), self.name, "when JAX's backends started"
+            )
         if self._gpu_seen and not getattr(self.started_with, "late", True):
             self._say_missing_fraction()
 
@@ -196,7 +219,7 @@ class Jax(ReportingDefaults):
     def takes(self, command: Any) -> bool:
         return not isinstance(command, (grammar.Split, grammar.Precision))
 
-    def consider(self, change: Change) -> Optional[str]:
+    def consider(self, change: Change) -> str | None:
         """Its clause of the reply.  Before its backends start JAX is given everything through the
         environment, and said only when the user imported it: TensorFlow 2.21 imports jax itself
         where it is installed (tensorflow/lite/python/util.py), so an imported JAX is no sign that
@@ -206,15 +229,15 @@ class Jax(ReportingDefaults):
             self._check_fraction_names(change)
         platform = isinstance(command, grammar.Allocator) and command.name == "platform"
         if platform and stage is not Stage.STARTED:
-            return (
-                "JAX only, read when its backends start: it allocates on demand and hands freed memory back, slowly"
-            )
+            return "JAX only, read when its backends start: it allocates on demand and hands freed memory back, slowly"
         if isinstance(command, grammar.Limit) and stage is Stage.NOT_IMPORTED and self.installed():
             return rounded_up_note(resolution)
         by_user = stage is not Stage.NOT_IMPORTED and not self._imported_with_tensorflow(change)
         if isinstance(command, grammar.Split) and by_user:
             return "JAX: has no logical GPUs, so `split` does not reach it"
-        if stage is Stage.NOT_IMPORTED or not isinstance(command, (grammar.Use, grammar.Grow, grammar.Limit, grammar.Allocator)):
+        if stage is Stage.NOT_IMPORTED or not isinstance(
+            command, (grammar.Use, grammar.Grow, grammar.Limit, grammar.Allocator)
+        ):
             return None
         limit = isinstance(command, grammar.Limit)
         problem = limit_problem(resolution) if limit else None
@@ -248,7 +271,9 @@ class Jax(ReportingDefaults):
                 f"remove one first (`del os.environ['{old}']`), then run `%gpu {change.what}` again"
             )
 
-    def _difference(self, command: Any, resolution: Resolution, start: "JaxStart", host: Host) -> tuple[bool, str]:
+    def _difference(
+        self, command: Any, resolution: Resolution, start: JaxStart, host: Host
+    ) -> tuple[bool, str]:
         """Whether a started JAX runs with something else than ``command`` asks, and with what."""
         if isinstance(command, grammar.Grow):
             return start.preallocate == command.on, f"preallocation {'on' if start.preallocate else 'off'}"
@@ -296,27 +321,29 @@ class Jax(ReportingDefaults):
         """Imported by the notebook (TensorFlow 2.21 imports jax for its own use), or started on a GPU."""
         if self.stage() is Stage.NOT_IMPORTED:
             return False
-        return not self.imported_by_tensorflow or self.in_use_now or (
-            self.stage() is Stage.STARTED and self._started_a_gpu()
+        return (
+            not self.imported_by_tensorflow
+            or self.in_use_now
+            or (self.stage() is Stage.STARTED and self._started_a_gpu())
         )
 
     def share_fixed(self) -> bool:
         return self.stage() is Stage.STARTED
 
-    def arrived(self, plan: Plan) -> Optional[str]:
+    def arrived(self, plan: Plan) -> str | None:
         return None
 
     def enumerated(self) -> bool:
         return False  # JAX lists CUDA's GPUs as its backends start: no stage of its own
 
-    def cuda_found(self) -> Optional[list[int]]:
+    def cuda_found(self) -> list[int] | None:
         return None
 
     def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
         """``gpu:k`` -> nvidia-smi index, once its backends started on a GPU."""
         return {f"gpu:{k}": cuda_map[k] for k in self.gpu_ids() if k < len(cuda_map)}
 
-    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+    def set_precision(self, policy: str | None) -> str | None:
         return None  # the Keras policy reaches JAX code through Keras alone
 
     def side_imports(self) -> dict[str, Callable[[Any, Plan], None]]:
@@ -343,7 +370,9 @@ class Jax(ReportingDefaults):
         for device in sorted(set(before) | set(after)):
             b, a = before.get(device), after.get(device)
             b_n, a_n = (b.in_use_bytes if b else None), (a.in_use_bytes if a else None)
-            lines.append(f"{device}  JAX allocator in use: {format_bytes(b_n)} -> {format_bytes(a_n)} ({format_change(b_n, a_n)})")
+            lines.append(
+                f"{device}  JAX allocator in use: {format_bytes(b_n)} -> {format_bytes(a_n)} ({format_change(b_n, a_n)})"
+            )
         start = self.start()
         if start is not None and start.gpu and start.allocator != "platform":
             lines.append(
@@ -352,7 +381,7 @@ class Jax(ReportingDefaults):
             )
         return FreeReport(tuple(lines))
 
-    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, str | None]:
         """Its variables as JAX read them when its backends started, or as ``env`` holds them before."""
         if self.started_with is not None:
             return {name: self.started_with.get(name) for name in self.start_variables}
@@ -375,7 +404,7 @@ class Jax(ReportingDefaults):
         except Exception:
             return False
 
-    def start(self) -> Optional[JaxStart]:
+    def start(self) -> JaxStart | None:
         """What JAX started with (the record made at its start); None before."""
         seen = self.started_with
         if seen is None or self.stage() is not Stage.STARTED:
@@ -459,7 +488,7 @@ class Jax(ReportingDefaults):
     def gpu_ids(self) -> list[int]:
         return sorted(d.id for d in self._gpu_devices())
 
-    def oom_error_type(self) -> Optional[type]:
+    def oom_error_type(self) -> type | None:
         """``jax.errors.JaxRuntimeError`` (out of memory is its RESOURCE_EXHAUSTED kind)."""
         if self._jax is None:
             return None
@@ -468,7 +497,7 @@ class Jax(ReportingDefaults):
     # -- figures for the panel and the trace --
     charted_figures = (ChartedFigure("in_use", "in_use_bytes", "in use"),)
 
-    def figures_absent(self) -> Optional[str]:
+    def figures_absent(self) -> str | None:
         """Nothing before its first operation; its CPU backend keeps no statistics (memory_stats() is None)."""
         stage = self.stage()
         if stage is Stage.NOT_IMPORTED:
@@ -495,36 +524,46 @@ class Jax(ReportingDefaults):
         plugin made of them (JAX's own reading)."""
         stage = self.stage()
         entry: dict[str, Any] = {
-            "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": self.installed(),
+            "stage": stage.name.lower(),
+            "imported": stage is not Stage.NOT_IMPORTED,
+            "installed": self.installed(),
         }
         if stage is Stage.NOT_IMPORTED:
             return entry
         start = self.start()
         seen = self.started_with
         memory = self.device_memory()  # before memory_error: a failed reading is recorded by it
-        entry.update({
-            "started": stage is Stage.STARTED,
-            "applied": None if view.applied is None else view.applied.describe(),
-            "platforms": self.platforms(),
-            "started_with": None if start is None else {
-                "preallocate": start.preallocate,
-                "memory_fraction": start.memory_fraction,
-                "allocator": start.allocator,
-                "cuda_visible_devices": start.cuda_visible_devices,
-                "gpu": start.gpu,
-            },
-            "environment_at_start": None if seen is None else dict(seen.env),
-            # True: JAX had started before tfgpu_magic loaded; the variables are the ones found then.
-            "recorded_late": None if seen is None else seen.late,
-            "plugin_error": self.plugin_error,
-            "no_fraction": None if view.accepted is None else limit_problem(view.accepted),
-            "memory_error": self.memory_error,
-            "memory": {
-                device: {"in_use_bytes": m.in_use_bytes, "peak_bytes": m.peak_bytes,
-                         "reserved_bytes": m.reserved_bytes, "limit_bytes": m.limit_bytes}
-                for device, m in memory.items()
-            },
-        })
+        entry.update(
+            {
+                "started": stage is Stage.STARTED,
+                "applied": None if view.applied is None else view.applied.describe(),
+                "platforms": self.platforms(),
+                "started_with": None
+                if start is None
+                else {
+                    "preallocate": start.preallocate,
+                    "memory_fraction": start.memory_fraction,
+                    "allocator": start.allocator,
+                    "cuda_visible_devices": start.cuda_visible_devices,
+                    "gpu": start.gpu,
+                },
+                "environment_at_start": None if seen is None else dict(seen.env),
+                # True: JAX had started before tfgpu_magic loaded; the variables are the ones found then.
+                "recorded_late": None if seen is None else seen.late,
+                "plugin_error": self.plugin_error,
+                "no_fraction": None if view.accepted is None else limit_problem(view.accepted),
+                "memory_error": self.memory_error,
+                "memory": {
+                    device: {
+                        "in_use_bytes": m.in_use_bytes,
+                        "peak_bytes": m.peak_bytes,
+                        "reserved_bytes": m.reserved_bytes,
+                        "limit_bytes": m.limit_bytes,
+                    }
+                    for device, m in memory.items()
+                },
+            }
+        )
         return entry
 
     def status_lines(self, entry: dict[str, Any]) -> list[str]:
@@ -539,11 +578,22 @@ class Jax(ReportingDefaults):
             return lines
         start = entry["started_with"]
         platforms = ", ".join(entry["platforms"]) or "unknown"
-        refused = [f"  its CUDA plugin refuses the variables: {entry['plugin_error']}"] if entry["plugin_error"] else []
+        refused = (
+            [f"  its CUDA plugin refuses the variables: {entry['plugin_error']}"]
+            if entry["plugin_error"]
+            else []
+        )
         if start is None or not start["gpu"]:
-            return [f"{label} started on {platforms}: no GPU backend, so GPU settings do not reach it", *refused]
+            return [
+                f"{label} started on {platforms}: no GPU backend, so GPU settings do not reach it",
+                *refused,
+            ]
         fraction = "0.75 (default)" if start["memory_fraction"] is None else f"{start['memory_fraction']:g}"
-        late = f" (as found when tfgpu_magic loaded: {self.name} had started before)" if entry["recorded_late"] else ""
+        late = (
+            f" (as found when tfgpu_magic loaded: {self.name} had started before)"
+            if entry["recorded_late"]
+            else ""
+        )
         lines = [
             f"{label} started on {platforms} with preallocation {'on' if start['preallocate'] else 'off'}, "
             f"memory fraction {fraction}, the {start['allocator']} allocator{late}",
@@ -558,12 +608,11 @@ class Jax(ReportingDefaults):
             )
         return lines
 
-
     def is_out_of_memory(self, error: BaseException) -> bool:
         """Its runtime error covers every failure: only its RESOURCE_EXHAUSTED kind is memory."""
         return "RESOURCE_EXHAUSTED" in str(error)
 
-    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts | None:
         """``JaxRuntimeError``: the request and the device ordinal it names, its pool, its fraction."""
         oom_type = self.oom_error_type()
         if oom_type is None or not isinstance(error, oom_type):
@@ -580,28 +629,39 @@ class Jax(ReportingDefaults):
         )
         start = self.start()
         if start is None or not start.gpu:  # JAX on the CPU: no GPU to blame
-            lines = [*requested, f"{self.name}'s allocator: no figures (CUDA has not started); "
-                                 f"limit: none of {self.name}'s own on the CPU (the system's memory)"]
+            lines = [
+                *requested,
+                f"{self.name}'s allocator: no figures (CUDA has not started); "
+                f"limit: none of {self.name}'s own on the CPU (the system's memory)",
+            ]
             label = f"the CPU ({self.name} has no GPU backend)"
             return OomFacts("CPU:0", label, label, False, None, tuple(lines), steps)
         device = f"gpu:{cuda_index}"
         memory = self.device_memory().get(device)
         figures = "no figures (CUDA has not started)"
         if memory is not None:
-            reserved = f", {format_size(memory.reserved_bytes)} reserved" if memory.reserved_bytes is not None else ""
+            reserved = (
+                f", {format_size(memory.reserved_bytes)} reserved"
+                if memory.reserved_bytes is not None
+                else ""
+            )
             figures = f"{format_size(memory.in_use_bytes)} in use{reserved}"
         gpu = view.cuda_map[cuda_index] if cuda_index < len(view.cuda_map) else None
         if gpu is None:
             limit = "unknown (the GPU could not be mapped to nvidia-smi's numbering)"
         else:
-            fraction = f"0.75, {self.name}'s default" if start.memory_fraction is None else f"{start.memory_fraction:g}"
+            fraction = (
+                f"0.75, {self.name}'s default"
+                if start.memory_fraction is None
+                else f"{start.memory_fraction:g}"
+            )
             pool = f"{format_size(memory.limit_bytes)}, " if memory is not None and memory.limit_bytes else ""
             limit = f"{pool}memory fraction {fraction} (read when {self.name} started)"
         named = f"{self.name} {device}"
         lines = [*requested, f"{self.name}'s allocator: {figures}; limit: {limit}"]
         return OomFacts(device, named, named, True, gpu, tuple(lines), steps)
 
-    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
         """For ``%%gpu on``, once its backends started: its GPUs (nvidia-smi numbers), and
         ``jax.default_device`` on ``gpu``."""
         if self.stage() is not Stage.STARTED:
@@ -609,7 +669,6 @@ class Jax(ReportingDefaults):
         cuda_map = list(view.cuda_map)
         seen = [cuda_map[k] for k in self.gpu_ids() if k < len(cuda_map)]
         return seen, self.device_scope(cuda_map.index(gpu)) if gpu in seen else None
-
 
     def scope_hint(self) -> tuple[str, str]:
         return "jax.default_device", "a first JAX operation"
@@ -652,7 +711,7 @@ def _options_from(seen: Capture) -> dict[str, Any]:
     return options
 
 
-def _int_or_none(value: Any) -> Optional[int]:
+def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
@@ -687,7 +746,7 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) 
 FRACTION_STEP = 0.0001  # the fractions given to JAX are multiples of this
 
 
-def fraction_for(resolution: Resolution) -> Optional[str]:
+def fraction_for(resolution: Resolution) -> str | None:
     """JAX's one memory fraction for the request's caps (rounded down: JAX never exceeds a cap);
     None without a cap, or where the caps are different fractions (see limit_problem)."""
     limits = resolution.plan.limits or ()
@@ -705,17 +764,19 @@ def fraction_for(resolution: Resolution) -> Optional[str]:
     return f"{max(math.floor(min(fractions) / FRACTION_STEP), 1) * FRACTION_STEP:g}"
 
 
-def rounded_up_note(resolution: Resolution) -> Optional[str]:
+def rounded_up_note(resolution: Resolution) -> str | None:
     """The note for caps below JAX's smallest fraction step (which JAX gets instead), or None."""
     caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
     fraction = fraction_for(resolution)
     if not caps or fraction is None or any(g.cap_mib / g.total_mib >= FRACTION_STEP for g in caps):
         return None
-    given = ", ".join(f"{format_bytes(int(g.total_mib * FRACTION_STEP * MIB))} of GPU {g.index}" for g in caps)
+    given = ", ".join(
+        f"{format_bytes(int(g.total_mib * FRACTION_STEP * MIB))} of GPU {g.index}" for g in caps
+    )
     return f"JAX: gets a memory fraction of {fraction}, the smallest it is given ({given}), above this limit"
 
 
-def limit_problem(resolution: Resolution) -> Optional[str]:
+def limit_problem(resolution: Resolution) -> str | None:
     """Why JAX cannot be given these caps: it takes one fraction of total memory for all its GPUs."""
     caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
     if not caps or fraction_for(resolution) is not None:

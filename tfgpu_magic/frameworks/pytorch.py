@@ -18,19 +18,40 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
 from .base import (
-    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, Host, OomFacts, Refusal,
-    ReportingDefaults, ReportView, ResettingPeakWindow, Stage, capture, installed, not_the_framework,
+    CUDA_ENV,
+    Capture,
+    Change,
+    ChartedFigure,
+    CudaRecord,
+    DeviceMemory,
+    FreeReport,
+    Host,
+    OomFacts,
+    Refusal,
+    ReportingDefaults,
+    ReportView,
+    ResettingPeakWindow,
+    Stage,
+    capture,
+    installed,
+    not_the_framework,
 )
 
 __all__ = [
-    "ALLOC_CONF_ENV", "ASYNC_BACKEND", "NATIVE_ONLY_OPTIONS", "PyTorch", "TorchMemory", "alloc_conf_with_backend",
+    "ALLOC_CONF_ENV",
+    "ASYNC_BACKEND",
+    "NATIVE_ONLY_OPTIONS",
+    "PyTorch",
+    "TorchMemory",
+    "alloc_conf_with_backend",
     "ignored_by_async",
 ]
 
@@ -42,16 +63,28 @@ ASYNC_BACKEND = "cudaMallocAsync"
 # Options that tune PyTorch's own (native) caching allocator: PyTorch's "CUDA semantics" page says
 # they are specific to it, so under backend:cudaMallocAsync they do nothing.
 NATIVE_ONLY_OPTIONS = (
-    "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "expandable_segments",
+    "max_split_size_mb",
+    "roundup_power2_divisions",
+    "garbage_collection_threshold",
+    "expandable_segments",
     "release_lock_on_cudamalloc",
 )
 # Its out-of-memory message: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
 _OOM = re.compile(r"Tried to allocate (?P<size>[\d.]+ [KMGT]?i?B)\.(?: GPU (?P<gpu>\d+))?")
 # What the adapter uses of ``torch``: a module without them is not PyTorch (a planted torch.py).
 NEEDS = (
-    "version", "cuda.is_initialized", "cuda._lazy_call", "cuda.device_count", "cuda.memory_allocated",
-    "cuda.max_memory_allocated", "cuda.memory_reserved", "cuda.empty_cache", "cuda.reset_peak_memory_stats",
-    "cuda.set_per_process_memory_fraction", "cuda.get_device_properties", "cuda.device",
+    "version",
+    "cuda.is_initialized",
+    "cuda._lazy_call",
+    "cuda.device_count",
+    "cuda.memory_allocated",
+    "cuda.max_memory_allocated",
+    "cuda.memory_reserved",
+    "cuda.empty_cache",
+    "cuda.reset_peak_memory_stats",
+    "cuda.set_per_process_memory_fraction",
+    "cuda.get_device_properties",
+    "cuda.device",
 )
 
 
@@ -77,17 +110,17 @@ class PyTorch(ReportingDefaults):
     def __init__(self) -> None:
         self._torch: Any = None
         self._lock = threading.Lock()
-        self.loaded_with: Optional[Capture] = None  # the allocator variables at import
-        self.settings_at_import: Optional[str] = None  # the allocator settings torch itself parsed then
-        self.cuda_seen: Optional[Capture] = None  # CUDA's variables when PyTorch started CUDA
+        self.loaded_with: Capture | None = None  # the allocator variables at import
+        self.settings_at_import: str | None = None  # the allocator settings torch itself parsed then
+        self.cuda_seen: Capture | None = None  # CUDA's variables when PyTorch started CUDA
         self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
-        self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the session
+        self.cuda_record: CudaRecord | None = None  # the kernel's, handed over by the session
         self.caps_bytes: dict[int, int] = {}  # CUDA index -> the cap queued or set
         self.caps_set: dict[int, float] = {}  # CUDA index -> the fraction set when CUDA started
         self.cap_errors: list[str] = []
         self._open_windows: set[ResettingPeakWindow] = set()
-        self.refused: Optional[str] = None  # why what `import torch` gave is not PyTorch
-        self.memory_error: Optional[str] = None  # the last reading of the allocator that failed
+        self.refused: str | None = None  # why what `import torch` gave is not PyTorch
+        self.memory_error: str | None = None  # the last reading of the allocator that failed
 
     # -- the moment torch arrives -----------------------------------------------------------------
     def on_import(self, module: Any) -> None:
@@ -122,7 +155,7 @@ class PyTorch(ReportingDefaults):
     def installed(self) -> bool:
         return self._torch is not None or installed(self.module)
 
-    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, str | None]:
         """Its allocator variables as torch read them at its import, or as ``env`` holds them before."""
         if self.loaded_with is not None:
             return dict(self.loaded_with.env)
@@ -135,7 +168,7 @@ class PyTorch(ReportingDefaults):
             return command.name != "platform"
         return not isinstance(command, grammar.Split)
 
-    def consider(self, change: Change) -> Optional[str]:
+    def consider(self, change: Change) -> str | None:
         """Its clause of the reply: refused where CUDA or the allocator has been read already."""
         command = change.command
         stage = self.stage()
@@ -143,7 +176,11 @@ class PyTorch(ReportingDefaults):
             return self._async_ignores(change)
         if isinstance(command, grammar.Allocator) and not self.takes(command):
             return "PyTorch keeps its allocator"  # `allocator platform`: JAX's own word
-        if isinstance(command, grammar.Use) and stage is Stage.STARTED and change.plan.visible != change.before.visible:
+        if (
+            isinstance(command, grammar.Use)
+            and stage is Stage.STARTED
+            and change.plan.visible != change.before.visible
+        ):
             seen = self.cuda_seen
             value = seen.get("CUDA_VISIBLE_DEVICES") if seen is not None else None
             shown = f"CUDA_VISIBLE_DEVICES={value}" if value is not None else "every GPU visible"
@@ -170,7 +207,9 @@ class PyTorch(ReportingDefaults):
             if not self.cuda_build():
                 return "PyTorch: a CPU build (torch.version.cuda is None), so no GPU setting reaches it"
             if isinstance(command, grammar.Limit):
-                return "PyTorch: capped now" if stage is Stage.STARTED else "PyTorch: capped when it starts CUDA"
+                return (
+                    "PyTorch: capped now" if stage is Stage.STARTED else "PyTorch: capped when it starts CUDA"
+                )
             record = self.cuda_record
             if record is not None and record.capture is not None and record.by != self.name:
                 return f"PyTorch: sees the GPUs CUDA showed {record.when} (`use` cannot change them)"
@@ -180,7 +219,7 @@ class PyTorch(ReportingDefaults):
             return "PyTorch: takes effect when it starts CUDA"
         return None
 
-    def _async_ignores(self, change: Change) -> Optional[str]:
+    def _async_ignores(self, change: Change) -> str | None:
         """`allocator async` over the user's own allocator options: the ones it ignores, named."""
         command = change.command
         if not (isinstance(command, grammar.Allocator) and command.name == "async") or not self.installed():
@@ -234,11 +273,14 @@ class PyTorch(ReportingDefaults):
     def share_fixed(self) -> bool:
         return False  # set_per_process_memory_fraction changes its cap at any time
 
-    def arrived(self, plan: Plan) -> Optional[str]:
+    def arrived(self, plan: Plan) -> str | None:
         """A CPU build of torch: the settings that would have reached a CUDA build are named (a
         limit, named GPUs); growth means nothing to PyTorch and the precision is Keras's."""
-        named = Plan(visible=plan.visible if isinstance(plan.visible, tuple) else None, limits=plan.limits,
-                     shares=plan.shares)
+        named = Plan(
+            visible=plan.visible if isinstance(plan.visible, tuple) else None,
+            limits=plan.limits,
+            shares=plan.shares,
+        )
         if self.cuda_build() or not named.describe():
             return None
         return (
@@ -249,7 +291,7 @@ class PyTorch(ReportingDefaults):
     def enumerated(self) -> bool:
         return False  # PyTorch lists CUDA's GPUs as it starts it: no stage of its own
 
-    def cuda_found(self) -> Optional[list[int]]:
+    def cuda_found(self) -> list[int] | None:
         return None
 
     def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
@@ -258,14 +300,14 @@ class PyTorch(ReportingDefaults):
             return {}
         return {f"cuda:{k}": index for k, index in enumerate(cuda_map)}
 
-    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+    def set_precision(self, policy: str | None) -> str | None:
         """The policy is Keras's; plain PyTorch code has its own tool, named here."""
         if self.stage() is Stage.NOT_IMPORTED or policy in (None, "float32"):
             return None
         dtype = "torch.bfloat16" if "bfloat16" in str(policy) else "torch.float16"
         return (
             "PyTorch: the Keras policy does not reach plain PyTorch code: wrap the forward pass in "
-            f"`torch.autocast(\"cuda\", dtype={dtype})`"
+            f'`torch.autocast("cuda", dtype={dtype})`'
         )
 
     def side_imports(self) -> dict[str, Callable[[Any, Plan], None]]:
@@ -366,7 +408,9 @@ class PyTorch(ReportingDefaults):
         for k in range(count):
             try:
                 figures[f"cuda:{k}"] = TorchMemory(
-                    int(cuda.memory_allocated(k)), int(cuda.max_memory_allocated(k)), int(cuda.memory_reserved(k))
+                    int(cuda.memory_allocated(k)),
+                    int(cuda.max_memory_allocated(k)),
+                    int(cuda.memory_reserved(k)),
                 )
             except Exception as err:
                 self.memory_error = f"cuda:{k}: {type(err).__name__}: {err}"
@@ -403,7 +447,7 @@ class PyTorch(ReportingDefaults):
             return False
         return True
 
-    def oom_error_type(self) -> Optional[type]:
+    def oom_error_type(self) -> type | None:
         """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), or None before the import."""
         return None if self._torch is None else getattr(self._torch, "OutOfMemoryError", None)
 
@@ -413,7 +457,7 @@ class PyTorch(ReportingDefaults):
         ChartedFigure("reserved", "reserved_bytes", "reserved"),
     )
 
-    def figures_absent(self) -> Optional[str]:
+    def figures_absent(self) -> str | None:
         """A CPU build has no CUDA allocator; a CUDA build has none until CUDA starts."""
         stage = self.stage()
         if stage is Stage.NOT_IMPORTED:
@@ -438,23 +482,33 @@ class PyTorch(ReportingDefaults):
         its build, allocator, caps and the allocator's figures per device."""
         stage = self.stage()
         entry: dict[str, Any] = {
-            "stage": stage.name.lower(), "imported": stage is not Stage.NOT_IMPORTED, "installed": self.installed(),
+            "stage": stage.name.lower(),
+            "imported": stage is not Stage.NOT_IMPORTED,
+            "installed": self.installed(),
         }
         if stage is Stage.NOT_IMPORTED:
             return entry
-        entry.update({
-            "cuda_build": self.cuda_build(),
-            "allocator": self.backend(),
-            "cuda_started": stage is Stage.STARTED,
-            "applied": None if view.applied is None else view.applied.describe(),
-            "caps": {f"cuda:{k}": {"bytes": b, "fraction_set": self.caps_set.get(k)} for k, b in self.caps_bytes.items()},
-            "cap_errors": list(self.cap_errors),
-            "memory": {
-                device: {"allocated_bytes": m.allocated_bytes, "peak_allocated_bytes": m.peak_allocated_bytes,
-                         "reserved_bytes": m.reserved_bytes}
-                for device, m in self.memory().items()
-            },
-        })
+        entry.update(
+            {
+                "cuda_build": self.cuda_build(),
+                "allocator": self.backend(),
+                "cuda_started": stage is Stage.STARTED,
+                "applied": None if view.applied is None else view.applied.describe(),
+                "caps": {
+                    f"cuda:{k}": {"bytes": b, "fraction_set": self.caps_set.get(k)}
+                    for k, b in self.caps_bytes.items()
+                },
+                "cap_errors": list(self.cap_errors),
+                "memory": {
+                    device: {
+                        "allocated_bytes": m.allocated_bytes,
+                        "peak_allocated_bytes": m.peak_allocated_bytes,
+                        "reserved_bytes": m.reserved_bytes,
+                    }
+                    for device, m in self.memory().items()
+                },
+            }
+        )
         entry["memory_error"] = self.memory_error  # after the reading, which records a failure
         return entry
 
@@ -465,7 +519,11 @@ class PyTorch(ReportingDefaults):
         label = f"{self.name + ':':<11}"
         if not entry["cuda_build"]:
             return [f"{label} imported; a CPU build (torch.version.cuda is None): it uses no GPU"]
-        started = "CUDA started: GPU settings other than `limit` are frozen" if entry["cuda_started"] else "CUDA not started"
+        started = (
+            "CUDA started: GPU settings other than `limit` are frozen"
+            if entry["cuda_started"]
+            else "CUDA not started"
+        )
         lines = [f"{label} imported, {started}; the {entry['allocator']} allocator"]
         for device, cap in entry["caps"].items():
             fraction = cap["fraction_set"]
@@ -481,8 +539,7 @@ class PyTorch(ReportingDefaults):
             )
         return lines
 
-
-    def oom_facts(self, error: BaseException, view: ReportView) -> Optional[OomFacts]:
+    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts | None:
         """``torch.OutOfMemoryError``: the request and the CUDA device it names, its allocator, its cap."""
         oom_type = self.oom_error_type()
         if oom_type is None or not isinstance(error, oom_type):
@@ -494,7 +551,9 @@ class PyTorch(ReportingDefaults):
         memory = self.device_memory().get(device)
         figures = "no figures (CUDA has not started)"
         if memory is not None:
-            figures = f"{format_size(memory.in_use_bytes)} in use, {format_size(memory.reserved_bytes)} reserved"
+            figures = (
+                f"{format_size(memory.in_use_bytes)} in use, {format_size(memory.reserved_bytes)} reserved"
+            )
         gpu = view.cuda_map[cuda_index] if cuda_index < len(view.cuda_map) else None
         if gpu is None:
             limit = "unknown (the GPU could not be mapped to nvidia-smi's numbering)"
@@ -502,30 +561,33 @@ class PyTorch(ReportingDefaults):
             limit = f"none set ({self.name} may take the whole GPU)"
         else:
             fraction = self.caps_set[cuda_index]
-            limit = f"{format_size(self.caps_bytes[cuda_index])} (`%gpu limit`, set as fraction {fraction:.4f})"
-        lines = ([f"Failed request: {request}"] if request else []) + [f"{self.name}'s allocator: {figures}; limit: {limit}"]
+            limit = (
+                f"{format_size(self.caps_bytes[cuda_index])} (`%gpu limit`, set as fraction {fraction:.4f})"
+            )
+        lines = ([f"Failed request: {request}"] if request else []) + [
+            f"{self.name}'s allocator: {figures}; limit: {limit}"
+        ]
         steps = (
             f"`del` the tensors you no longer need, then `%gpu free` (it empties {self.name}'s cache), "
             "then run the cell again",
             "a smaller batch size (halve it until the cell fits)",
-            "`with torch.autocast(\"cuda\", dtype=torch.float16):` around the forward pass: half the activations",
+            '`with torch.autocast("cuda", dtype=torch.float16):` around the forward pass: half the activations',
         )
         named = f"{self.name} {device}"
         return OomFacts(device, named, named, True, gpu, tuple(lines), steps)
 
-    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
         """For ``%%gpu on``: the GPUs it can use (nvidia-smi numbers), and ``torch.cuda.device`` on ``gpu``."""
         if self.stage() is Stage.NOT_IMPORTED:
             return None, None
         seen = list(view.cuda_map[: self.found_gpus()])
         return seen, self.device_scope(list(view.cuda_map).index(gpu)) if gpu in seen else None
 
-
     def scope_hint(self) -> tuple[str, str]:
         return "torch.cuda.device", "`import torch`"
 
 
-def _allocator_settings(module: Any) -> Optional[str]:
+def _allocator_settings(module: Any) -> str | None:
     """The allocator settings string torch parsed (None where this version cannot say)."""
     getter = getattr(getattr(module, "_C", None), "_accelerator_getAllocatorSettings", None)
     try:
@@ -534,7 +596,7 @@ def _allocator_settings(module: Any) -> Optional[str]:
         return None
 
 
-def alloc_conf_with_backend(current: Optional[str], backend: Optional[str]) -> Optional[str]:
+def alloc_conf_with_backend(current: str | None, backend: str | None) -> str | None:
     """The allocator settings with ``backend:`` replaced (None: removed), the user's other options kept.
 
     >>> alloc_conf_with_backend("expandable_segments:True", "cudaMallocAsync")
@@ -542,13 +604,15 @@ def alloc_conf_with_backend(current: Optional[str], backend: Optional[str]) -> O
     >>> alloc_conf_with_backend("backend:cudaMallocAsync,max_split_size_mb:128", None)
     'max_split_size_mb:128'
     """
-    options = [o.strip() for o in (current or "").split(",") if o.strip() and not o.strip().startswith("backend:")]
+    options = [
+        o.strip() for o in (current or "").split(",") if o.strip() and not o.strip().startswith("backend:")
+    ]
     if backend is not None:
         options.append(f"backend:{backend}")
     return ",".join(options) or None
 
 
-def ignored_by_async(conf: Optional[str]) -> list[str]:
+def ignored_by_async(conf: str | None) -> list[str]:
     """The user's options in ``conf`` that backend:cudaMallocAsync ignores, as written.
 
     >>> ignored_by_async("max_split_size_mb:128,garbage_collection_threshold:0.8,pinned_use_cuda_host_register:True")

@@ -22,30 +22,48 @@ import re
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, MutableMapping, Optional
+from typing import Any
 
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
 from ..gpus.holdings import allocator_by_gpu
 from .base import (
-    CUDA_ENV, Capture, Change, ChartedFigure, CudaRecord, DeviceMemory, FreeReport, GpuShare, Host, OomFacts,
-    PeakReading, Refusal, ReportView, Stage, capture, environment_line, installed, not_the_framework, too_late,
+    CUDA_ENV,
+    Capture,
+    Change,
+    ChartedFigure,
+    CudaRecord,
+    DeviceMemory,
+    FreeReport,
+    GpuShare,
+    Host,
+    OomFacts,
+    PeakReading,
+    Refusal,
+    ReportView,
+    Stage,
+    capture,
+    environment_line,
+    installed,
+    not_the_framework,
+    too_late,
 )
 from .import_hooks import run_after_import
 
 __all__ = [
     "ASYNC_ALLOCATOR",
-    "AllocatorStats",
-    "ApplyError",
     "CPU_STATS_ENV",
     "CUDA_ENV",
+    "START_ENV",
+    "AllocatorStats",
+    "ApplyError",
     "Capture",
     "InForce",
     "OomSite",
     "PeakWindow",
-    "START_ENV",
     "Stage",
     "TensorFlow",
     "parse_oom_message",
@@ -83,8 +101,8 @@ class InForce:
     """What TensorFlow runs with (once started) or will start with (once enumerated)."""
 
     visible_nvml: tuple[int, ...]  # nvidia-smi indices of the GPUs TensorFlow uses
-    logical_mib: dict[int, Optional[tuple[int, ...]]]  # nvidia-smi index -> logical GPU caps, or None
-    growth: Optional[bool]  # None: TensorFlow's default (no growth)
+    logical_mib: dict[int, tuple[int, ...] | None]  # nvidia-smi index -> logical GPU caps, or None
+    growth: bool | None  # None: TensorFlow's default (no growth)
     allocator: str  # "async" or "default"
 
 
@@ -107,19 +125,19 @@ class TensorFlow:
         self._tf: Any = None  # the tensorflow module, once its import has finished
         self._context_module: Any = None
         self._lock = threading.Lock()
-        self.cuda_seen: Optional[Capture] = None  # CUDA's variables at enumeration
+        self.cuda_seen: Capture | None = None  # CUDA's variables at enumeration
         self.environ: Mapping[str, str] = os.environ  # where CUDA and the framework read their variables
-        self.cuda_record: Optional[CudaRecord] = None  # the kernel's, handed over by the machine
-        self.started_with: Optional[Capture] = None  # TensorFlow's start variables at the first op
+        self.cuda_record: CudaRecord | None = None  # the kernel's, handed over by the machine
+        self.started_with: Capture | None = None  # TensorFlow's start variables at the first op
         self.owned_logical: set[int] = set()  # nvidia-smi indices whose logical devices we configured
         self.owned_visibility = False  # True once we called set_visible_devices
-        self._memory_devices: Optional[tuple[str, ...]] = None  # fixed once the runtime has started
-        self._open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
+        self._memory_devices: tuple[str, ...] | None = None  # fixed once the runtime has started
+        self._open_windows: weakref.WeakSet[PeakWindow] = weakref.WeakSet()
         # Set by `%gpu trace` when GPUs are expected: if TensorFlow then lists none, its CPU
         # allocator is made to keep statistics just before the runtime starts (see _note_start).
         self.cpu_stats_if_no_gpu = False
         self.cpu_stats_set_at_start = False  # True once _note_start set CPU_STATS_ENV for that
-        self.refused: Optional[str] = None  # why what `import tensorflow` gave is not TensorFlow
+        self.refused: str | None = None  # why what `import tensorflow` gave is not TensorFlow
 
     def cpu_only_build(self) -> bool:
         """Whether the installed TensorFlow can never see a GPU, known without importing it.
@@ -145,7 +163,9 @@ class TensorFlow:
             self._context_module = context
             ctx = context.context_safe()
             if ctx is not None and getattr(ctx, "_physical_devices", None) is not None:
-                self.cuda_seen = capture(CUDA_ENV, late=True, env=self.environ)  # listed before we were loaded
+                self.cuda_seen = capture(
+                    CUDA_ENV, late=True, env=self.environ
+                )  # listed before we were loaded
                 self._record_cuda()
             if ctx is not None and getattr(ctx, "_context_handle", None) is not None:
                 self.started_with = capture(START_ENV, late=True, env=self.environ)
@@ -169,11 +189,19 @@ class TensorFlow:
         Each wrapper removes itself after its moment, so TensorFlow's hot paths pay nothing.
         """
         if self.cuda_seen is None:
-            _one_shot(context_class, "_initialize_physical_devices", self._note_enumeration,
-                      done=lambda ctx: getattr(ctx, "_physical_devices", None) is not None)
+            _one_shot(
+                context_class,
+                "_initialize_physical_devices",
+                self._note_enumeration,
+                done=lambda ctx: getattr(ctx, "_physical_devices", None) is not None,
+            )
         if self.started_with is None:
-            _one_shot(context_class, "ensure_initialized", self._note_start,
-                      done=lambda ctx: getattr(ctx, "_context_handle", None) is not None)
+            _one_shot(
+                context_class,
+                "ensure_initialized",
+                self._note_start,
+                done=lambda ctx: getattr(ctx, "_context_handle", None) is not None,
+            )
 
     def _note_enumeration(self) -> None:
         if self.cuda_seen is None:
@@ -203,7 +231,7 @@ class TensorFlow:
             os.environ[CPU_STATS_ENV] = "true"
             self.cpu_stats_set_at_start = True
 
-    def build_info(self) -> Optional[dict[str, Any]]:
+    def build_info(self) -> dict[str, Any] | None:
         """``tf.sysconfig.get_build_info()`` (is_cuda_build, cuda_version, cudnn_version); None
         before the import or when this TensorFlow cannot say.  Reading it starts nothing."""
         if self._tf is None:
@@ -220,7 +248,7 @@ class TensorFlow:
     def takes(self, command: Any) -> bool:
         return not (isinstance(command, grammar.Allocator) and command.name == "platform")
 
-    def consider(self, change: Change) -> Optional[str]:
+    def consider(self, change: Change) -> str | None:
         """Its clause: applied now (imported, not started), or, once started, the same setting
         passes and a different one is refused with the line to put first."""
         stage = self.stage()
@@ -232,7 +260,9 @@ class TensorFlow:
             return "applied to TensorFlow now (imported, not started)"
         if not change.changed:
             return "already requested; nothing changed (TensorFlow has started)"
-        differs, now = _difference(change.resolution, change.command, self.in_force(change.host.cuda_map(), change.host.env))
+        differs, now = _difference(
+            change.resolution, change.command, self.in_force(change.host.cuda_map(), change.host.env)
+        )
         if differs:
             raise Refusal(too_late(self.name, self.module, change.what, now))
         return "already in force (TensorFlow has started); nothing changed"
@@ -246,7 +276,9 @@ class TensorFlow:
         host.set_env("TF_FORCE_GPU_ALLOW_GROWTH", growth or host.unmanaged_value("TF_FORCE_GPU_ALLOW_GROWTH"))
         allocator = None if plan.allocator == "platform" else plan.allocator  # platform: JAX's word
         names = {"async": ASYNC_ALLOCATOR, "default": None}
-        host.set_env("TF_GPU_ALLOCATOR", names[allocator] if allocator else host.unmanaged_value("TF_GPU_ALLOCATOR"))
+        host.set_env(
+            "TF_GPU_ALLOCATOR", names[allocator] if allocator else host.unmanaged_value("TF_GPU_ALLOCATOR")
+        )
 
     def give(self, resolution: Resolution, host: Host) -> bool:
         """tf.config work, between import and start; before enumeration only what the environment
@@ -259,7 +291,12 @@ class TensorFlow:
         if stage >= Stage.ENUMERATED or logical or self.owned_logical:
             asked = plan.visible is not None or self.owned_visibility
             try:
-                self.apply(resolution.visible if asked else None, resolution.logical_mib(), plan.growth, host.cuda_map())
+                self.apply(
+                    resolution.visible if asked else None,
+                    resolution.logical_mib(),
+                    plan.growth,
+                    host.cuda_map(),
+                )
             except ApplyError as err:
                 raise Refusal(str(err)) from None
             except (ValueError, RuntimeError) as err:
@@ -274,7 +311,7 @@ class TensorFlow:
     def share_fixed(self) -> bool:
         return self.stage() is Stage.STARTED
 
-    def arrived(self, plan: Plan) -> Optional[str]:
+    def arrived(self, plan: Plan) -> str | None:
         """Listing its GPUs here is when CUDA reads its variables: none found is said now."""
         if self.stage() is Stage.STARTED or self.physical_gpu_indices():
             return None
@@ -286,13 +323,13 @@ class TensorFlow:
     def enumerated(self) -> bool:
         return self.stage() >= Stage.ENUMERATED
 
-    def cuda_found(self) -> Optional[list[int]]:
+    def cuda_found(self) -> list[int] | None:
         return self.physical_gpu_indices() if self.enumerated() else None
 
     def device_gpus(self, cuda_map: list[int]) -> dict[str, int]:
         return self.gpu_names(cuda_map)
 
-    def set_precision(self, policy: Optional[str]) -> Optional[str]:
+    def set_precision(self, policy: str | None) -> str | None:
         """Keras's global dtype policy: now if Keras is imported, else at its import (see side_imports)."""
         if self.keras_policy() is None:
             return "set when Keras is imported"
@@ -339,11 +376,15 @@ class TensorFlow:
         else:
             opener = "Ran garbage collection (Keras is not imported: no Keras session to clear)."
         after = self.allocator_stats()
-        lines = [] if stage is Stage.STARTED else ["TensorFlow has not started, so it holds no memory to free."]
+        lines = (
+            [] if stage is Stage.STARTED else ["TensorFlow has not started, so it holds no memory to free."]
+        )
         for device in sorted(set(before) | set(after)):
             b, a = before.get(device), after.get(device)
             b_n, a_n = (b.current_bytes if b else None), (a.current_bytes if a else None)
-            lines.append(f"{device}  TensorFlow allocator in use: {format_bytes(b_n)} -> {format_bytes(a_n)} ({format_change(b_n, a_n)})")
+            lines.append(
+                f"{device}  TensorFlow allocator in use: {format_bytes(b_n)} -> {format_bytes(a_n)} ({format_change(b_n, a_n)})"
+            )
         if stage is Stage.STARTED and not before:
             lines.append("TensorFlow's allocator keeps no statistics on these devices (nothing to compare).")
         kept = None
@@ -364,16 +405,20 @@ class TensorFlow:
         if self._tf is None:
             return Stage.NOT_IMPORTED
         ctx = self._context_module.context_safe()
-        if self.started_with is not None or (ctx is not None and getattr(ctx, "_context_handle", None) is not None):
+        if self.started_with is not None or (
+            ctx is not None and getattr(ctx, "_context_handle", None) is not None
+        ):
             return Stage.STARTED
-        if self.cuda_seen is not None or (ctx is not None and getattr(ctx, "_physical_devices", None) is not None):
+        if self.cuda_seen is not None or (
+            ctx is not None and getattr(ctx, "_physical_devices", None) is not None
+        ):
             return Stage.ENUMERATED
         return Stage.IMPORTED
 
-    def read_environment(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+    def read_environment(self, env: Mapping[str, str]) -> dict[str, str | None]:
         return self.start_env(env)
 
-    def start_env(self, env: Mapping[str, str]) -> dict[str, Optional[str]]:
+    def start_env(self, env: Mapping[str, str]) -> dict[str, str | None]:
         """TensorFlow's start variables as it read them, or as ``env`` holds them before the start."""
         if self.started_with is not None:
             return dict(self.started_with.env)
@@ -395,9 +440,9 @@ class TensorFlow:
 
     def apply(
         self,
-        visible: Optional[tuple[int, ...]],
-        logical_mib: Mapping[int, Optional[tuple[int, ...]]],
-        growth: Optional[bool],
+        visible: tuple[int, ...] | None,
+        logical_mib: Mapping[int, tuple[int, ...] | None],
+        growth: bool | None,
         cuda_map: list[int],
     ) -> None:
         """Visibility, growth and logical devices through ``tf.config`` (runtime not started).
@@ -407,11 +452,17 @@ class TensorFlow:
         nvidia-smi index of CUDA device k, as CUDA numbered them at enumeration.
         """
         tf = self._tf
-        by_nvml = {cuda_map[_physical_index(g)]: g for g in self.physical_gpus() if _physical_index(g) < len(cuda_map)}
+        by_nvml = {
+            cuda_map[_physical_index(g)]: g
+            for g in self.physical_gpus()
+            if _physical_index(g) < len(cuda_map)
+        }
         if visible is not None:
             missing = [i for i in visible if i not in by_nvml]
             if missing:
-                raise ApplyError(f"TensorFlow did not list GPU {','.join(map(str, missing))}")  # resolve() checks first
+                raise ApplyError(
+                    f"TensorFlow did not list GPU {','.join(map(str, missing))}"
+                )  # resolve() checks first
             try:
                 tf.config.set_visible_devices([by_nvml[i] for i in visible], "GPU")
                 self.owned_visibility = True
@@ -428,7 +479,9 @@ class TensorFlow:
             index = nvml_of.get(device, _physical_index(device))
             self._apply_device(device, index, growth, logical_mib.get(index))
 
-    def _apply_device(self, device: Any, index: int, growth: Optional[bool], sizes: Optional[tuple[int, ...]]) -> None:
+    def _apply_device(
+        self, device: Any, index: int, growth: bool | None, sizes: tuple[int, ...] | None
+    ) -> None:
         """Growth and logical devices for one GPU, in the only order TensorFlow accepts."""
         tf = self._tf
         current = tf.config.get_logical_device_configuration(device)
@@ -454,7 +507,7 @@ class TensorFlow:
         """TensorFlow's GPU configuration (stage ENUMERATED or later)."""
         tf = self._tf
         visible = tf.config.get_visible_devices("GPU")
-        logical: dict[int, Optional[tuple[int, ...]]] = {}
+        logical: dict[int, tuple[int, ...] | None] = {}
         growth_flags = set()
         for device in visible:
             index = _nvml_index(device, cuda_map)
@@ -464,7 +517,7 @@ class TensorFlow:
         start = self.start_env(env)
         forced = (start.get("TF_FORCE_GPU_ALLOW_GROWTH") or "").lower()
         if forced in ("true", "false"):
-            growth: Optional[bool] = forced == "true"
+            growth: bool | None = forced == "true"
         else:
             growth = growth_flags.pop() if len(growth_flags) == 1 else None
         allocator = "async" if start.get("TF_GPU_ALLOCATOR") == ASYNC_ALLOCATOR else "default"
@@ -503,7 +556,7 @@ class TensorFlow:
         """The protocol's figures: in use and peak per device (TensorFlow reports no pool size)."""
         return {d: DeviceMemory(s.current_bytes, s.peak_bytes) for d, s in self.allocator_stats().items()}
 
-    def memory_info(self, device: str) -> Optional[AllocatorStats]:
+    def memory_info(self, device: str) -> AllocatorStats | None:
         """One device's allocator reading; None without statistics or before start-up."""
         if self.stage() < Stage.STARTED:
             return None
@@ -539,7 +592,7 @@ class TensorFlow:
     # measurements (a traced cell holding a budget holding a Keras MemoryCallback) would destroy
     # each other's peaks.  Before any reset made here, the peak about to be lost is folded into
     # every open window.
-    def open_peak_window(self) -> "PeakWindow":
+    def open_peak_window(self) -> PeakWindow:
         """Reset TensorFlow's peaks (keeping open windows whole) and start measuring from now."""
         start: dict[str, int] = {}
         for device in self.memory_devices():
@@ -555,7 +608,7 @@ class TensorFlow:
         return window
 
     # -- Keras ----------------------------------------------------------------------------------------
-    def keras_policy(self) -> Optional[str]:
+    def keras_policy(self) -> str | None:
         """The Keras global dtype policy's name, or None when Keras is not imported."""
         keras = sys.modules.get("keras")
         if keras is None or not hasattr(keras, "mixed_precision"):
@@ -579,12 +632,14 @@ class TensorFlow:
         """``tf.device("/GPU:0")``: ops created inside run on that device (starts the runtime)."""
         return self._tf.device(f"/{name}")
 
-    def oom_error_type(self) -> Optional[type]:
+    def oom_error_type(self) -> type | None:
         """``tf.errors.ResourceExhaustedError``, or None while TensorFlow is not imported."""
         errors = getattr(self._tf, "errors", None)
         return getattr(errors, "ResourceExhaustedError", None)
 
-    def write_scalars(self, log_dir: str, writers: dict[str, Any], values: dict[str, float], step: int) -> None:
+    def write_scalars(
+        self, log_dir: str, writers: dict[str, Any], values: dict[str, float], step: int
+    ) -> None:
         """TensorBoard scalars; ``writers`` caches one writer per directory.
 
         ``tf.summary.scalar`` lives in the tensorboard package, which TensorFlow does not require;
@@ -609,7 +664,7 @@ class TensorFlow:
         ChartedFigure("peak", "peak_bytes", "peak", wire_field="tf_peak_bytes"),
     )
 
-    def figures_absent(self) -> Optional[str]:
+    def figures_absent(self) -> str | None:
         """Why there is nothing to chart: not started yet, or no allocator keeps statistics."""
         stage = self.stage()
         if stage is Stage.NOT_IMPORTED:
@@ -624,7 +679,7 @@ class TensorFlow:
         """``GPU:j`` (logical) -> nvidia-smi index; ``CPU:0`` maps to none."""
         return self.gpu_names(cuda_map)
 
-    def trace_label(self, device: str, gpu: Optional[int]) -> str:
+    def trace_label(self, device: str, gpu: int | None) -> str:
         """``GPU 1 (TF GPU:0)``: nvidia-smi's number first; ``CPU:0`` as it is."""
         if not device.startswith("GPU:") or gpu is None:
             return device
@@ -634,11 +689,13 @@ class TensorFlow:
     import_says_little = False
     no_gpu_diagnosed = True
 
-    def trace_absent(self) -> Optional[str]:
+    def trace_absent(self) -> str | None:
         """The trace's line, once, when it started and no allocator keeps statistics."""
         return TRACE_NO_STATS
 
-    def trace_ready(self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]]) -> Optional[bool]:
+    def trace_ready(
+        self, env: MutableMapping[str, str], visible: Callable[[], list[int] | None]
+    ) -> bool | None:
         """Before start-up with no GPU to be visible: turn on the CPU allocator's statistics.
 
         True when it set ``TF_CPU_ALLOCATOR_USE_BFC=true`` now, False when it was set already, None
@@ -652,7 +709,7 @@ class TensorFlow:
         env[CPU_STATS_ENV] = "true"  # the session's environment is the process's, except in tests
         return True
 
-    def _gpus_expected(self, visible: Callable[[], Optional[list[int]]]) -> bool:
+    def _gpus_expected(self, visible: Callable[[], list[int] | None]) -> bool:
         if self.cpu_only_build():
             return False  # tensorflow-cpu: whatever the driver lists, TensorFlow will see no GPU
         try:
@@ -662,8 +719,11 @@ class TensorFlow:
         return bool(shown)  # None: no NVML, so no NVIDIA driver and no GPU for TensorFlow
 
     def trace_reply(
-        self, env: MutableMapping[str, str], visible: Callable[[], Optional[list[int]]], label: Callable[[str], str]
-    ) -> Optional[str]:
+        self,
+        env: MutableMapping[str, str],
+        visible: Callable[[], list[int] | None],
+        label: Callable[[str], str],
+    ) -> str | None:
         """What ``%gpu trace`` will show of TensorFlow, set up for it (its CPU allocator's statistics)."""
         if self.stage() is Stage.STARTED:
             devices = self.memory_devices()
@@ -688,7 +748,6 @@ class TensorFlow:
         """Untraced, the CPU allocator stays TensorFlow's choice."""
         self.cpu_stats_if_no_gpu = False
 
-
     # -- reports (status, out-of-memory, %%gpu on) --------------------------------------------------
     def report(self, view: ReportView) -> dict[str, Any]:
         """Its entry under ``frameworks`` in ``%gpu status --json``: the stage, the allocator once
@@ -710,7 +769,7 @@ class TensorFlow:
         """``tensorflow`` at the report's top level, as scripts have read it from the start."""
         return {self.key: {k: v for k, v in entry.items() if k not in ("applied", "installed")}}
 
-    def _found_no_gpu(self, view: ReportView) -> Optional[dict[str, Any]]:
+    def _found_no_gpu(self, view: ReportView) -> dict[str, Any] | None:
         """Why it found no GPU while the driver lists some for this kernel (None: it found them)."""
         try:
             diagnosis = self.no_gpu_diagnosis(view)
@@ -752,7 +811,7 @@ class TensorFlow:
             )
         return lines
 
-    def in_force_lines(self, view: ReportView) -> Optional[list[str]]:
+    def in_force_lines(self, view: ReportView) -> list[str] | None:
         """What it runs with (started), or the environment it will read at its start; None before
         the import (the environment every framework will read is said once, for all)."""
         stage = self.stage()
@@ -780,7 +839,7 @@ class TensorFlow:
         policy = self.keras_policy()
         return [] if policy is None else [f"Keras precision: {policy}"]
 
-    def listed_gpus(self, view: ReportView) -> Optional[list[int]]:
+    def listed_gpus(self, view: ReportView) -> list[int] | None:
         """The GPUs it listed (nvidia-smi numbers), once it enumerated; None before."""
         if self.stage() < Stage.ENUMERATED:
             return None
@@ -799,7 +858,7 @@ class TensorFlow:
             for index in sorted(set(by_gpu) | set(sums))
         }
 
-    def gpu_keys(self, share: Optional[GpuShare]) -> dict[str, Any]:
+    def gpu_keys(self, share: GpuShare | None) -> dict[str, Any]:
         """``tensorflow_names``, ``tensorflow_in_use_bytes``, ``tensorflow_peak_bytes`` in every GPU's entry."""
         return {
             f"{self.key}_names": list(share.names) if share else [],
@@ -807,12 +866,11 @@ class TensorFlow:
             f"{self.key}_peak_bytes": share.peak_bytes if share else None,
         }
 
-    def started_gpus(self, view: ReportView) -> Optional[tuple[int, ...]]:
+    def started_gpus(self, view: ReportView) -> tuple[int, ...] | None:
         """The GPUs it started with (its visibility is frozen then); None before its first op."""
         if self.stage() is not Stage.STARTED:
             return None
         return self.in_force(list(view.cuda_map), view.env).visible_nvml
-
 
     def is_out_of_memory(self, error: BaseException) -> bool:
         return True  # ResourceExhaustedError is about memory
@@ -832,7 +890,9 @@ class TensorFlow:
         limit = self._oom_limit_text(gpu, view) if on_gpu else self.cpu_limit_text()
         stats = self.memory_info(device)
         if stats is not None:
-            lines.append(f"{self.name}'s allocator: {format_size(stats.current_bytes)} in use; limit: {limit}")
+            lines.append(
+                f"{self.name}'s allocator: {format_size(stats.current_bytes)} in use; limit: {limit}"
+            )
         else:
             lines.append(f"{self.name}'s allocator keeps no statistics here; limit: {limit}")
         steps = [
@@ -841,13 +901,21 @@ class TensorFlow:
             "a smaller batch size (halve it until the cell fits)",
         ]
         if on_gpu and view.precision != "mixed_float16":
-            steps.append("`%gpu precision mixed_float16`, then rebuild the model: float16 activations take half the memory")
+            steps.append(
+                "`%gpu precision mixed_float16`, then rebuild the model: float16 activations take half the memory"
+            )
         return OomFacts(
-            device, f"TF {device}", device, on_gpu, gpu, tuple(lines), tuple(steps),
+            device,
+            f"TF {device}",
+            device,
+            on_gpu,
+            gpu,
+            tuple(lines),
+            tuple(steps),
             cpu_step=f"a higher {CPU_LIMIT_ENV} (MiB) in the kernel's environment before {self.name} starts, or a GPU",
         )
 
-    def _oom_limit_text(self, gpu: Optional[int], view: ReportView) -> str:
+    def _oom_limit_text(self, gpu: int | None, view: ReportView) -> str:
         """The cap it was given on nvidia-smi's GPU ``gpu`` (the record, never re-derived from the request)."""
         if gpu is None:
             return f"unknown ({self.name}'s GPU numbering could not be mapped to nvidia-smi's)"
@@ -871,7 +939,7 @@ class TensorFlow:
             return f"{format_size(int(raw) * MIB)} ({CPU_LIMIT_ENV}={raw})"
         return f"{format_size(CPU_DEFAULT_LIMIT_MIB * MIB)} ({self.name}'s default for the CPU BFC allocator)"
 
-    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[Optional[list[int]], Any]:
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
         """For ``%%gpu on``: the GPUs it lists (listing them now if it has not), and ``tf.device``
         on the first of its logical GPUs on nvidia-smi's GPU ``gpu``."""
         if self.stage() is Stage.NOT_IMPORTED:
@@ -880,7 +948,6 @@ class TensorFlow:
         names = self.gpu_names(list(view.cuda_map))
         name = next((n for n, index in names.items() if index == gpu), None)
         return sorted(set(names.values())), None if name is None else self.device_scope(name)
-
 
     def scope_hint(self) -> tuple[str, str]:
         return "tf.device", "`import tensorflow as tf`"
@@ -898,7 +965,7 @@ class TensorFlow:
             index = None
         return device if index is None else f"GPU {index} (TF {device})"
 
-    def measurement_problem(self, view: ReportView) -> Optional[str]:
+    def measurement_problem(self, view: ReportView) -> str | None:
         """Started, and no allocator of its keeps statistics (no GPU, and the CPU's default allocator)."""
         if self.stage() is not Stage.STARTED or self.memory_devices():
             return None
@@ -908,7 +975,7 @@ class TensorFlow:
             f"before `import {self.module}` (it sets the variable), or set it in the kernel's environment"
         )
 
-    def keep_statistics(self, view: ReportView, alone: bool) -> Optional[str]:
+    def keep_statistics(self, view: ReportView, alone: bool) -> str | None:
         """Before its start with no GPU to be visible: turn on the CPU allocator's statistics (in the
         kernel's environment, read at its start), if it is the one measured: imported, or alone."""
         if self.stage() is Stage.STARTED or (self.stage() is Stage.NOT_IMPORTED and not alone):
@@ -951,7 +1018,7 @@ def _difference(resolution: Resolution, command: Any, force: InForce) -> tuple[b
     return False, ""
 
 
-def _logical_text(sizes: Optional[tuple[int, ...]]) -> str:
+def _logical_text(sizes: tuple[int, ...] | None) -> str:
     if not sizes:
         return "no limit"
     if len(sizes) == 1:
@@ -996,8 +1063,10 @@ class PeakWindow:
 
     def peaks(self) -> dict[str, PeakReading]:
         """The same figures as :meth:`read`, as every framework's window gives them."""
-        return {device: PeakReading(start, stats.current_bytes, stats.peak_bytes)
-                for device, (start, stats) in self.read().items()}
+        return {
+            device: PeakReading(start, stats.current_bytes, stats.peak_bytes)
+            for device, (start, stats) in self.read().items()
+        }
 
     def close(self) -> None:
         self._tf._open_windows.discard(self)
@@ -1026,6 +1095,7 @@ def _one_shot(owner: Any, name: str, note: Callable[[], None], done: Callable[[A
 
 def _watch_device_lib(tf: TensorFlow) -> None:
     """``device_lib.list_local_devices()`` starts CUDA without TensorFlow's context: record it too."""
+
     def wrap(module: Any) -> None:
         original = module.list_local_devices
 
@@ -1058,8 +1128,18 @@ _OOM = re.compile(
 )
 _DEVICE = re.compile(r"device:(?P<device>(?:GPU|CPU):\d+)")
 _DTYPE_BYTES = {
-    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
-    "int32": 4, "int64": 8, "bool": 1, "complex64": 8, "complex128": 16,
+    "float": 4,
+    "double": 8,
+    "half": 2,
+    "bfloat16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
 }
 
 
@@ -1067,10 +1147,10 @@ _DTYPE_BYTES = {
 class OomSite:
     """What TensorFlow's out-of-memory message says about the failed allocation."""
 
-    device: Optional[str]  # "GPU:0" (TensorFlow's numbering) or "CPU:0"; None when not named
-    request_bytes: Optional[int]
-    request_text: Optional[str]  # "float tensor of shape [268435456]"
-    allocator: Optional[str]  # TensorFlow's allocator name, e.g. "GPU_0_bfc"
+    device: str | None  # "GPU:0" (TensorFlow's numbering) or "CPU:0"; None when not named
+    request_bytes: int | None
+    request_text: str | None  # "float tensor of shape [268435456]"
+    allocator: str | None  # TensorFlow's allocator name, e.g. "GPU_0_bfc"
 
 
 def parse_oom_message(message: str) -> OomSite:

@@ -17,8 +17,9 @@ devices, and keeps the result (see :meth:`tfgpu_magic.kernel.session.Session.no_
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 __all__ = ["INSTALL", "NoGpuDiagnosis", "cuda_wheels", "diagnose"]
 
@@ -33,11 +34,11 @@ class NoGpuDiagnosis:
     """What is known about one TensorFlow that found no GPU, and what it means."""
 
     driver_gpus: int  # how many GPUs CUDA was shown (the driver lists them, nothing hid them)
-    cuda_build: Optional[bool]  # get_build_info()["is_cuda_build"]; None: unreadable
-    built_cuda: Optional[str]  # the CUDA version TensorFlow was built for ("12.5.1")
-    built_cudnn: Optional[str]  # the cuDNN version it was built for ("9")
-    driver_cuda: Optional[str]  # the newest CUDA the driver supports ("12.8"); None: unknown
-    distribution: Optional[str]  # the pip distribution that installed it: tensorflow, tensorflow-cpu
+    cuda_build: bool | None  # get_build_info()["is_cuda_build"]; None: unreadable
+    built_cuda: str | None  # the CUDA version TensorFlow was built for ("12.5.1")
+    built_cudnn: str | None  # the cuDNN version it was built for ("9")
+    driver_cuda: str | None  # the newest CUDA the driver supports ("12.8"); None: unknown
+    distribution: str | None  # the pip distribution that installed it: tensorflow, tensorflow-cpu
     missing_wheels: tuple[str, ...]  # CUDA's pip packages TensorFlow needs and lacks
 
     @property
@@ -54,9 +55,15 @@ class NoGpuDiagnosis:
 
     @property
     def why(self) -> str:
-        seen = f"the driver lists {self.driver_gpus} GPU{'' if self.driver_gpus == 1 else 's'} for this kernel"
+        seen = (
+            f"the driver lists {self.driver_gpus} GPU{'' if self.driver_gpus == 1 else 's'} for this kernel"
+        )
         built = self._built_for()
-        driver = f"the driver supports CUDA {self.driver_cuda}" if self.driver_cuda else "the driver's CUDA version is unknown"
+        driver = (
+            f"the driver supports CUDA {self.driver_cuda}"
+            if self.driver_cuda
+            else "the driver's CUDA version is unknown"
+        )
         if self.cause == "cpu_build":
             which = f" ({self.distribution})" if self.distribution else ""
             return f"this TensorFlow{which} is a CPU-only build (tf.sysconfig.get_build_info(): is_cuda_build False); {seen}"
@@ -79,7 +86,7 @@ class NoGpuDiagnosis:
     def fix(self) -> str:
         """The line to run (then restart the kernel)."""
         if self.cause == "cpu_build" and self.distribution == "tensorflow-cpu":
-            return f'pip uninstall -y tensorflow-cpu && {INSTALL}, then restart the kernel'
+            return f"pip uninstall -y tensorflow-cpu && {INSTALL}, then restart the kernel"
         if self.cause == "driver_too_old":
             return (
                 f"install an NVIDIA driver that supports CUDA {_major_minor(self.built_cuda)} (see `nvidia-smi`), "
@@ -87,7 +94,7 @@ class NoGpuDiagnosis:
             )
         if self.cause == "unknown" and self.cuda_build:
             return (
-                "pip install --force-reinstall \"tensorflow[and-cuda]\", then restart the kernel; "
+                'pip install --force-reinstall "tensorflow[and-cuda]", then restart the kernel; '
                 "`python -c \"import tensorflow as tf; print(tf.config.list_physical_devices('GPU'))\"` "
                 "in a terminal prints TensorFlow's reasons"
             )
@@ -111,8 +118,10 @@ class NoGpuDiagnosis:
         }
 
     def _built_for(self) -> str:
-        parts = [f"CUDA {self.built_cuda}" if self.built_cuda else None,
-                 f"cuDNN {self.built_cudnn}" if self.built_cudnn else None]
+        parts = [
+            f"CUDA {self.built_cuda}" if self.built_cuda else None,
+            f"cuDNN {self.built_cudnn}" if self.built_cudnn else None,
+        ]
         shown = " and ".join(p for p in parts if p)
         return f"(built for {shown})" if shown else "(its CUDA version unknown)"
 
@@ -120,8 +129,8 @@ class NoGpuDiagnosis:
 def diagnose(
     *,
     driver_gpus: int,
-    build_info: Optional[Mapping[str, Any]],
-    driver_cuda: Optional[str],
+    build_info: Mapping[str, Any] | None,
+    driver_cuda: str | None,
     installed: Callable[[str], bool],
 ) -> NoGpuDiagnosis:
     """Put the facts together; ``installed(name)`` says whether a pip distribution is installed."""
@@ -140,7 +149,7 @@ def diagnose(
     )
 
 
-def cuda_wheels(built_cuda: Optional[str], installed: Callable[[str], bool]) -> tuple[str, ...]:
+def cuda_wheels(built_cuda: str | None, installed: Callable[[str], bool]) -> tuple[str, ...]:
     """The CUDA pip packages a CUDA build needs and lacks (none known without its CUDA version)."""
     major = _major(built_cuda)
     if major is None:
@@ -148,14 +157,14 @@ def cuda_wheels(built_cuda: Optional[str], installed: Callable[[str], bool]) -> 
     return tuple(name for name in (w.format(major=major) for w in _KEY_WHEELS) if not installed(name))
 
 
-def _text(value: Any) -> Optional[str]:
+def _text(value: Any) -> str | None:
     return None if value in (None, "") else str(value)[:40]
 
 
-def _major(version: Optional[str]) -> Optional[int]:
+def _major(version: str | None) -> int | None:
     head = (version or "").split(".")[0]
     return int(head) if head.isdigit() and len(head) < 4 else None
 
 
-def _major_minor(version: Optional[str]) -> str:
+def _major_minor(version: str | None) -> str:
     return ".".join((version or "?").split(".")[:2])

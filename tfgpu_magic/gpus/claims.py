@@ -51,17 +51,18 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple, Optional
+from typing import NamedTuple
 
 from ..safe_text import safe
 from .process_table import ProcessTable, own_start
 
 __all__ = [
-    "Choice",
-    "ClaimError",
     "DEFAULT_DIR",
     "ENV_DIR",
+    "Choice",
+    "ClaimError",
     "Holder",
     "choosing",
     "claim",
@@ -89,7 +90,9 @@ _NAME = re.compile(
 _OLD_NAME = re.compile(r"(?P<key>[A-Za-z0-9_-]+)\.(?P<uid>[0-9]{1,10})\.[0-9a-f]{16}\.lock")
 # A claim being written: invisible to readers until linked under its claim name.
 _NEW_PREFIX = "tfgpu_magic-new."
-_NEW_NAME = re.compile(r"tfgpu_magic-new\.(?P<uid>[0-9]{1,10})\.(?P<pid>[1-9][0-9]{0,6})\.(?P<start>[0-9]{1,20})\.[0-9a-f]{8}")
+_NEW_NAME = re.compile(
+    r"tfgpu_magic-new\.(?P<uid>[0-9]{1,10})\.(?P<pid>[1-9][0-9]{0,6})\.(?P<start>[0-9]{1,20})\.[0-9a-f]{8}"
+)
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
@@ -107,11 +110,11 @@ class Holder:
     missing or malformed.  ``since`` is the file's modification time.
     """
 
-    pid: Optional[int]
-    user: Optional[str]
-    since: Optional[float]
+    pid: int | None
+    user: str | None
+    since: float | None
     this_process: bool
-    uid: Optional[int] = None
+    uid: int | None = None
 
     def describe(self) -> str:
         if self.this_process:
@@ -147,7 +150,7 @@ class _Entry(NamedTuple):
 _held: dict[tuple[str, str], _Mine] = {}
 _lock = threading.Lock()
 _choosing_depth = 0  # choosing() blocks this process is inside; nested ones don't lock again
-_identity: Optional[tuple[int, int]] = None  # (pid, start time) of this process, for claim names
+_identity: tuple[int, int] | None = None  # (pid, start time) of this process, for claim names
 
 
 def claim_dir() -> str:
@@ -174,8 +177,12 @@ def _who(uid: int) -> str:
 
 def _kind(mode: int) -> str:
     for test, kind in (
-        (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link"), (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
     ):
         if test(mode):
             return kind
@@ -192,7 +199,7 @@ def _safe_key(key: str) -> str:
 
 
 # -- the directory --------------------------------------------------------------------------------
-def _unsafe(info: os.stat_result, directory: str) -> Optional[str]:
+def _unsafe(info: os.stat_result, directory: str) -> str | None:
     """Why a directory's owner or mode would let someone else delete claims in it, or None."""
     shown = _shown(directory, 200)
     if info.st_uid not in (0, os.geteuid()):
@@ -209,7 +216,7 @@ def _unsafe(info: os.stat_result, directory: str) -> Optional[str]:
     return None
 
 
-def _open_dir(directory: str, create: bool, notes: Optional[list[str]] = None) -> Optional[int]:
+def _open_dir(directory: str, create: bool, notes: list[str] | None = None) -> int | None:
     """A descriptor on the claim directory, checked; every later step works relative to it.
 
     ``create`` (claiming): make it if missing (mode 1777), and refuse an unsafe one.  Otherwise
@@ -294,7 +301,7 @@ def choosing(shared: bool = False, timeout: float = LOCK_TIMEOUT_S) -> Iterator[
             _choosing_depth -= 1
 
 
-def _choose_lock(directory: str, shared: bool, notes: list[str]) -> Optional[int]:
+def _choose_lock(directory: str, shared: bool, notes: list[str]) -> int | None:
     """An open descriptor on ``choose.lock`` (made 0644 if missing), or None with a note."""
     dfd = _open_dir(directory, create=not shared)
     if dfd is None:
@@ -308,14 +315,18 @@ def _choose_lock(directory: str, shared: bool, notes: list[str]) -> Optional[int
                 if shared:
                     return None
                 try:
-                    fd = os.open(CHOOSE_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o644, dir_fd=dfd)
+                    fd = os.open(
+                        CHOOSE_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o644, dir_fd=dfd
+                    )
                 except FileExistsError:
                     continue
                 with contextlib.suppress(OSError):
                     os.fchmod(fd, 0o644)  # past the umask: every user locks it (read access is enough)
                 return fd
             if not stat.S_ISREG(info.st_mode):
-                notes.append(f"{path} is a {_kind(info.st_mode)}, not a regular file; went on without the claim lock")
+                notes.append(
+                    f"{path} is a {_kind(info.st_mode)}, not a regular file; went on without the claim lock"
+                )
                 return None
             fd = os.open(CHOOSE_LOCK, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)  # flock needs no write access
             now = os.fstat(fd)
@@ -381,7 +392,9 @@ def _claim_in(dfd: int, directory: str, key: str) -> bool:
     except BaseException as err:
         _let_go(dfd, name, fd, os.fstat(fd))
         if isinstance(err, OSError):
-            raise ClaimError(f"cannot read the claim directory {_shown(directory, 200)} ({_why(err)})") from None
+            raise ClaimError(
+                f"cannot read the claim directory {_shown(directory, 200)} ({_why(err)})"
+            ) from None
         raise
     if others[safe] or not _at_path(dfd, name, info):
         _let_go(dfd, name, fd, info)
@@ -549,7 +562,7 @@ def held() -> set[str]:
 
 
 # -- reading --------------------------------------------------------------------------------------
-def holder(key: str, notes: Optional[list[str]] = None) -> Optional[Holder]:
+def holder(key: str, notes: list[str] | None = None) -> Holder | None:
     """Who holds ``key``, or None when nobody alive does.  Call inside :func:`choosing`.
 
     Entries that cannot be read are skipped; ``notes`` (if given) gets a line for each.
@@ -558,9 +571,7 @@ def holder(key: str, notes: Optional[list[str]] = None) -> Optional[Holder]:
     return holders([key], notes=notes)[key]
 
 
-def holders(
-    keys: list[str], notes: Optional[list[str]] = None, lock: bool = False
-) -> dict[str, Optional[Holder]]:
+def holders(keys: list[str], notes: list[str] | None = None, lock: bool = False) -> dict[str, Holder | None]:
     """Holders of several claims.  Readers never wait for the directory lock (anyone can hold
     it); ``lock`` is accepted for older callers and ignored.
 
@@ -568,7 +579,7 @@ def holders(
     (at most :data:`MAX_NOTES` lines in all).  ClaimError only when the directory is unusable.
     """
     del lock
-    found: dict[str, Optional[Holder]] = {}
+    found: dict[str, Holder | None] = {}
     mine = held()
     directory = claim_dir()
     said: list[str] = []
@@ -610,7 +621,7 @@ def _capped(notes: list[str]) -> list[str]:
     unique = list(dict.fromkeys(notes))
     if len(unique) <= MAX_NOTES:
         return unique
-    return unique[: MAX_NOTES - 1] + [f"... and {len(unique) - MAX_NOTES + 1} more notes about claim files"]
+    return [*unique[: MAX_NOTES - 1], f"... and {len(unique) - MAX_NOTES + 1} more notes about claim files"]
 
 
 def _scan(
@@ -619,8 +630,8 @@ def _scan(
     safes: set[str],
     names: list[str],
     table: ProcessTable,
-    own: Optional[str] = None,
-    notes: Optional[list[str]] = None,
+    own: str | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[dict[str, list[_Entry]], list[tuple[str, int, int]]]:
     """The live claims on each of ``safes`` (oldest first), and our own left-overs.
 
@@ -670,7 +681,9 @@ def _scan(
             f"{_shown(safe)} that are not claim files"
         )
     if table.hides_others and any(found.values()):
-        notes.append("this machine's /proc hides other users' processes: their claims are judged by their locks only")
+        notes.append(
+            "this machine's /proc hides other users' processes: their claims are judged by their locks only"
+        )
     return {safe: sorted(entries, key=lambda e: (e.ctime, e.name)) for safe, entries in found.items()}, stale
 
 
@@ -701,7 +714,9 @@ def _if_mine(dfd: int, name: str, me: int, locked_is_stale: bool) -> list[tuple[
     return [(name, info.st_dev, info.st_ino)]
 
 
-def _entry(dfd: int, directory: str, name: str, safe: str, named: int, pid: int, notes: list[str]) -> Optional[_Entry]:
+def _entry(
+    dfd: int, directory: str, name: str, safe: str, named: int, pid: int, notes: list[str]
+) -> _Entry | None:
     """The claim ``name`` of a running process, if its file is what a claim must be and is locked."""
     shown = "claim file " + _shown(os.path.join(directory, name), 200)
     try:
@@ -717,7 +732,9 @@ def _entry(dfd: int, directory: str, name: str, safe: str, named: int, pid: int,
     if info.st_uid != named:
         notes.append(f"skipped {shown}: named for uid {named} but owned by {_who(info.st_uid)}")
         return None
-    if stat.S_IMODE(info.st_mode) & 0o066 != 0o044:  # each user must see the same claims, written by the owner only
+    if (
+        stat.S_IMODE(info.st_mode) & 0o066 != 0o044
+    ):  # each user must see the same claims, written by the owner only
         notes.append(f"skipped {shown} ({_who(named)}'s): mode {stat.S_IMODE(info.st_mode):04o}, not 0644")
         return None
     state = _probe(dfd, name, info, safe, shown, notes)
@@ -728,7 +745,7 @@ def _entry(dfd: int, directory: str, name: str, safe: str, named: int, pid: int,
 
 
 def _probe(dfd: int, name: str, info: os.stat_result, safe: str, shown: str, notes: list[str]):
-    """"free" if nobody holds ``name``'s lock, (ctime, mtime) if someone does, None to skip it."""
+    """ "free" if nobody holds ``name``'s lock, (ctime, mtime) if someone does, None to skip it."""
     try:
         fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)
     except FileNotFoundError:

@@ -10,15 +10,29 @@ logical GPUs on one physical), so every reader shows the same number.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping, Optional
+from typing import Any
 
 from .nvml import GpuInfo, GpuLost, GpuProcess, MigDevice, Nvml, ReadingFailed
 from .owners import EXITED_NOTE, HIDDEN_NOTE, ProcessDetails, ProcessTable, lookup_listing
 
 __all__ = [
-    "GpuUsage", "HIDDEN", "MINE", "MigListing", "OTHERS", "ProcessEntry", "THIS_KERNEL", "UNKNOWN",
-    "attribute", "entries", "gpu_listing_key", "mig_listing_key", "mig_listings", "allocator_by_gpu", "AllocatorShare",
+    "HIDDEN",
+    "MINE",
+    "OTHERS",
+    "THIS_KERNEL",
+    "UNKNOWN",
+    "AllocatorShare",
+    "GpuUsage",
+    "MigListing",
+    "ProcessEntry",
+    "allocator_by_gpu",
+    "attribute",
+    "entries",
+    "gpu_listing_key",
+    "mig_listing_key",
+    "mig_listings",
 ]
 
 
@@ -29,13 +43,13 @@ HIDDEN = "hidden"  # /proc hides it (hidepid): another user's, or exited; nobody
 @dataclass(frozen=True)
 class ProcessEntry:
     pid: int
-    used_memory_bytes: Optional[int]  # None: NVML could not say
+    used_memory_bytes: int | None  # None: NVML could not say
     kind: str  # "compute" or "graphics"
-    user: Optional[str]
-    command: Optional[str]
+    user: str | None
+    command: str | None
     alive: bool
     whose: str  # THIS_KERNEL, MINE (my other processes), OTHERS, UNKNOWN (exited), HIDDEN
-    note: Optional[str] = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,12 +57,14 @@ class GpuUsage:
     """One GPU's memory split by holder, in bytes.  None: not known (never a made-up 0)."""
 
     index: int
-    processes: Optional[tuple[ProcessEntry, ...]]  # None: NVML could not list them
-    this_kernel_bytes: Optional[int]
-    this_kernel_source: Optional[str]  # "nvml" (found by pid), or the key of the framework whose allocator is shown
-    my_other_bytes: Optional[int]
-    others_bytes: Optional[int]
-    unattributed_bytes: Optional[int]  # used, but by no listed live process (contexts, exited)
+    processes: tuple[ProcessEntry, ...] | None  # None: NVML could not list them
+    this_kernel_bytes: int | None
+    this_kernel_source: (
+        str | None
+    )  # "nvml" (found by pid), or the key of the framework whose allocator is shown
+    my_other_bytes: int | None
+    others_bytes: int | None
+    unattributed_bytes: int | None  # used, but by no listed live process (contexts, exited)
     notes: tuple[str, ...] = ()
 
 
@@ -66,8 +82,8 @@ def attribute(
     gpu: GpuInfo,
     table: ProcessTable,
     my_pid: int,
-    me: Optional[str],
-    allocator: Optional["AllocatorShare"] = None,
+    me: str | None,
+    allocator: AllocatorShare | None = None,
 ) -> GpuUsage:
     """Split one GPU's memory into this kernel, my other processes, others and the rest.
 
@@ -85,7 +101,7 @@ def attribute(
 
 
 def entries(
-    processes: Any, table: ProcessTable, my_pid: int, me: Optional[str], key: Optional[Hashable] = None
+    processes: Any, table: ProcessTable, my_pid: int, me: str | None, key: Hashable | None = None
 ) -> tuple[ProcessEntry, ...]:
     """Whose each listed process is (``nvml.GpuProcess`` objects): :func:`attribute`'s for a whole
     GPU, and the same for listings that are not a whole GPU's (a MIG instance's).
@@ -96,7 +112,10 @@ def entries(
     processes = list(processes)
     pids = [p.pid for p in processes]
     found = [table.lookup(pid) for pid in pids] if key is None else lookup_listing(table, key, pids)
-    return tuple(_entry(p.pid, p.used_memory_bytes, p.kind, d, my_pid, me) for p, d in zip(processes, found))
+    return tuple(
+        _entry(p.pid, p.used_memory_bytes, p.kind, d, my_pid, me)
+        for p, d in zip(processes, found, strict=False)
+    )
 
 
 def gpu_listing_key(gpu: GpuInfo) -> Hashable:
@@ -110,7 +129,7 @@ def mig_listing_key(device: MigDevice) -> Hashable:
 
 
 def _entry(
-    pid: int, used: Optional[int], kind: str, details: ProcessDetails, my_pid: int, me: Optional[str]
+    pid: int, used: int | None, kind: str, details: ProcessDetails, my_pid: int, me: str | None
 ) -> ProcessEntry:
     if pid == my_pid:
         whose = THIS_KERNEL
@@ -125,7 +144,9 @@ def _entry(
     return ProcessEntry(pid, used, kind, details.user, details.command, details.alive, whose, details.note)
 
 
-def _split(gpu: GpuInfo, entries: tuple[ProcessEntry, ...], allocator: Optional["AllocatorShare"], my_pid: int) -> GpuUsage:
+def _split(
+    gpu: GpuInfo, entries: tuple[ProcessEntry, ...], allocator: AllocatorShare | None, my_pid: int
+) -> GpuUsage:
     notes: list[str] = []
     buckets = {w: _bucket([e for e in entries if e.whose == w]) for w in (THIS_KERNEL, MINE, OTHERS)}
     mine, source = buckets[THIS_KERNEL], "nvml"
@@ -167,13 +188,13 @@ def hidden_note(pids: list[int]) -> str:
     return f"pid {shown}: {HIDDEN_NOTE}; other users' memory and the unattributed rest are unknown"
 
 
-def _unlisted(gpu: GpuInfo, allocator: Optional["AllocatorShare"], why: str) -> GpuUsage:
+def _unlisted(gpu: GpuInfo, allocator: AllocatorShare | None, why: str) -> GpuUsage:
     if allocator is None:
         return GpuUsage(gpu.index, None, None, None, None, None, None, (why,))
     return GpuUsage(gpu.index, None, allocator.in_use_bytes, allocator.source, None, None, None, (why,))
 
 
-def _bucket(entries: list[ProcessEntry]) -> Optional[int]:
+def _bucket(entries: list[ProcessEntry]) -> int | None:
     """Known bytes of a group; 0 only when the group is truly empty, None when all are unknown."""
     known = [e.used_memory_bytes for e in entries if e.used_memory_bytes is not None]
     if entries and not known:
@@ -181,12 +202,10 @@ def _bucket(entries: list[ProcessEntry]) -> Optional[int]:
     return sum(known)
 
 
-def _rest(gpu: GpuInfo, parts: list[Optional[int]]) -> Optional[int]:
+def _rest(gpu: GpuInfo, parts: list[int | None]) -> int | None:
     if gpu.memory is None:
         return None
     return max(0, gpu.memory.used_bytes - sum(p or 0 for p in parts))
-
-
 
 
 def allocator_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict[int, tuple[int, int]]:
@@ -214,7 +233,7 @@ class MigListing:
     """One MIG instance of a GPU and the processes NVML lists on it (None: the listing failed, see notes)."""
 
     device: MigDevice
-    processes: Optional[list[GpuProcess]]
+    processes: list[GpuProcess] | None
     notes: tuple[str, ...]
 
 
@@ -227,7 +246,7 @@ def mig_listings(nvml: Nvml, index: int) -> list[MigListing]:
     for device in nvml.mig_devices(index):
         notes = list(device.notes)
         try:
-            processes: Optional[list[GpuProcess]] = nvml.mig_processes(index, device.mig_index)
+            processes: list[GpuProcess] | None = nvml.mig_processes(index, device.mig_index)
         except (GpuLost, ReadingFailed) as err:
             processes = None
             notes.append(f"NVML could not list the processes ({err})")

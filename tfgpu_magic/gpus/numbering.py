@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 from ..command.units import format_bytes
 from ..safe_text import safe
@@ -30,10 +29,12 @@ __all__ = [
 ]
 
 _INDEX = re.compile(r"[0-9]+", re.ASCII)  # never str.isdigit: it accepts '²', which int() refuses
-MAX_INDEX_DIGITS = 9  # no machine has a billion GPUs: a longer index names none (and int() refuses 4,301 digits)
+MAX_INDEX_DIGITS = (
+    9  # no machine has a billion GPUs: a longer index names none (and int() refuses 4,301 digits)
+)
 
 
-def index_value(entry: str) -> Optional[int]:
+def index_value(entry: str) -> int | None:
     """The GPU index an all-digit entry names, as CUDA reads it (leading zeros ignored);
     None when it is too long to name any GPU.  Never int() on the whole: an inherited value
     may hold thousands of digits, which int() refuses with a ValueError."""
@@ -46,7 +47,7 @@ def visible_env_value(gpus: Sequence[int]) -> str:
     return ",".join(str(i) for i in gpus) if gpus else "-1"
 
 
-def order_is_nvml(env: Mapping[str, Optional[str]]) -> bool:
+def order_is_nvml(env: Mapping[str, str | None]) -> bool:
     return (env.get("CUDA_DEVICE_ORDER") or "FASTEST_FIRST").strip().upper() == "PCI_BUS_ID"
 
 
@@ -62,7 +63,7 @@ class MigInstance:
     gpu: int  # nvidia-smi index of its GPU
     gpu_instance_id: int
     compute_instance_id: int
-    total_bytes: Optional[int] = None  # the instance's own memory
+    total_bytes: int | None = None  # the instance's own memory
 
     def describe(self) -> str:
         memory = "" if self.total_bytes is None else f", {format_bytes(self.total_bytes)}"
@@ -89,9 +90,9 @@ class Reading:
     """``CUDA_VISIBLE_DEVICES`` read as CUDA reads it: CUDA's device k is ``gpus[k]``."""
 
     gpus: tuple[int, ...]  # nvidia-smi index of each CUDA device (a MIG instance: its GPU's)
-    mig: tuple[Optional[MigInstance], ...]  # per CUDA device, the MIG instance an entry named
-    invalid: Optional[InvalidEntry] = None  # where CUDA stopped
-    unknown: Optional[str] = None  # why the rest cannot be read here (no NVML, no MIG readings)
+    mig: tuple[MigInstance | None, ...]  # per CUDA device, the MIG instance an entry named
+    invalid: InvalidEntry | None = None  # where CUDA stopped
+    unknown: str | None = None  # why the rest cannot be read here (no NVML, no MIG readings)
 
 
 def shown(text: str, most: int = SHOWN_CHARS) -> str:
@@ -100,9 +101,9 @@ def shown(text: str, most: int = SHOWN_CHARS) -> str:
 
 
 def read_visible(
-    raw: Optional[str],
-    nvml_uuids: Optional[Sequence[Optional[str]]],
-    mig: Optional[Sequence[MigInstance]] = None,
+    raw: str | None,
+    nvml_uuids: Sequence[str | None] | None,
+    mig: Sequence[MigInstance] | None = None,
 ) -> Reading:
     """Read ``CUDA_VISIBLE_DEVICES`` as CUDA does: entry by entry, up to the first invalid one.
 
@@ -113,7 +114,7 @@ def read_visible(
         count = len(nvml_uuids or ())
         return Reading(tuple(range(count)), (None,) * count)
     gpus: list[int] = []
-    instances: list[Optional[MigInstance]] = []
+    instances: list[MigInstance | None] = []
     for position, entry in enumerate((e.strip() for e in raw.split(",")), start=1):
         found = _read_entry(entry, nvml_uuids, mig)
         if isinstance(found, _Unknown):
@@ -122,10 +123,14 @@ def read_visible(
             return Reading(tuple(gpus), tuple(instances), InvalidEntry(position, shown(entry), found))
         index, instance = found
         if instance is None and index in gpus and instances[gpus.index(index)] is None:
-            return Reading(tuple(gpus), tuple(instances), InvalidEntry(position, shown(entry), f"repeats GPU {index}"))
+            return Reading(
+                tuple(gpus), tuple(instances), InvalidEntry(position, shown(entry), f"repeats GPU {index}")
+            )
         if instance is not None and instance in instances:
             return Reading(
-                tuple(gpus), tuple(instances), InvalidEntry(position, shown(entry), f"repeats {instance.describe()}")
+                tuple(gpus),
+                tuple(instances),
+                InvalidEntry(position, shown(entry), f"repeats {instance.describe()}"),
             )
         gpus.append(index)
         instances.append(instance)
@@ -138,8 +143,8 @@ class _Unknown:
 
 
 def _read_entry(
-    entry: str, nvml_uuids: Optional[Sequence[Optional[str]]], mig: Optional[Sequence[MigInstance]]
-) -> "tuple[int, Optional[MigInstance]] | str | _Unknown":
+    entry: str, nvml_uuids: Sequence[str | None] | None, mig: Sequence[MigInstance] | None
+) -> tuple[int, MigInstance | None] | str | _Unknown:
     """(GPU, MIG instance or None) for a usable entry; why not (a str) for an invalid one."""
     if _INDEX.fullmatch(entry):
         index = index_value(entry)
@@ -152,7 +157,9 @@ def _read_entry(
         return _legacy_mig(entry, nvml_uuids, mig)
     if entry.startswith("MIG-"):
         if mig is None:
-            return _Unknown("MIG instances: their GPUs cannot be numbered here (NVML does not list MIG instances)")
+            return _Unknown(
+                "MIG instances: their GPUs cannot be numbered here (NVML does not list MIG instances)"
+            )
         named = [m for m in mig if m.uuid == entry]
         return (named[0].gpu, named[0]) if named else "names no MIG instance on this machine"
     if entry.startswith("GPU-"):
@@ -164,8 +171,8 @@ def _read_entry(
 
 
 def _legacy_mig(
-    entry: str, nvml_uuids: Optional[Sequence[Optional[str]]], mig: Optional[Sequence[MigInstance]]
-) -> "tuple[int, Optional[MigInstance]] | str | _Unknown":
+    entry: str, nvml_uuids: Sequence[str | None] | None, mig: Sequence[MigInstance] | None
+) -> tuple[int, MigInstance | None] | str | _Unknown:
     parts = entry[4:].split("/")
     if nvml_uuids is None:
         return _Unknown("GPU UUIDs cannot be matched without NVML")
@@ -175,11 +182,15 @@ def _legacy_mig(
     if mig is None:
         return found, None  # the GPU is known; its instances are not
     ids = [index_value(p) if _INDEX.fullmatch(p) else None for p in parts[1:]]
-    named = [m for m in mig if m.gpu == found and len(ids) == 2 and (m.gpu_instance_id, m.compute_instance_id) == tuple(ids)]
+    named = [
+        m
+        for m in mig
+        if m.gpu == found and len(ids) == 2 and (m.gpu_instance_id, m.compute_instance_id) == tuple(ids)
+    ]
     return (found, named[0]) if named else f"names no MIG instance of GPU {found}"
 
 
-def _uuid_index(prefix: str, nvml_uuids: Sequence[Optional[str]]) -> "int | str":
+def _uuid_index(prefix: str, nvml_uuids: Sequence[str | None]) -> int | str:
     # CUDA accepts any unique prefix of a UUID.
     matches = [i for i, u in enumerate(nvml_uuids) if u and u.startswith(prefix)]
     if len(matches) == 1:
@@ -192,9 +203,9 @@ def _machine(count: int) -> str:
 
 
 def cuda_to_nvml(
-    env: Mapping[str, Optional[str]],
-    nvml_uuids: Sequence[Optional[str]],
-    mig: Optional[Sequence[MigInstance]] = None,
+    env: Mapping[str, str | None],
+    nvml_uuids: Sequence[str | None],
+    mig: Sequence[MigInstance] | None = None,
 ) -> list[int]:
     """nvidia-smi index of each CUDA device, CUDA's device k at position k.
 
@@ -216,10 +227,10 @@ class Allocation:
     instances it names: on their GPUs, the kernel has the instance, never the whole GPU.
     """
 
-    raw: Optional[str]  # None: nothing inherited, every GPU is allocated
-    gpus: Optional[tuple[int, ...]]
-    note: Optional[str] = None  # what was odd about the value, for `%gpu`
-    invalid: Optional[InvalidEntry] = None  # the first entry CUDA cannot use
+    raw: str | None  # None: nothing inherited, every GPU is allocated
+    gpus: tuple[int, ...] | None
+    note: str | None = None  # what was odd about the value, for `%gpu`
+    invalid: InvalidEntry | None = None  # the first entry CUDA cannot use
     mig: tuple[MigInstance, ...] = ()
 
     @property
@@ -252,9 +263,9 @@ class Allocation:
 
 
 def allocation_from(
-    raw: Optional[str],
-    nvml_uuids: Optional[Sequence[Optional[str]]],
-    mig: Optional[Sequence[MigInstance]] = None,
+    raw: str | None,
+    nvml_uuids: Sequence[str | None] | None,
+    mig: Sequence[MigInstance] | None = None,
 ) -> Allocation:
     """Read an inherited ``CUDA_VISIBLE_DEVICES`` the way CUDA will (up to its first invalid entry)."""
     if raw is None:
@@ -267,8 +278,7 @@ def allocation_from(
     allocation = Allocation(raw, gpus, None, reading.invalid, instances)
     if reading.invalid is None:
         return allocation
-    note = (
-        "CUDA_VISIBLE_DEVICES was set before the kernel started, and its "
-        + reading.invalid.explain(allocation.describe())
+    note = "CUDA_VISIBLE_DEVICES was set before the kernel started, and its " + reading.invalid.explain(
+        allocation.describe()
     )
     return Allocation(raw, gpus, note, reading.invalid, instances)

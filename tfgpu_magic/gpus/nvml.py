@@ -50,8 +50,9 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 from ..safe_text import safe
 
@@ -98,7 +99,7 @@ class GpuLost(RuntimeError):
     ``note`` is ``"<reading>: <reason>"`` for the reading that found it (None if not known).
     """
 
-    def __init__(self, message: str, note: Optional[str] = None) -> None:
+    def __init__(self, message: str, note: str | None = None) -> None:
         super().__init__(message)
         self.note = note
 
@@ -111,7 +112,7 @@ class ReadingFailed(RuntimeError):
     ``reading`` names what failed, ``note`` is ``"<reading>: <reason>"``, ``index`` the GPU.
     """
 
-    def __init__(self, index: int, reading: str, reason: str, message: Optional[str] = None) -> None:
+    def __init__(self, index: int, reading: str, reason: str, message: str | None = None) -> None:
         super().__init__(message or reason)
         self.index = index
         self.reading = reading
@@ -135,7 +136,7 @@ class MemoryInfo:
     total_bytes: int
     used_bytes: int
     free_bytes: int
-    reserved_bytes: Optional[int] = None
+    reserved_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,13 +144,13 @@ class GpuInfo:
     """One physical GPU.  ``None`` means NVML could not give that reading; ``notes`` say why."""
 
     index: int  # NVML index, as nvidia-smi shows it
-    uuid: Optional[str]
-    name: Optional[str]
-    pci_bus_id: Optional[str]
-    memory: Optional[MemoryInfo]  # bytes
-    utilization_percent: Optional[int]
-    compute_capability: Optional[tuple[int, int]]
-    mig_enabled: Optional[bool]
+    uuid: str | None
+    name: str | None
+    pci_bus_id: str | None
+    memory: MemoryInfo | None  # bytes
+    utilization_percent: int | None
+    compute_capability: tuple[int, int] | None
+    mig_enabled: bool | None
     lost: bool = False  # True when the GPU stopped answering; other fields are then None
     notes: tuple[str, ...] = ()  # "<reading>: <reason>" for each reading that failed
 
@@ -160,11 +161,11 @@ class MigDevice:
 
     index: int  # its GPU's nvidia-smi index
     mig_index: int  # its place among the GPU's MIG devices (nvidia-smi's and nvitop's `3:0`)
-    uuid: Optional[str]  # "MIG-..."
-    name: Optional[str]
-    gpu_instance_id: Optional[int]
-    compute_instance_id: Optional[int]
-    memory: Optional[MemoryInfo]  # the instance's own memory
+    uuid: str | None  # "MIG-..."
+    name: str | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    memory: MemoryInfo | None  # the instance's own memory
     notes: tuple[str, ...] = ()
 
 
@@ -174,7 +175,7 @@ class GpuProcess:
 
     pid: int
     gpu_index: int
-    used_memory_bytes: Optional[int]  # None when NVML cannot attribute memory (e.g. no permission)
+    used_memory_bytes: int | None  # None when NVML cannot attribute memory (e.g. no permission)
     kind: str  # "compute" or "graphics"
 
 
@@ -196,12 +197,12 @@ class Nvml:
         self._retry_s = retry_s
         self._lock = threading.Lock()
         self._started = False
-        self._failure: Optional[str] = None  # why the last start failed
+        self._failure: str | None = None  # why the last start failed
         self._retry_at = 0.0  # when a failed start may be tried again (clock time)
         self._exit_registered = False
         self._handles: dict[int, Any] = {}
         self._count = 0
-        self.count_note: Optional[str] = None  # why the device count was capped, if it was
+        self.count_note: str | None = None  # why the device count was capped, if it was
         self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total"|"pci"|"cc": value}
         self._system: dict[str, Any] = {}  # facts of the driver itself: {"cuda_driver": "12.8"}
 
@@ -266,9 +267,8 @@ class Nvml:
         if 0 <= count <= MAX_DEVICES:
             self.count_note = None
             return count
-        self.count_note = (
-            f"the driver reported {safe(str(answer)[:40])} GPUs; "
-            + (f"only the first {MAX_DEVICES} are read" if count > 0 else "none are read")
+        self.count_note = f"the driver reported {safe(str(answer)[:40])} GPUs; " + (
+            f"only the first {MAX_DEVICES} are read" if count > 0 else "none are read"
         )
         return min(max(count, 0), MAX_DEVICES)
 
@@ -317,7 +317,7 @@ class Nvml:
         handle = self._handle(index)
         return self._read(index, UTILIZATION, _utilization, lib, handle)
 
-    def cuda_driver_version(self) -> Optional[str]:
+    def cuda_driver_version(self) -> str | None:
         """The newest CUDA version the driver supports (``nvmlSystemGetCudaDriverVersion``), as
         ``"12.8"``; None when NVML is absent or cannot say.  Read once: a driver does not change
         under a running process."""
@@ -330,19 +330,19 @@ class Nvml:
         return self._system["cuda_driver"]
 
     # UUID, name and total memory never change: read once per GPU, cached only when read.
-    def uuid(self, index: int) -> Optional[str]:
+    def uuid(self, index: int) -> str | None:
         """The GPU's UUID (cached); None if unreadable or lost (tried again next call)."""
         return self._fact(index, "uuid", UUID, _uuid)
 
-    def name(self, index: int) -> Optional[str]:
+    def name(self, index: int) -> str | None:
         """The GPU's product name (cached); None if unreadable or lost (tried again next call)."""
         return self._fact(index, "name", NAME, _name)
 
-    def total_bytes(self, index: int) -> Optional[int]:
+    def total_bytes(self, index: int) -> int | None:
         """The GPU's total memory in bytes (cached); None if unreadable or lost (tried again next call)."""
         return self._fact(index, "total", MEMORY, _total_bytes)
 
-    def _fact(self, index: int, key: str, reading: str, read: Callable[[Any, Any], T]) -> Optional[T]:
+    def _fact(self, index: int, key: str, reading: str, read: Callable[[Any, Any], T]) -> T | None:
         value = self._static.get(index, {}).get(key)
         if value is not None:
             return value
@@ -370,7 +370,7 @@ class Nvml:
         notes: list[str] = []
         cached = self._static.get(index, {})
 
-        def optional(reading: str, read: Callable[[Any, Any], T]) -> Optional[T]:
+        def optional(reading: str, read: Callable[[Any, Any], T]) -> T | None:
             try:
                 return self._read(index, reading, read, lib, handle)
             except ReadingFailed as err:
@@ -448,7 +448,9 @@ class Nvml:
             raise self._failed(index, MIG, err) from err
         if not enabled:
             return []
-        count = self._read(index, MIG_DEVICES, lambda lib, h: int(lib.nvmlDeviceGetMaxMigDeviceCount(h)), lib, handle)
+        count = self._read(
+            index, MIG_DEVICES, lambda lib, h: int(lib.nvmlDeviceGetMaxMigDeviceCount(h)), lib, handle
+        )
         found = []
         for slot in range(max(0, min(count, MAX_MIG_DEVICES))):
             try:
@@ -463,7 +465,7 @@ class Nvml:
     def _mig_device(self, index: int, slot: int, lib: Any, handle: Any) -> MigDevice:
         notes: list[str] = []
 
-        def optional(reading: str, read: Callable[[Any, Any], T]) -> Optional[T]:
+        def optional(reading: str, read: Callable[[Any, Any], T]) -> T | None:
             try:
                 return read(lib, handle)
             except Exception as err:
@@ -489,7 +491,11 @@ class Nvml:
         lib = self._ensure_started()
         handle = self._handle(index)
         mig_handle = self._read(
-            index, MIG_DEVICES, lambda lib, h: lib.nvmlDeviceGetMigDeviceHandleByIndex(h, mig_index), lib, handle
+            index,
+            MIG_DEVICES,
+            lambda lib, h: lib.nvmlDeviceGetMigDeviceHandleByIndex(h, mig_index),
+            lib,
+            handle,
         )
         compute = self._read(index, PROCESSES, _listing, lib, mig_handle, index, "compute")
         try:
@@ -508,7 +514,9 @@ class Nvml:
         if handle is None:
             if not 0 <= index < self._count:
                 raise IndexError(f"no GPU {index}: this machine has {self._count}")
-            handle = self._read(index, HANDLE, lambda lib, i: lib.nvmlDeviceGetHandleByIndex(i), self._lib, index)
+            handle = self._read(
+                index, HANDLE, lambda lib, i: lib.nvmlDeviceGetHandleByIndex(i), self._lib, index
+            )
             self._handles[index] = handle
         return handle
 
@@ -594,7 +602,11 @@ def _mig_enabled(lib: Any, handle: Any) -> bool:
 
 
 def _listing(lib: Any, handle: Any, index: int, kind: str) -> list[GpuProcess]:
-    call = lib.nvmlDeviceGetComputeRunningProcesses if kind == "compute" else lib.nvmlDeviceGetGraphicsRunningProcesses
+    call = (
+        lib.nvmlDeviceGetComputeRunningProcesses
+        if kind == "compute"
+        else lib.nvmlDeviceGetGraphicsRunningProcesses
+    )
     result = []
     for proc in call(handle) or []:
         used = getattr(proc, "usedGpuMemory", None)
@@ -631,7 +643,7 @@ def _reason(err: BaseException, nvml_error: bool) -> str:
     return f"{name}: {text}" if text else name
 
 
-def _code(err: Exception) -> Optional[int]:
+def _code(err: Exception) -> int | None:
     return getattr(err, "value", None)
 
 
@@ -648,4 +660,3 @@ def _lost_codes(lib: Any) -> tuple[int, ...]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-

@@ -41,8 +41,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..safe_text import bounded, safe
 from .nvml import Nvml
@@ -52,9 +53,9 @@ __all__ = [
     "EXITED_NOTE",
     "HIDDEN",
     "HIDDEN_NOTE",
+    "LISTING_TRUST_S",
     "MAX_COMMAND_CHARS",
     "MAX_NAME_CHARS",
-    "LISTING_TRUST_S",
     "OwnerLookupTable",
     "ProcessDetails",
     "ProcessTable",
@@ -68,7 +69,9 @@ __all__ = [
 
 MAX_COMMAND_CHARS = 1024  # characters of a command line kept, "…" included (escapes count as shown)
 MAX_NAME_CHARS = 64  # characters of a user name kept
-CMDLINE_READ_BYTES = 4 * MAX_COMMAND_CHARS  # bytes of /proc/<pid>/cmdline read: enough for the characters kept
+CMDLINE_READ_BYTES = (
+    4 * MAX_COMMAND_CHARS
+)  # bytes of /proc/<pid>/cmdline read: enough for the characters kept
 
 
 @dataclass(frozen=True)
@@ -78,10 +81,10 @@ class ProcessDetails:
     ``user`` and ``command`` are bounded here, whoever built the details (see the module's docstring).
     """
 
-    user: Optional[str]
-    command: Optional[str]
+    user: str | None
+    command: str | None
     alive: bool  # False: exited; True: running, or (hidden) may be running
-    note: Optional[str] = None
+    note: str | None = None
     hidden: bool = False  # /proc hides it (hidepid): whose it is and whether it runs are unknown
 
     def __post_init__(self) -> None:
@@ -97,7 +100,7 @@ class ProcessTable(Protocol):
 
     def lookup(self, pid: int) -> ProcessDetails: ...
 
-    def current_user(self) -> Optional[str]: ...
+    def current_user(self) -> str | None: ...
 
 
 EXITED_NOTE = "exited, but NVML still lists it (or it lives in another pid namespace)"
@@ -132,7 +135,7 @@ class _UserNames:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._names: dict[int, tuple[str, Optional[float]]] = {}  # uid -> (name, retry at or None)
+        self._names: dict[int, tuple[str, float | None]] = {}  # uid -> (name, retry at or None)
 
     def name(self, uid: int) -> str:
         found = self._names.get(uid)  # one dict read: atomic under the GIL, no lock needed
@@ -141,7 +144,7 @@ class _UserNames:
         import pwd
 
         try:
-            entry: tuple[str, Optional[float]] = (bounded(pwd.getpwuid(uid).pw_name, MAX_NAME_CHARS), None)
+            entry: tuple[str, float | None] = (bounded(pwd.getpwuid(uid).pw_name, MAX_NAME_CHARS), None)
         except KeyError:  # a uid without a passwd entry (containers): the number still says who
             entry = (str(uid), self._clock() + NAMELESS_RETRY_S)
         with self._lock:
@@ -201,7 +204,7 @@ def _stat_identity(pid: int) -> object:
     return (fields[19], comm)  # field 22, starttime; field 2, comm
 
 
-def parent_of(pid: int) -> Optional[int]:
+def parent_of(pid: int) -> int | None:
     """The parent pid of a live process; None when it has exited, is a zombie, or cannot be read."""
     stat = _read_stat(pid) if _HAS_PROC else _UNKNOWN
     if stat is _GONE or stat is _HIDDEN:
@@ -325,7 +328,7 @@ class PsutilProcessTable:
     def __init__(
         self,
         max_processes: int = MAX_PROCESSES,
-        user_names: Optional[_UserNames] = None,
+        user_names: _UserNames | None = None,
         min_age_s: float = MIN_AGE_S,
         listing_trust_s: float = LISTING_TRUST_S,
         clock: Callable[[], float] = time.monotonic,
@@ -402,7 +405,7 @@ class PsutilProcessTable:
                 self._listings.pop(key, None)
         return found
 
-    def current_user(self) -> Optional[str]:
+    def current_user(self) -> str | None:
         return self._names.name(os.getuid())
 
     def _worth_keeping(self, identity: object, details: ProcessDetails) -> bool:
@@ -436,7 +439,9 @@ class PsutilProcessTable:
             return EXITED
         except (psutil.NoSuchProcess, ProcessLookupError):  # not in /proc: exited, or hidden (hidepid)
             return _absent()
-        except Exception as err:  # AccessDenied, or what psutil does not translate (EIO, EINVAL, ValueError...)
+        except (
+            Exception
+        ) as err:  # AccessDenied, or what psutil does not translate (EIO, EINVAL, ValueError...)
             return ProcessDetails(None, None, True, _unreadable(err, psutil))
         if user_note == "exited" or command_note == "exited":
             return _absent()
@@ -453,7 +458,7 @@ class PsutilProcessTable:
         self._names._after_fork()
 
 
-def _proc_lookup(pid: int, names: Optional[_UserNames] = None) -> ProcessDetails:
+def _proc_lookup(pid: int, names: _UserNames | None = None) -> ProcessDetails:
     """Owner and command from /proc, for machines without psutil (Linux only)."""
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
@@ -474,7 +479,7 @@ def _read_cmdline(pid: int) -> tuple[bytes, bool]:
     return data[:CMDLINE_READ_BYTES], len(data) > CMDLINE_READ_BYTES
 
 
-def _cmdline_text(data: bytes, more: bool) -> Optional[str]:
+def _cmdline_text(data: bytes, more: bool) -> str | None:
     """A command line as psutil joins it (arguments separated by spaces), bounded; None when empty."""
     if not more and data.endswith(b"\0"):
         data = data[:-1]
@@ -495,7 +500,7 @@ def _command_of(proc: Any, psutil: Any) -> str:
     return command or proc.name()
 
 
-def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[Optional[str], Optional[str]]:
+def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[str | None, str | None]:
     try:
         return str(read()), None
     except psutil.NoSuchProcess:
@@ -522,7 +527,10 @@ class OwnerLookupTable:
     """
 
     def __init__(
-        self, owner_of: Callable[[int], Any], me: Optional[str] = None, my_pid: Optional[int] = None,
+        self,
+        owner_of: Callable[[int], Any],
+        me: str | None = None,
+        my_pid: int | None = None,
         hides_others: bool = False,
     ):
         self._owner_of = owner_of
@@ -536,9 +544,11 @@ class OwnerLookupTable:
             return HIDDEN if self._hides_others else EXITED
         return ProcessDetails(getattr(found, "user", None), getattr(found, "command", None), True)
 
-    def current_user(self) -> Optional[str]:
+    def current_user(self) -> str | None:
         if self._me is not None:
-            return bounded(self._me, MAX_NAME_CHARS)  # as the details' names are: the same name compares equal
+            return bounded(
+                self._me, MAX_NAME_CHARS
+            )  # as the details' names are: the same name compares equal
         user = getattr(self._owner_of(self._my_pid), "user", None)
         return None if user is None else bounded(str(user), MAX_NAME_CHARS)
 
@@ -571,7 +581,7 @@ def lookup_listing(table: ProcessTable, key: Hashable, pids: Sequence[int]) -> l
     return [table.lookup(pid) for pid in pids]
 
 
-def process_table_for(nvml: Nvml, my_pid: Optional[int] = None) -> ProcessTable:
+def process_table_for(nvml: Nvml, my_pid: int | None = None) -> ProcessTable:
     """The device source's own table when it has one (the fake's ``owner_of``), else the shared psutil table."""
     lib = nvml.lib  # the injected device source; None until real NVML starts
     owner_of = getattr(lib, "owner_of", None)

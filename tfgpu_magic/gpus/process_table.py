@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 __all__ = ["Process", "ProcessTable", "own_start"]
 
@@ -24,7 +23,7 @@ class Process:
     uids: tuple[int, ...]  # real, effective, saved, file system
 
 
-def _read(path: str, limit: int = 4096) -> Optional[bytes]:
+def _read(path: str, limit: int = 4096) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -37,7 +36,7 @@ def _read(path: str, limit: int = 4096) -> Optional[bytes]:
         os.close(fd)
 
 
-def _start(pid: int) -> Optional[int]:
+def _start(pid: int) -> int | None:
     text = _read(f"{_PROC}/{pid}/stat")
     if not text:
         return None
@@ -49,7 +48,7 @@ def _start(pid: int) -> Optional[int]:
         return None
 
 
-def _uids(pid: int) -> Optional[tuple[int, ...]]:
+def _uids(pid: int) -> tuple[int, ...] | None:
     text = _read(f"{_PROC}/{pid}/status", 8192)
     for line in (text or b"").splitlines():
         if line.startswith(b"Uid:"):
@@ -73,7 +72,7 @@ class ProcessTable:
             self._pids = {int(name) for name in os.listdir(_PROC) if name.isascii() and name.isdigit()}
         except OSError:
             self._pids = set()
-        self._seen: dict[int, Optional[Process]] = {}
+        self._seen: dict[int, Process | None] = {}
         # hidepid: other users' processes are missing from /proc, so their absence proves nothing.
         self.hides_others = os.geteuid() != 0 and 1 not in self._pids
 
@@ -81,7 +80,7 @@ class ProcessTable:
         """False only when ``pid`` is surely not running (absent from a /proc that shows everyone)."""
         return pid in self._pids or self.hides_others
 
-    def running(self, pid: int) -> Optional[Process]:
+    def running(self, pid: int) -> Process | None:
         """The running process ``pid``, or None if there is none (or it cannot be read)."""
         if pid not in self._pids:
             return None
@@ -90,7 +89,7 @@ class ProcessTable:
             self._seen[pid] = Process(pid, start, uids) if start is not None and uids else None
         return self._seen[pid]
 
-    def is_alive(self, pid: int, start: int, uid: int) -> Optional[bool]:
+    def is_alive(self, pid: int, start: int, uid: int) -> bool | None:
         """Whether process ``pid`` started at ``start`` runs now as ``uid``; None when /proc cannot say."""
         if pid not in self._pids:
             return None if self.hides_others else False

@@ -6,7 +6,7 @@ kernel it descends from, and the simulated server finds the Jupyter server's ker
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
 
 from . import owners
 
@@ -36,7 +36,7 @@ def read_ancestry(pids: Iterable[int]) -> dict[int, int]:
     return parents
 
 
-def read_parent_map() -> tuple[dict[int, int], Optional[str]]:
+def read_parent_map() -> tuple[dict[int, int], str | None]:
     """Every running process's parent, ``{pid: ppid}``, from one psutil scan, and a note if it failed.
 
     A whole-table scan (milliseconds per thousand processes): the simulated server uses it to

@@ -39,16 +39,17 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence
+from typing import Any
 
 __all__ = [
     "DEMO_KERNEL_PID",
+    "MIG_READINGS",
     "READINGS",
     "HostKernelsNvml",
     "LiveKernelsNvml",
-    "MIG_READINGS",
     "SimulatedGpu",
     "SimulatedMigHandle",
     "SimulatedMigInstance",
@@ -123,7 +124,7 @@ class SimulatedProcess:
     """A process on a simulated GPU.  ``used_mib=None`` mimics NVML's 'not available'."""
 
     pid: int
-    used_mib: Optional[int]
+    used_mib: int | None
     user: str = "someone"  # read by the simulated process table (see SimulatedNvml.owner_of)
     command: str = "python train.py"
     alive: bool = True  # False: NVML still lists it, but the process has exited
@@ -204,7 +205,7 @@ class SimulatedNvml:
     def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
         self.gpus = gpus
         self.driver = driver
-        self.init_error: Optional[BaseException] = None  # raised by nvmlInit when set
+        self.init_error: BaseException | None = None  # raised by nvmlInit when set
         self.initialized = False
         self.init_calls = 0
         self.calls = 0  # every NVML call, for benchmarks and 'how many reads' tests
@@ -213,7 +214,9 @@ class SimulatedNvml:
             gpu.uuid = gpu.uuid or f"GPU-{i:08x}-fake-0000-0000-{i:012x}"
             gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x17 + i * 0x10:02X}:00.0"
             for slot, instance in enumerate(gpu.mig_instances):
-                instance.uuid = instance.uuid or f"MIG-{i:08x}-{slot:04x}-fake-0000-{instance.gpu_instance_id:012x}"
+                instance.uuid = (
+                    instance.uuid or f"MIG-{i:08x}-{slot:04x}-fake-0000-{instance.gpu_instance_id:012x}"
+                )
 
     # -- lifecycle --------------------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -259,11 +262,15 @@ class SimulatedNvml:
     def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self._gpu(handle, "pci").pci_bus_id)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int, version: Optional[int] = None) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> SimpleNamespace:
         if version is not None and not self.memory_v2:
             self.calls += 1
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
-        gpu: Any = self._mig(handle, "memory")[1] if isinstance(handle, SimulatedMigHandle) else self._gpu(handle, "memory")
+        gpu: Any = (
+            self._mig(handle, "memory")[1]
+            if isinstance(handle, SimulatedMigHandle)
+            else self._gpu(handle, "memory")
+        )
         reserved_mib = getattr(gpu, "reserved_mib", 0)
         used, reserved, total = gpu.used_mib * MIB, reserved_mib * MIB, gpu.total_mib * MIB
         if version is None:  # version 1 counts the driver's reservation as used
@@ -345,7 +352,7 @@ class SimulatedNvml:
         return self._processes(handle, "graphics")
 
     # -- the process table a real server has beside NVML (psutil's job there) ----------------
-    def owner_of(self, pid: int) -> Optional[SimulatedProcess]:
+    def owner_of(self, pid: int) -> SimulatedProcess | None:
         """The simulated process with this pid, or None if it exited or never existed."""
         for proc in self.fixed_processes():
             if proc.pid == pid and proc.alive:
@@ -403,7 +410,9 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # MIG queries take the GPU's handle
         return handle
 
-    def _mig(self, handle: SimulatedMigHandle, reading: str, *also: str) -> tuple[SimulatedGpu, SimulatedMigInstance]:
+    def _mig(
+        self, handle: SimulatedMigHandle, reading: str, *also: str
+    ) -> tuple[SimulatedGpu, SimulatedMigInstance]:
         """The GPU and instance behind a MIG handle; a handle whose instance is gone is invalid."""
         gpu = self._gpu(handle.parent, reading, *also)
         if not gpu.mig or handle.slot >= len(gpu.mig_instances):
@@ -417,7 +426,7 @@ class SimulatedNvml:
         return self._mig(handle, "mig_devices")[1]
 
 
-def _record(p: SimulatedProcess, instance: Optional[SimulatedMigInstance]) -> SimpleNamespace:
+def _record(p: SimulatedProcess, instance: SimulatedMigInstance | None) -> SimpleNamespace:
     """A process as pynvml gives it (``nvmlProcessInfo_v3``); NVML's 'no instance' is 0xFFFFFFFF."""
     none = 0xFFFFFFFF
     return SimpleNamespace(
@@ -428,7 +437,7 @@ def _record(p: SimulatedProcess, instance: Optional[SimulatedMigInstance]) -> Si
     )
 
 
-def shared_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
+def shared_server(my_pid: int | None = None, me: str = "me") -> SimulatedNvml:
     """A four-GPU server shared by a team, as seen from the process ``my_pid``.
 
     GPU 0 (40 GiB) is busy with alice's training; GPU 1 (80 GiB) holds this process and
@@ -465,7 +474,7 @@ def shared_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml
     )
 
 
-def mig_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
+def mig_server(my_pid: int | None = None, me: str = "me") -> SimulatedNvml:
     """``shared_server`` with GPU 3 an A100 in MIG mode, shared by three tenants' instances.
 
     GPU 3 (40 GiB) holds MIG instances 1/0 (2g.10gb, where bob runs), 2/0 (2g.10gb, alice's)
@@ -481,8 +490,17 @@ def mig_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
         uuid=server.gpus[3].uuid,
         pci_bus_id=server.gpus[3].pci_bus_id,
         mig_instances=[
-            SimulatedMigInstance(1, 0, 9984, "2g.10gb", 13, processes=[SimulatedProcess(41005, 3072, "bob", "python sweep.py")]),
-            SimulatedMigInstance(2, 0, 9984, "2g.10gb", 13, processes=[SimulatedProcess(41006, 6144, "alice", "python eval.py")]),
+            SimulatedMigInstance(
+                1, 0, 9984, "2g.10gb", 13, processes=[SimulatedProcess(41005, 3072, "bob", "python sweep.py")]
+            ),
+            SimulatedMigInstance(
+                2,
+                0,
+                9984,
+                "2g.10gb",
+                13,
+                processes=[SimulatedProcess(41006, 6144, "alice", "python eval.py")],
+            ),
             SimulatedMigInstance(5, 0, 4864, "1g.5gb", 13),
         ],
     )
@@ -492,7 +510,9 @@ def mig_server(my_pid: Optional[int] = None, me: str = "me") -> SimulatedNvml:
     return server
 
 
-def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40, me: str = "me") -> SimulatedNvml:
+def busy_server(
+    my_pid: int | None = None, gpus: int = 8, processes: int = 40, me: str = "me"
+) -> SimulatedNvml:
     """A larger shared server (default 8 GPUs, 40 processes of five users, this process among them).
 
     Sizes alternate 80/40/24 GiB; one GPU lacks a utilization reading and one process has
@@ -516,7 +536,9 @@ def busy_server(my_pid: Optional[int] = None, gpus: int = 8, processes: int = 40
         gpu = server.gpus[n % gpus]
         pid = my_pid if n == 0 else 50000 + n
         gpu.processes.append(
-            SimulatedProcess(pid, 256 + 64 * n, users[n % len(users)], f"python job_{n}.py", alive=n != processes - 1)
+            SimulatedProcess(
+                pid, 256 + 64 * n, users[n % len(users)], f"python job_{n}.py", alive=n != processes - 1
+            )
         )
     return server
 
@@ -551,14 +573,14 @@ class LiveKernelsNvml(SimulatedNvml):
         driver: bool = True,
         kernel_gpus: int = 2,
         scan_ttl_s: float = 0.5,
-        server_pid: Optional[int] = None,
+        server_pid: int | None = None,
     ) -> None:
         super().__init__(gpus, driver)
         self.server_pid = os.getpid() if server_pid is None else server_pid
         self.kernel_gpus = max(1, min(kernel_gpus, len(gpus)))
         self.scan_ttl_s = scan_ttl_s
         self._scan_lock = threading.Lock()
-        self._scanned_at: Optional[float] = None
+        self._scanned_at: float | None = None
         self._live: dict[int, list[SimulatedProcess]] = {}
 
     def live_processes(self) -> dict[int, list[SimulatedProcess]]:
@@ -580,7 +602,10 @@ class LiveKernelsNvml(SimulatedNvml):
             held = live.setdefault(n % self.kernel_gpus, [])
             # Owners and commands of these come from psutil (owner_of), not from these records.
             held.append(SimulatedProcess(pid, (n + 1) * KERNEL_GIB_STEP, user="", command=""))
-            held.extend(SimulatedProcess(child, KERNEL_CHILD_MIB, user="", command="") for child in descendants(pid, children))
+            held.extend(
+                SimulatedProcess(child, KERNEL_CHILD_MIB, user="", command="")
+                for child in descendants(pid, children)
+            )
         return live
 
     # -- the readings that include the kernels ----------------------------------------------
@@ -593,10 +618,13 @@ class LiveKernelsNvml(SimulatedNvml):
     def _processes(self, handle: int, kind: str) -> list[SimpleNamespace]:
         listed = super()._processes(handle, kind)
         if kind == "compute":
-            listed += [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_mib * MIB) for p in self.live_processes().get(handle, [])]
+            listed += [
+                SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_mib * MIB)
+                for p in self.live_processes().get(handle, [])
+            ]
         return listed
 
-    def owner_of(self, pid: int) -> Optional[Any]:
+    def owner_of(self, pid: int) -> Any | None:
         """A fixed process's simulated owner (None once it exited); any other pid's real one (psutil)."""
         for proc in self.fixed_processes():
             if proc.pid == pid:
@@ -689,7 +717,7 @@ def is_ipython_kernel(argv: Sequence[str]) -> bool:
         if arg == "ipykernel" and n and argv[n - 1] == "-m" and argv[n + 1 : n + 2] != ["install"]:
             return True
         if arg.startswith(("-f=", "--f=")):
-            value: Optional[str] = arg.split("=", 1)[1]
+            value: str | None = arg.split("=", 1)[1]
         else:
             value = arg if n and argv[n - 1] in ("-f", "--f") else None
         if value is not None and _CONNECTION_FILE.fullmatch(os.path.basename(value)):
@@ -731,7 +759,9 @@ class HostKernelsNvml(LiveKernelsNvml):
         placed = set(kernels)
         for pid in kernels:
             held = live.setdefault(pid % self.kernel_gpus, [])
-            held.append(SimulatedProcess(pid, HOST_KERNEL_MIB[pid % len(HOST_KERNEL_MIB)], user="", command=""))
+            held.append(
+                SimulatedProcess(pid, HOST_KERNEL_MIB[pid % len(HOST_KERNEL_MIB)], user="", command="")
+            )
             for child in descendants(pid, children):
                 if child not in placed:  # a kernel below a kernel is listed once, as a kernel
                     placed.add(child)
@@ -777,6 +807,8 @@ def host_kernels_server() -> HostKernelsNvml:
             SimulatedGpu(total_mib=40960, utilization=97),
             SimulatedGpu(name="NVIDIA A100-SXM4-80GB", total_mib=81920, utilization=35),
             SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
-            SimulatedGpu(name="Tesla T4", total_mib=15360, compute_capability=(7, 5), unsupported={"utilization"}),
+            SimulatedGpu(
+                name="Tesla T4", total_mib=15360, compute_capability=(7, 5), unsupported={"utilization"}
+            ),
         ]
     )

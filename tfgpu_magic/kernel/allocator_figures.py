@@ -20,14 +20,23 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from ..frameworks.base import Stage
 
 __all__ = [
-    "AllocatorFigures", "Board", "DeviceFigures", "FigureSeries", "KernelContext", "NOTHING_READ", "board_of", "install",
-    "publish", "read",
+    "NOTHING_READ",
+    "AllocatorFigures",
+    "Board",
+    "DeviceFigures",
+    "FigureSeries",
+    "KernelContext",
+    "board_of",
+    "install",
+    "publish",
+    "read",
 ]
 
 
@@ -38,7 +47,7 @@ class FigureSeries:
     framework: str  # the adapter's key ("pytorch")
     series: str  # the figure's key under it ("reserved")
     label: str  # what the legend says: "PyTorch allocator: reserved"
-    wire_field: Optional[str] = None  # an older DeviceSample field it also fills
+    wire_field: str | None = None  # an older DeviceSample field it also fills
 
 
 @dataclass(frozen=True)
@@ -48,15 +57,15 @@ class DeviceFigures:
     framework: str  # the adapter's key
     device: str  # the framework's own name for it ("cuda:0", "GPU:0", "CPU:0")
     label: str  # "PyTorch cuda:0": the title of its own chart where it maps to no GPU
-    gpu: Optional[int]  # nvidia-smi index; None where it is no GPU (CPU:0) or the mapping failed
-    values: tuple[tuple[str, Optional[int]], ...]  # (series, bytes), in the adapter's order
+    gpu: int | None  # nvidia-smi index; None where it is no GPU (CPU:0) or the mapping failed
+    values: tuple[tuple[str, int | None], ...]  # (series, bytes), in the adapter's order
 
 
 @dataclass(frozen=True)
 class AllocatorFigures:
     """What every imported framework's allocator held at ``read_at`` (immutable: swapped whole)."""
 
-    read_at: Optional[float]  # Unix time of the reading; None: never read
+    read_at: float | None  # Unix time of the reading; None: never read
     series: tuple[FigureSeries, ...] = ()  # the series present, framework by framework
     devices: tuple[DeviceFigures, ...] = ()
     notes: tuple[str, ...] = ()  # per framework: why it has no figures, or why its reading failed
@@ -76,8 +85,8 @@ class KernelContext:
     GPU although CUDA was shown some."""
 
     limits: tuple[tuple[int, int], ...] = ()  # (nvidia-smi index, cap in bytes)
-    visible: Optional[tuple[int, ...]] = None  # nvidia-smi indices this kernel sees; None: all
-    found_no_gpu: Optional[str] = None  # the name of the framework that found none
+    visible: tuple[int, ...] | None = None  # nvidia-smi indices this kernel sees; None: all
+    found_no_gpu: str | None = None  # the name of the framework that found none
     notes: tuple[str, ...] = ()  # an answer that could not be read
 
 
@@ -91,7 +100,9 @@ def _name(framework: Any) -> str:
         return type(framework).__name__
 
 
-def read(frameworks: Iterable[Any], cuda_map: Callable[[], list[int]], clock: Callable[[], float] = time.time) -> AllocatorFigures:
+def read(
+    frameworks: Iterable[Any], cuda_map: Callable[[], list[int]], clock: Callable[[], float] = time.time
+) -> AllocatorFigures:
     """Every imported framework's figures now.  Call on the user's thread; never raises.
 
     ``cuda_map`` gives CUDA's numbering (entry k: CUDA device k's nvidia-smi index); it is asked
@@ -100,7 +111,7 @@ def read(frameworks: Iterable[Any], cuda_map: Callable[[], list[int]], clock: Ca
     series: list[FigureSeries] = []
     devices: list[DeviceFigures] = []
     notes: list[str] = []
-    numbering: list[Optional[list[int]]] = []  # asked once, lazily
+    numbering: list[list[int] | None] = []  # asked once, lazily
 
     def cuda() -> list[int]:
         if not numbering:
@@ -110,7 +121,9 @@ def read(frameworks: Iterable[Any], cuda_map: Callable[[], list[int]], clock: Ca
     try:
         frameworks = tuple(frameworks)
     except Exception as err:
-        return AllocatorFigures(_now(clock), notes=(f"the frameworks could not be listed ({type(err).__name__}: {err})",))
+        return AllocatorFigures(
+            _now(clock), notes=(f"the frameworks could not be listed ({type(err).__name__}: {err})",)
+        )
     for framework in frameworks:
         name = _name(framework)
         try:
@@ -139,7 +152,7 @@ def read(frameworks: Iterable[Any], cuda_map: Callable[[], list[int]], clock: Ca
     return AllocatorFigures(_now(clock), tuple(series), tuple(devices), tuple(notes))
 
 
-def _bytes(value: Any) -> Optional[int]:
+def _bytes(value: Any) -> int | None:
     try:
         return None if value is None else int(value)
     except (TypeError, ValueError, OverflowError):
@@ -175,12 +188,17 @@ class Board:
     def publish_context(self, context: KernelContext) -> None:
         self._context = context
 
-    def publish(self, frameworks: Callable[[], Iterable[Any]], cuda_map: Callable[[], list[int]]) -> AllocatorFigures:
+    def publish(
+        self, frameworks: Callable[[], Iterable[Any]], cuda_map: Callable[[], list[int]]
+    ) -> AllocatorFigures:
         """Read every framework now and make it the latest; never raises (a fault is a note)."""
         try:
             figures = read(frameworks(), cuda_map, self._clock)
         except Exception as err:  # read() guards each framework; this is the last resort
-            figures = AllocatorFigures(_now(self._clock), notes=(f"allocator figures could not be read ({type(err).__name__}: {err})",))
+            figures = AllocatorFigures(
+                _now(self._clock),
+                notes=(f"allocator figures could not be read ({type(err).__name__}: {err})",),
+            )
         self._latest = figures
         return figures
 
@@ -216,14 +234,16 @@ def read_context(session: Any) -> KernelContext:
             notes.append(f"{what} could not be read ({type(err).__name__}: {err})")
             return otherwise
 
-    limits = ask("the configured limits", lambda: tuple(sorted(dict(session.limit_bytes_by_gpu()).items())), ())
+    limits = ask(
+        "the configured limits", lambda: tuple(sorted(dict(session.limit_bytes_by_gpu()).items())), ()
+    )
     # What `%gpu use` and CUDA_VISIBLE_DEVICES hid, not what a framework found (see exposed_gpus).
     visible = ask("the visible GPUs", session.exposed_gpus, None)
     found = ask("the frameworks' GPUs", session.found_no_gpu, None)
     return KernelContext(limits, None if visible is None else tuple(visible), found, tuple(notes))
 
 
-_hooks: "weakref.WeakKeyDictionary[Any, Callable[..., None]]" = weakref.WeakKeyDictionary()
+_hooks: weakref.WeakKeyDictionary[Any, Callable[..., None]] = weakref.WeakKeyDictionary()
 
 
 def install(shell: Any, session: Any) -> None:

@@ -14,15 +14,24 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from ..command import grammar
 from ..command.units import format_size
 from ..frameworks.base import ReportView
 from .session import SessionError
 
-__all__ = ["BudgetExceeded", "CELL_FORMS", "CellCommand", "check_budget", "execute", "parse_cell_line", "run_cell_magic"]
+__all__ = [
+    "CELL_FORMS",
+    "BudgetExceeded",
+    "CellCommand",
+    "check_budget",
+    "execute",
+    "parse_cell_line",
+    "run_cell_magic",
+]
 
 CELL_FORMS = grammar.CELL_FORMS  # declared, with their parsers, in grammar.TABLE
 USAGE = grammar.cell_usage()
@@ -37,8 +46,8 @@ class BudgetExceeded(RuntimeError):
 
 @dataclass(frozen=True)
 class CellCommand:
-    budget_bytes: Optional[int] = None
-    gpu: Optional[int] = None  # NVML index, as nvidia-smi and `%gpu use` number GPUs
+    budget_bytes: int | None = None
+    gpu: int | None = None  # NVML index, as nvidia-smi and `%gpu use` number GPUs
 
 
 # -- the line ------------------------------------------------------------------------------------
@@ -81,7 +90,8 @@ def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: st
         view = _view(session)  # CUDA may have started in the cell: its numbering is known now
         readings = [
             (framework, framework.device_label(device, view), reading)
-            for framework in frameworks for device, reading in windows[framework.key].peaks().items()
+            for framework in frameworks
+            for device, reading in windows[framework.key].peaks().items()
         ]
     finally:
         for window in windows.values():
@@ -91,13 +101,19 @@ def _run_with_budget(shell: Any, session: Any, budget: int, scope: Any, cell: st
         if problem:
             raise SessionError(f"the budget could not be checked: {problem}")
         if in_use:
-            print("tfgpu_magic: the budget could not be checked: no framework's allocator reported figures "
-                  "(a framework keeps none before it starts on a GPU)")
-    check_budget(budget, {label: (r.start_bytes, r.peak_bytes, f.name) for f, label, r in readings if r.exact})
+            print(
+                "tfgpu_magic: the budget could not be checked: no framework's allocator reported figures "
+                "(a framework keeps none before it starts on a GPU)"
+            )
+    check_budget(
+        budget, {label: (r.start_bytes, r.peak_bytes, f.name) for f, label, r in readings if r.exact}
+    )
     for framework, label, reading in readings:
         if not reading.exact and reading.peak_bytes - reading.start_bytes > budget:
-            print(f"tfgpu_magic: {label}: the budget could not be checked: {framework.name} cannot reset its peak, "
-                  f"and the highest it held since it started ({format_size(reading.peak_bytes)}) was before this cell")
+            print(
+                f"tfgpu_magic: {label}: the budget could not be checked: {framework.name} cannot reset its peak, "
+                f"and the highest it held since it started ({format_size(reading.peak_bytes)}) was before this cell"
+            )
     return value
 
 
@@ -170,7 +186,11 @@ def _nothing_to_run_on(frameworks: Any) -> str:
     (first, *rest) = frameworks
     scope, use = first.scope_hint()
     others = [f.scope_hint() for f in rest]
-    more = f" (or {', or '.join(u for _s, u in others)}, for {', '.join(s for s, _u in others)})" if others else ""
+    more = (
+        f" (or {', or '.join(u for _s, u in others)}, for {', '.join(s for s, _u in others)})"
+        if others
+        else ""
+    )
     return (
         f"`%%gpu on` runs the cell under {first.name}'s {scope}, and {first.name} is not imported: "
         f"run {use} in an earlier cell{more}"
@@ -184,7 +204,9 @@ def _not_visible(gpu: int, visible: list[int], framework: str) -> str:
             "cell on here; `%%gpu budget 2G` still measures the cell"
         )
     shown = ", ".join(map(str, visible))
-    return f"GPU {gpu} is not visible to {framework} (visible: GPU {shown}, as nvidia-smi numbers them); {USAGE}"
+    return (
+        f"GPU {gpu} is not visible to {framework} (visible: GPU {shown}, as nvidia-smi numbers them); {USAGE}"
+    )
 
 
 def execute(shell: Any, cell: str) -> Any:
@@ -193,7 +215,7 @@ def execute(shell: Any, cell: str) -> Any:
     source = shell.transform_cell(cell)
     name = shell.compile.cache(source, shell.execution_count, raw_code=cell)  # tracebacks show its lines
     tree = shell.transform_ast(shell.compile.ast_parse(source, filename=name))
-    last: Optional[ast.Expression] = None
+    last: ast.Expression | None = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     exec(shell.compile(tree, name, "exec"), shell.user_global_ns, shell.user_ns)

@@ -9,8 +9,9 @@ lock (:mod:`tfgpu_magic.gpus.claims`), so two kernels started together get diffe
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..command import grammar
 from ..command.units import format_bytes
@@ -27,7 +28,7 @@ class ChoiceError(RuntimeError):
     """No GPU could be chosen; the message (one line) says why and what to try."""
 
 
-def claim_key(nvml: Nvml, index: int) -> Optional[str]:
+def claim_key(nvml: Nvml, index: int) -> str | None:
     """The claim file's key: the GPU's UUID, read once and cached by :class:`Nvml`.
 
     None when the UUID cannot be read: a key made of anything else (the bus id, the index)
@@ -49,7 +50,7 @@ class _Look:
 
     ready: list[GpuInfo]  # best first
     skipped: dict[int, str]  # nvidia-smi index -> why not
-    best_free: Optional[GpuInfo]
+    best_free: GpuInfo | None
 
 
 def choose_gpus(
@@ -96,7 +97,9 @@ def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
     try:
         count = session.nvml.device_count()
     except NvmlUnavailable as err:
-        raise ChoiceError(f"`%gpu use auto` needs GPU readings, and {err}; name the GPUs instead, e.g. `%gpu use 0`") from None
+        raise ChoiceError(
+            f"`%gpu use auto` needs GPU readings, and {err}; name the GPUs instead, e.g. `%gpu use 0`"
+        ) from None
     if count == 0:
         raise ChoiceError("`%gpu use auto` found no GPU on this machine (NVML lists none)")
     allocation = session.machine.allocation()
@@ -111,16 +114,22 @@ def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
             "`%gpu use all` keeps the allocation"
         )
     allowed = tuple(range(count)) if allocation.gpus is None else allocation.gpus
-    where = f"the environment allocated {allocation.describe()}" if allocation.restricted else f"this machine has {count}"
+    where = (
+        f"the environment allocated {allocation.describe()}"
+        if allocation.restricted
+        else f"this machine has {count}"
+    )
     if auto.count > len(allowed):
         raise ChoiceError(
             f"`%gpu use auto:{auto.count}` needs {auto.count} GPUs but {where}; "
-            f"use `%gpu use auto:{len(allowed)}` or fewer" if allowed else f"`%gpu use auto` has no GPU to choose: {where}"
+            f"use `%gpu use auto:{len(allowed)}` or fewer"
+            if allowed
+            else f"`%gpu use auto` has no GPU to choose: {where}"
         )
     return allowed
 
 
-def _started_with(session: Any, auto: grammar.Auto) -> Optional[tuple[tuple[int, ...], str]]:
+def _started_with(session: Any, auto: grammar.Auto) -> tuple[tuple[int, ...], str] | None:
     """Once a framework has started with its GPUs they are fixed: keep (and claim) them if the count fits."""
     view = session.view()
     for framework in session.frameworks():
@@ -142,10 +151,15 @@ def _started_with(session: Any, auto: grammar.Auto) -> Optional[tuple[tuple[int,
             key = claim_key(nvml, index)
             if key is not None:
                 claims.claim(key)
-    return visible, f"{framework.name} has already started with GPU {_indices(visible)}; keeping it (claimed for this kernel)"
+    return (
+        visible,
+        f"{framework.name} has already started with GPU {_indices(visible)}; keeping it (claimed for this kernel)",
+    )
 
 
-def _try_once(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> tuple[Optional[tuple[tuple[int, ...], str]], _Look]:
+def _try_once(
+    nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]
+) -> tuple[tuple[tuple[int, ...], str] | None, _Look]:
     """Under the directory lock: look, and claim the best GPUs if enough qualify."""
     try:
         with claims.choosing():
@@ -183,7 +197,7 @@ def _look(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> _Look:
     return _Look(sorted(fits, key=_rank), skipped, max(usable, key=_free, default=None))
 
 
-def _why_not(gpu: GpuInfo, holder: Optional[claims.Holder], auto: grammar.Auto) -> Optional[str]:
+def _why_not(gpu: GpuInfo, holder: claims.Holder | None, auto: grammar.Auto) -> str | None:
     if gpu.lost:
         return "lost"
     if gpu.memory is None:
@@ -218,7 +232,9 @@ def _describe(gpu: GpuInfo) -> str:
 def _reason(auto: grammar.Auto, taken: list[GpuInfo], look: _Look) -> str:
     what = "the GPU" if auto.count == 1 else f"the {auto.count} GPUs"
     floor = f" with at least {format_bytes(auto.min_free_bytes)} free" if auto.min_free_bytes else ""
-    skipped = "; ".join(f"GPU {i} {why}" for i, why in sorted(look.skipped.items()) if why.startswith("claimed"))
+    skipped = "; ".join(
+        f"GPU {i} {why}" for i, why in sorted(look.skipped.items()) if why.startswith("claimed")
+    )
     tail = f" (skipped: {skipped})" if skipped else ""
     return (
         f"Chose GPU {_indices(sorted(g.index for g in taken))}: {what} with the most free memory{floor} "
@@ -284,7 +300,7 @@ def _indices(indices: Any) -> str:
 
 
 def _duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     minutes, secs = divmod(seconds, 60)

@@ -15,7 +15,7 @@ epoch, in bytes.  Importing this module imports Keras; ``import tfgpu_magic`` do
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import keras
 
@@ -48,21 +48,25 @@ class MemoryCallback(keras.callbacks.Callback):
     at all, nothing is recorded.
     """
 
-    def __init__(self, log_dir: Optional[str] = None, framework: Any = None) -> None:
+    def __init__(self, log_dir: str | None = None, framework: Any = None) -> None:
         super().__init__()
         self.log_dir = log_dir
-        self._framework = framework if framework is not None else backend_framework(get_session().frameworks())
+        self._framework = (
+            framework if framework is not None else backend_framework(get_session().frameworks())
+        )
         self._framework.attach()  # Keras imported its back end before this callback could exist
         if log_dir and not hasattr(self._framework, "write_scalars"):
-            raise ValueError(f"log_dir: TensorBoard scalars are written through {self._framework.name}, which cannot")
-        self._window: Optional[PeakWindow] = None
+            raise ValueError(
+                f"log_dir: TensorBoard scalars are written through {self._framework.name}, which cannot"
+            )
+        self._window: PeakWindow | None = None
         self._writers: dict[str, Any] = {}
 
-    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._close()
         self._window = self._framework.open_peak_window()
 
-    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._window is None:
             return
         peaks = {log_key(device): reading.peak_bytes for device, reading in self._window.peaks().items()}
@@ -73,7 +77,7 @@ class MemoryCallback(keras.callbacks.Callback):
             tags = {f"memory/{key}": float(value) for key, value in peaks.items()}
             self._framework.write_scalars(self.log_dir, self._writers, tags, step=epoch)
 
-    def on_train_end(self, logs: Optional[dict] = None) -> None:
+    def on_train_end(self, logs: dict | None = None) -> None:
         self._close()
         for writer in self._writers.values():
             writer.close()

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
-from typing import Optional
 
-from ..command.plan import MachineFacts
+from ..command.plan import MachineFacts, Resolution
 from ..command.units import MIB
-from ..command.plan import Resolution
 from ..frameworks.base import CUDA_ENV, CudaRecord, Framework
 from ..gpus import numbering
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
@@ -32,19 +30,19 @@ __all__ = ["Machine"]
 class Machine:
     def __init__(
         self,
-        nvml: Optional[Nvml] = None,
-        env: Optional[MutableMapping[str, str]] = None,
+        nvml: Nvml | None = None,
+        env: MutableMapping[str, str] | None = None,
     ) -> None:
         self.nvml = nvml if nvml is not None else Nvml()
         self.env: MutableMapping[str, str] = os.environ if env is None else env
         self.cuda_record = CudaRecord()  # what CUDA read at its start, whichever framework started it
         self.frameworks: tuple[Framework, ...] = ()  # the kernel's adapters (see attach)
-        self._frozen_cuda_map: Optional[list[int]] = None  # CUDA's numbering, fixed once CUDA started
+        self._frozen_cuda_map: list[int] | None = None  # CUDA's numbering, fixed once CUDA started
         # The variables tfgpu_magic may set, as the kernel inherited them: CUDA's now, each
         # framework's as it is attached (at extension load, before any command).
         self.inherited = {name: self.env.get(name) for name in CUDA_ENV}
-        self._written: dict[str, Optional[str]] = {}  # what we last set each variable to
-        self._allocation: Optional[numbering.Allocation] = None
+        self._written: dict[str, str | None] = {}  # what we last set each variable to
+        self._allocation: numbering.Allocation | None = None
 
     def attach(self, frameworks: tuple[Framework, ...]) -> None:
         """The kernel's adapters: they read and write this machine's environment and CUDA record."""
@@ -55,7 +53,7 @@ class Machine:
                 self.inherited.setdefault(name, self.env.get(name))
 
     # -- the environment ------------------------------------------------------------------------
-    def set_env(self, name: str, value: Optional[str]) -> None:
+    def set_env(self, name: str, value: str | None) -> None:
         """Set (or, with None, remove) a variable CUDA or a framework reads, remembering we did."""
         if value is None:
             self.env.pop(name, None)
@@ -63,12 +61,12 @@ class Machine:
             self.env[name] = value
         self._written[name] = value
 
-    def save_env(self, also: tuple[str, ...] = ()) -> tuple[dict[str, Optional[str]], dict[str, Optional[str]]]:
+    def save_env(self, also: tuple[str, ...] = ()) -> tuple[dict[str, str | None], dict[str, str | None]]:
         """The managed variables (and ``also``) as they are now, with what we wrote: for restore_env."""
         names = dict.fromkeys((*self.inherited, *also))
         return {name: self.env.get(name) for name in names}, dict(self._written)
 
-    def restore_env(self, saved: tuple[dict[str, Optional[str]], dict[str, Optional[str]]]) -> None:
+    def restore_env(self, saved: tuple[dict[str, str | None], dict[str, str | None]]) -> None:
         """Put back what save_env saw: a command that failed half-way leaves no variable behind."""
         values, written = saved
         for name, value in values.items():
@@ -79,29 +77,29 @@ class Machine:
                     self.env[name] = value
         self._written = written
 
-    def unmanaged_value(self, name: str) -> Optional[str]:
+    def unmanaged_value(self, name: str) -> str | None:
         """The variable as the user or the environment left it: ours undone, a hand-made value kept."""
         if name in self._written and self.env.get(name) == self._written[name]:
             return self.inherited.get(name)
         return self.env.get(name)
 
     # -- GPUs -----------------------------------------------------------------------------------
-    def gpu_count(self) -> Optional[int]:
+    def gpu_count(self) -> int | None:
         return self.nvml.device_count() if self.nvml.available() else None
 
-    def uuids(self) -> Optional[list[Optional[str]]]:
+    def uuids(self) -> list[str | None] | None:
         """Every GPU's UUID in nvidia-smi order, or None without NVML."""
         count = self.gpu_count()
         return None if count is None else [self.nvml.uuid(i) for i in range(count)]
 
-    def totals_mib(self) -> dict[int, Optional[int]]:
+    def totals_mib(self) -> dict[int, int | None]:
         count = self.gpu_count()
         if count is None:
             return {}
         totals = {i: self.nvml.total_bytes(i) for i in range(count)}
         return {i: None if t is None else t // MIB for i, t in totals.items()}
 
-    def mig_instances(self) -> Optional[list[numbering.MigInstance]]:
+    def mig_instances(self) -> list[numbering.MigInstance] | None:
         """Every MIG instance on the machine (what ``MIG-`` entries name); None when unknown:
         no NVML, or a GPU whose MIG mode or instances could not be read."""
         count = self.gpu_count()
@@ -111,17 +109,23 @@ class Machine:
         try:
             for index in range(count):
                 for device in self.nvml.mig_devices(index):
-                    if device.uuid is None or device.gpu_instance_id is None or device.compute_instance_id is None:
+                    if (
+                        device.uuid is None
+                        or device.gpu_instance_id is None
+                        or device.compute_instance_id is None
+                    ):
                         return None
                     total = device.memory.total_bytes if device.memory else None
-                    found.append(numbering.MigInstance(
-                        device.uuid, index, device.gpu_instance_id, device.compute_instance_id, total
-                    ))
+                    found.append(
+                        numbering.MigInstance(
+                            device.uuid, index, device.gpu_instance_id, device.compute_instance_id, total
+                        )
+                    )
         except (GpuLost, ReadingFailed, NvmlUnavailable):
             return None
         return found
 
-    def _mig_for(self, value: Optional[str]) -> Optional[list[numbering.MigInstance]]:
+    def _mig_for(self, value: str | None) -> list[numbering.MigInstance] | None:
         """MIG instances, read only for a value that names some (they cost NVML calls per GPU)."""
         return self.mig_instances() if value is not None and "MIG-" in value else None
 
@@ -133,7 +137,7 @@ class Machine:
         return self._allocation
 
     # -- CUDA's numbering -----------------------------------------------------------------------
-    def cuda_env(self) -> dict[str, Optional[str]]:
+    def cuda_env(self) -> dict[str, str | None]:
         """CUDA's variables as CUDA read them at its start in this process (whichever framework
         started it), or as it would read them now."""
         seen = self.cuda_record.capture
@@ -156,7 +160,7 @@ class Machine:
             self._frozen_cuda_map = found
         return list(found)
 
-    def numbering_note(self) -> Optional[str]:
+    def numbering_note(self) -> str | None:
         """Why CUDA's numbers may differ from nvidia-smi's, when they may (once CUDA has numbered them)."""
         if self.cuda_record.capture is None:
             return None
@@ -176,11 +180,11 @@ class Machine:
         """Whether CUDA has listed the GPUs for a framework that lists them as a stage of its own."""
         return any(f.enumerated() for f in self.frameworks)
 
-    def _lister(self) -> Optional[Framework]:
+    def _lister(self) -> Framework | None:
         """The framework CUDA listed the GPUs for, as a stage of its own (TensorFlow's enumeration)."""
         return next((f for f in self.frameworks if f.enumerated()), None)
 
-    def cuda_found(self) -> Optional[tuple[int, ...]]:
+    def cuda_found(self) -> tuple[int, ...] | None:
         """nvidia-smi indices of the GPUs CUDA found when a framework listed them; None before."""
         lister = self._lister()
         found = None if lister is None else lister.cuda_found()
@@ -189,7 +193,7 @@ class Machine:
         cuda_map = self.cuda_map()
         return tuple(sorted(cuda_map[k] for k in found if k < len(cuda_map)))
 
-    def visible_value(self, resolution: Resolution) -> Optional[str]:
+    def visible_value(self, resolution: Resolution) -> str | None:
         """The CUDA_VISIBLE_DEVICES that shows CUDA ``resolution``'s GPUs (None: unset), in the
         allocation's own words where a scheduler allocated GPUs (MIG instances keep their UUIDs)."""
         plan, allocation = resolution.plan, self.allocation()
@@ -214,8 +218,14 @@ class Machine:
         else:
             # Once a framework started CUDA, the value CUDA read then (the record); before, the user's.
             started = self.cuda_record.capture is not None
-            raw = self.cuda_env()["CUDA_VISIBLE_DEVICES"] if started else self.unmanaged_value("CUDA_VISIBLE_DEVICES")
-            visible = numbering.cuda_to_nvml({"CUDA_VISIBLE_DEVICES": raw}, self.uuids() or [], self._mig_for(raw))
+            raw = (
+                self.cuda_env()["CUDA_VISIBLE_DEVICES"]
+                if started
+                else self.unmanaged_value("CUDA_VISIBLE_DEVICES")
+            )
+            visible = numbering.cuda_to_nvml(
+                {"CUDA_VISIBLE_DEVICES": raw}, self.uuids() or [], self._mig_for(raw)
+            )
             default = tuple(sorted(set(visible)))
         totals = self.totals_mib()
         for index in {m.gpu for m in allocation.mig}:  # a MIG instance's memory, not its GPU's
@@ -228,6 +238,7 @@ class Machine:
             allocation_text=allocation.describe() if allocation.restricted else None,
             cuda_found=cuda_found,
             default_visible=default,
-            listed_by=("the framework", "it") if (lister := self._lister()) is None else (lister.name, lister.module),
+            listed_by=("the framework", "it")
+            if (lister := self._lister()) is None
+            else (lister.name, lister.module),
         )
-

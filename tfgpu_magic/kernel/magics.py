@@ -7,7 +7,8 @@ errors into IPython's one-line ``UsageError``.  ``%gpu?`` shows :data:`MANUAL`.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from IPython.core.completer import SimpleCompletion, context_matcher
 from IPython.core.error import UsageError
@@ -19,7 +20,7 @@ from ..command.plan import Plan, PlanError
 from . import allocator_figures
 from .session import Session, SessionError, get_session
 
-__all__ = ["COMPLETION_ID", "GpuMagics", "MANUAL", "complete", "register_completion"]
+__all__ = ["COMPLETION_ID", "MANUAL", "GpuMagics", "complete", "register_completion"]
 
 MANUAL = grammar.manual()  # generated from grammar.TABLE, where each verb is declared once
 
@@ -137,7 +138,9 @@ class GpuMagics(Magics):
             try:
                 command = grammar.parse(str(line))
                 if type(command) not in SETTINGS:
-                    raise grammar.GrammarError(f"{line!r} is not a setting; defaults take {', '.join(SETTING_VERBS)}")
+                    raise grammar.GrammarError(
+                        f"{line!r} is not a setting; defaults take {', '.join(SETTING_VERBS)}"
+                    )
                 use(session, command, progress=print)
                 defaults = defaults.with_command(_planned(session, command))
             except (grammar.GrammarError, SessionError, PlanError) as err:
@@ -219,11 +222,13 @@ def gpu_matcher(context: Any) -> dict[str, Any]:
     match = _GPU_LINE.match(line)
     if match is None or (match.group(2) and context.cursor_line != 0):
         return none
-    typed = line[match.start(1) if match.group(1) else match.start(2):]
+    typed = line[match.start(1) if match.group(1) else match.start(2) :]
     fragment = "" if typed[-1].isspace() else typed.split()[-1]
     words = grammar.complete(typed)
     found = [w for w in words if w.startswith(fragment)] or [
-        w for w in words if w.lower().startswith(fragment.lower())  # IPython's rule for hooks
+        w
+        for w in words
+        if w.lower().startswith(fragment.lower())  # IPython's rule for hooks
     ]
     return {
         "completions": [SimpleCompletion(word, type="param") for word in found],

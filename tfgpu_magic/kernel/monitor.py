@@ -30,23 +30,24 @@ import threading
 import time
 from array import array
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable
 from . import allocator_figures
 from .allocator_figures import NOTHING_READ, AllocatorFigures, FigureSeries
 
 __all__ = [
-    "DeviceSample",
-    "Hub",
-    "Sample",
-    "Sampler",
     "DEFAULT_INTERVAL_S",
     "MAX_HISTORY",
     "MAX_INTERVAL_S",
     "MAX_WINDOW_S",
     "MIN_INTERVAL_S",
+    "DeviceSample",
+    "Hub",
+    "Sample",
+    "Sampler",
     "active_sampler",
     "open_panel",
     "sampler_running",
@@ -80,7 +81,7 @@ THREAD_NAME = "tfgpu-monitor"
 
 Figures = Callable[[], AllocatorFigures]  # the latest snapshot published on the user's thread
 Limits = Callable[[], Mapping[int, int]]  # NVML index -> configured cap, bytes
-Visible = Callable[[], Optional[list[int]]]  # NVML indices this kernel sees; None = all
+Visible = Callable[[], list[int] | None]  # NVML indices this kernel sees; None = all
 
 
 @dataclass(frozen=True, slots=True)  # slots: thousands are kept in history
@@ -89,31 +90,31 @@ class DeviceSample:
 
     key: str  # "gpu0" for NVML GPU 0; "tensorflow:CPU:0" for a framework's device NVML does not know
     label: str  # what the panel titles the chart with
-    total_bytes: Optional[int] = None
-    used_bytes: Optional[int] = None  # by every process on the GPU
-    mine_bytes: Optional[int] = None  # by this kernel's process
+    total_bytes: int | None = None
+    used_bytes: int | None = None  # by every process on the GPU
+    mine_bytes: int | None = None  # by this kernel's process
     # TensorFlow's allocator, inside what this kernel holds: a stable wire field, filled from the
     # figure whose adapter names it (ChartedFigure.wire_field); also under ``figures``.
-    tf_in_use_bytes: Optional[int] = None
-    tf_peak_bytes: Optional[int] = None
-    limit_bytes: Optional[int] = None  # the configured per-GPU cap
-    error: Optional[str] = None  # why readings are missing, shown in the panel
+    tf_in_use_bytes: int | None = None
+    tf_peak_bytes: int | None = None
+    limit_bytes: int | None = None  # the configured per-GPU cap
+    error: str | None = None  # why readings are missing, shown in the panel
     # NVML's GPU utilization, percent; last so that positional construction above stays valid.
-    utilization_percent: Optional[int] = None
+    utilization_percent: int | None = None
     # Every framework's allocator figures on this device: (framework key, series, bytes or None),
     # summed over the framework's devices on one GPU (TensorFlow's logical GPUs), as read last.
-    figures: tuple[tuple[str, str, Optional[int]], ...] = ()
+    figures: tuple[tuple[str, str, int | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
     time_s: float  # Unix time, seconds
     devices: tuple[DeviceSample, ...]
-    status: Optional[str] = None  # a panel-wide message, e.g. "no NVIDIA GPU"
+    status: str | None = None  # a panel-wide message, e.g. "no NVIDIA GPU"
     # The frameworks' allocator figures, as last published on the user's thread: the series
     # present (the legend's names), when they were read, and why a framework has none.
     series: tuple[FigureSeries, ...] = ()
-    figures_read_at: Optional[float] = None
+    figures_read_at: float | None = None
     figure_notes: tuple[str, ...] = ()
 
 
@@ -136,7 +137,7 @@ def _layout_of(device: DeviceSample) -> tuple[str, str, tuple[tuple[str, str], .
     return device.key, device.label, tuple(f[:2] for f in device.figures)
 
 
-def _figure_values(device: DeviceSample) -> list[Optional[int]]:
+def _figure_values(device: DeviceSample) -> list[int | None]:
     return [f[2] for f in device.figures]
 
 
@@ -158,10 +159,18 @@ class _Stored:
     one float and one array.
     """
 
-    __slots__ = ("time_s", "layout", "readings", "errors", "status", "figures", "figures_at")
+    __slots__ = ("errors", "figures", "figures_at", "layout", "readings", "status", "time_s")
 
-    def __init__(self, time_s: float, layout: tuple, readings: array, errors: Optional[tuple], status: Optional[str],
-                 figures: tuple = ((), ()), figures_at: Optional[float] = None):
+    def __init__(
+        self,
+        time_s: float,
+        layout: tuple,
+        readings: array,
+        errors: tuple | None,
+        status: str | None,
+        figures: tuple = ((), ()),
+        figures_at: float | None = None,
+    ):
         self.time_s = time_s
         self.layout = layout  # ((key, label, ((framework, series), ...)), ...)
         self.readings = readings  # per device len(_READINGS), then one per figure; _GAP where missing
@@ -171,10 +180,10 @@ class _Stored:
         self.figures_at = figures_at  # when they were read
 
     @classmethod
-    def pack(cls, sample: Sample, previous: Optional[_Stored]) -> _Stored:
+    def pack(cls, sample: Sample, previous: _Stored | None) -> _Stored:
         devices = sample.devices
         layout = tuple(map(_layout_of, devices))
-        errors: Optional[tuple] = tuple(d.error for d in devices)
+        errors: tuple | None = tuple(d.error for d in devices)
         if not any(errors):
             errors = None
         status = sample.status
@@ -203,15 +212,19 @@ class _Stored:
         for i, (key, label, charted) in enumerate(self.layout):
             readings, figures = values[at : at + n], values[at + n : at + n + len(charted)]
             at += n + len(charted)
-            figures = tuple((framework, name, v) for (framework, name), v in zip(charted, figures))
-            devices.append(DeviceSample(
-                key,
-                label,
-                error=errors[i],
-                figures=figures,
-                **dict(zip(_READINGS, readings)),
-                **_wire_fields(figures, wire),
-            ))
+            figures = tuple(
+                (framework, name, v) for (framework, name), v in zip(charted, figures, strict=False)
+            )
+            devices.append(
+                DeviceSample(
+                    key,
+                    label,
+                    error=errors[i],
+                    figures=figures,
+                    **dict(zip(_READINGS, readings, strict=False)),
+                    **_wire_fields(figures, wire),
+                )
+            )
         return Sample(self.time_s, tuple(devices), self.status, series, self.figures_at, notes)
 
     @property
@@ -245,12 +258,12 @@ class Sampler:
     def __init__(
         self,
         nvml: Nvml,
-        my_pid: Optional[int] = None,
+        my_pid: int | None = None,
         *,
         figures: Figures = _nothing_read,
         limits: Limits = _no_stats,
         visible: Visible = _no_visible,
-        no_gpu_note: Callable[[], Optional[str]] = _no_note,  # a panel-wide note while GPUs are charted
+        no_gpu_note: Callable[[], str | None] = _no_note,  # a panel-wide note while GPUs are charted
         interval: float = 0.5,
         keep_s: float = 300.0,
         clock: Callable[[], float] = time.time,
@@ -269,16 +282,16 @@ class Sampler:
         self._listeners: list[Callable[[Sample], None]] = []
         # Configuration sources may read every GPU in full; they change rarely, so they are
         # re-read every SLOW_SOURCES_S rather than on every tick: (monotonic time, values).
-        self._slow: Optional[tuple[float, tuple[Any, ...]]] = None
+        self._slow: tuple[float, tuple[Any, ...]] | None = None
         # Per GPU: its key and label, once NVML has named it (a name never changes).
         self._names: dict[int, tuple[str, str]] = {}
         # Per GPU: the last good process listing, as (clock time, used bytes then, mine, note).
-        self._listings: dict[int, tuple[float, int, Optional[int], Optional[str]]] = {}
+        self._listings: dict[int, tuple[float, int, int | None, str | None]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._state = threading.Lock()  # guards starting the thread and its decision to end
         self._looping = False  # the thread has not yet decided to end
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     # -- settings -------------------------------------------------------------------------
     @property
@@ -320,7 +333,7 @@ class Sampler:
             stored = list(self.history)
         return [s.unpack() for s in stored]
 
-    def latest(self) -> Optional[Sample]:
+    def latest(self) -> Sample | None:
         """The newest sample kept, or None before the first."""
         with self._lock:
             stored = self.history[-1] if self.history else None
@@ -352,7 +365,7 @@ class Sampler:
             self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
             self._thread.start()
 
-    def stop(self, timeout: Optional[float] = None) -> bool:
+    def stop(self, timeout: float | None = None) -> bool:
         """Tell the thread to stop and wait up to ``timeout`` seconds (default ``STOP_WAIT_S``).
 
         True when the thread has ended.  False when it is still inside a reading (a GPU driver
@@ -363,7 +376,7 @@ class Sampler:
         self._wake.set()
         return self.wait(timeout)
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (default ``STOP_WAIT_S``) for a stopped thread to end.
 
         True when it has ended; False when it is still in a reading, or was started again.
@@ -435,7 +448,10 @@ class Sampler:
         status = None
         figures, figures_note = _guarded(self._figures, "the allocator figures", NOTHING_READ)
         if not isinstance(figures, AllocatorFigures):
-            figures, figures_note = NOTHING_READ, f"the allocator figures source gave a {type(figures).__name__}"
+            figures, figures_note = (
+                NOTHING_READ,
+                f"the allocator figures source gave a {type(figures).__name__}",
+            )
         limits, limit_note, visible, found_note = self._configuration()
         try:
             count = self.nvml.device_count()
@@ -448,7 +464,9 @@ class Sampler:
         devices = [self._read_gpu(i, on_gpu.get(i, ()), wire, limits.get(i), now) for i in indices]
         devices += [_elsewhere(device, wire) for device in elsewhere]
         notes = [n for n in (status, figures_note, limit_note, found_note if indices else None) if n]
-        return Sample(now, tuple(devices), "; ".join(notes) or None, figures.series, figures.read_at, figures.notes)
+        return Sample(
+            now, tuple(devices), "; ".join(notes) or None, figures.series, figures.read_at, figures.notes
+        )
 
     def _configuration(self) -> tuple[Any, ...]:
         now = time.monotonic()
@@ -460,7 +478,7 @@ class Sampler:
         return self._slow[1]
 
     def _read_gpu(
-        self, index: int, figures: tuple, wire: Mapping[tuple[str, str], str], limit: Optional[int], now: float
+        self, index: int, figures: tuple, wire: Mapping[tuple[str, str], str], limit: int | None, now: float
     ) -> DeviceSample:
         key, label = self._names.get(index) or self._name(index)
         older = _wire_fields(figures, wire)
@@ -487,14 +505,14 @@ class Sampler:
         self._listings.pop(index, None)  # a GPU that answers again is listed afresh
         return DeviceSample(key=key, label=label, limit_bytes=limit, error=note, figures=figures, **older)
 
-    def _utilization(self, index: int) -> Optional[int]:
+    def _utilization(self, index: int) -> int | None:
         """Percent busy, or None (a gap) where NVML has no such reading: many GPUs lack it, so no note."""
         try:
             return self.nvml.utilization(index)
         except Exception:
             return None
 
-    def _mine(self, index: int, used: int, now: float) -> tuple[Optional[int], Optional[str]]:
+    def _mine(self, index: int, used: int, now: float) -> tuple[int | None, str | None]:
         """Bytes this kernel's process holds on the GPU; None when NVML cannot say.
 
         The GPU's processes are listed only when its used memory changed since the last listing,
@@ -532,7 +550,9 @@ class Sampler:
 def _checked_interval(seconds: float) -> float:
     seconds = float(seconds)
     if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # also refuses NaN and infinities
-        raise ValueError(f"interval must be from {MIN_INTERVAL_S:g} s to {MAX_INTERVAL_S:g} s, got {seconds!r}")
+        raise ValueError(
+            f"interval must be from {MIN_INTERVAL_S:g} s to {MAX_INTERVAL_S:g} s, got {seconds!r}"
+        )
     return seconds
 
 
@@ -542,7 +562,7 @@ def _checked_keep(seconds: float) -> float:
     return min(seconds, MAX_WINDOW_S) if seconds >= 1.0 else 1.0
 
 
-def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, Optional[str]]:
+def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, str | None]:
     """A source's reading, or ``empty`` and a note: one failing source stops nothing."""
     try:
         return read(), None
@@ -553,7 +573,7 @@ def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, Optio
 def _by_gpu(figures: AllocatorFigures, charted: set[int]) -> tuple[dict[int, tuple], list[Any]]:
     """The figures per charted GPU, as DeviceSample.figures (summed over a framework's devices
     on one GPU: TensorFlow's logical GPUs), and the framework devices on no charted GPU."""
-    sums: dict[int, dict[tuple[str, str], Optional[int]]] = {}
+    sums: dict[int, dict[tuple[str, str], int | None]] = {}
     elsewhere = []
     for device in figures.devices:
         if device.gpu not in charted:
@@ -567,7 +587,7 @@ def _by_gpu(figures: AllocatorFigures, charted: set[int]) -> tuple[dict[int, tup
     return {i: tuple((f, s, v) for (f, s), v in gpu.items()) for i, gpu in sums.items()}, elsewhere
 
 
-def _wire_fields(figures: tuple, wire: Mapping[tuple[str, str], str]) -> dict[str, Optional[int]]:
+def _wire_fields(figures: tuple, wire: Mapping[tuple[str, str], str]) -> dict[str, int | None]:
     """The older DeviceSample fields (``tf_in_use_bytes``) that figures fill, by the adapters' word."""
     return {wire[(f, s)]: v for f, s, v in figures if (f, s) in wire}
 
@@ -576,7 +596,10 @@ def _elsewhere(device: Any, wire: Mapping[tuple[str, str], str]) -> DeviceSample
     """A framework device NVML does not show (TensorFlow's CPU:0, or any device without a driver)."""
     figures = tuple((device.framework, series, value) for series, value in device.values)
     return DeviceSample(
-        key=f"{device.framework}:{device.device}", label=device.label, figures=figures, **_wire_fields(figures, wire)
+        key=f"{device.framework}:{device.device}",
+        label=device.label,
+        figures=figures,
+        **_wire_fields(figures, wire),
     )
 
 
@@ -597,18 +620,20 @@ class Hub:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sampler: Optional[Sampler] = None
-        self._finishing: Optional[Sampler] = None  # stopped; its thread may still be in a reading
+        self._sampler: Sampler | None = None
+        self._finishing: Sampler | None = None  # stopped; its thread may still be in a reading
         self._members: dict[int, float] = {}  # id(panel) -> that panel's window, seconds
         self._panels: dict[int, Any] = {}  # id(panel) -> panel, for `%gpu monitor off`
-        self._shown: dict[int, Any] = {}  # stopped panels still on screen (their Stop button): `off` closes them
+        self._shown: dict[
+            int, Any
+        ] = {}  # stopped panels still on screen (their Stop button): `off` closes them
 
     @property
-    def sampler(self) -> Optional[Sampler]:
+    def sampler(self) -> Sampler | None:
         return self._sampler
 
     def join(self, member: object, make: Callable[[], Sampler], window_s: float) -> Sampler:
-        spare: Optional[Sampler] = None  # made outside the lock: making allocates, and may collect
+        spare: Sampler | None = None  # made outside the lock: making allocates, and may collect
         while True:
             if spare is None and self._needs_a_sampler():
                 spare = make()
@@ -643,7 +668,7 @@ class Hub:
                 self._members[id(member)] = window_s
                 self._sampler.keep(max(self._members.values()))
 
-    def leave(self, member: object, *, shown: bool = False, timeout: Optional[float] = None) -> bool:
+    def leave(self, member: object, *, shown: bool = False, timeout: float | None = None) -> bool:
         """``member`` stops following the sampler; the last one to leave stops it.
 
         ``shown``: the member stays on screen, stopped, until :meth:`forget` (``%gpu monitor off``
@@ -662,7 +687,9 @@ class Hub:
             self._finishing, self._sampler = self._sampler, None
             self._finishing.stop(timeout=0)  # told under the lock, so a join cannot take it back first
         del panel
-        return self._wait_finishing(timeout)  # outside the lock: the thread may be calling a panel that leaves
+        return self._wait_finishing(
+            timeout
+        )  # outside the lock: the thread may be calling a panel that leaves
 
     def forget(self, member: object) -> None:
         """``member`` is gone for good (closed): nothing refers to it any more."""
@@ -682,7 +709,7 @@ class Hub:
         with self._lock:
             return list(self._shown.values())
 
-    def stop_all(self, timeout: Optional[float] = None) -> bool:
+    def stop_all(self, timeout: float | None = None) -> bool:
         """Every member leaves and the sampler stops; True when its thread has ended."""
         with self._lock:
             self._members.clear()  # ids and floats: nothing to finalise
@@ -694,7 +721,7 @@ class Hub:
         del panels
         return self._wait_finishing(timeout)
 
-    def _wait_finishing(self, timeout: Optional[float]) -> bool:
+    def _wait_finishing(self, timeout: float | None) -> bool:
         with self._lock:
             finishing = self._finishing
         if finishing is None:
@@ -710,12 +737,12 @@ _hub = Hub()
 atexit.register(_hub.stop_all)
 
 
-def active_sampler() -> Optional[Sampler]:
+def active_sampler() -> Sampler | None:
     """This kernel's sampler, or None when no panel is open."""
     return _hub.sampler
 
 
-def stop_panels(timeout: Optional[float] = None) -> str:
+def stop_panels(timeout: float | None = None) -> str:
     """``%gpu monitor off``: stop and close every panel of this kernel, and the sampler's thread.
 
     Waits up to ``timeout`` seconds (default ``STOP_WAIT_S``) for a reading in progress, and
@@ -724,7 +751,9 @@ def stop_panels(timeout: Optional[float] = None) -> str:
     """
     running = _hub.members()
     shown = _hub.shown()
-    ended = _hub.stop_all(timeout)  # one wait, however many panels; members that are not panels (tests) go too
+    ended = _hub.stop_all(
+        timeout
+    )  # one wait, however many panels; members that are not panels (tests) go too
     for panel in running + shown:
         close = getattr(panel, "close", None) or getattr(panel, "stop", None)
         if close is not None:
@@ -763,11 +792,11 @@ NO_FRONT_END = (
 
 
 def open_panel(
-    interval: Optional[float] = None,
+    interval: float | None = None,
     window: float = 300.0,
     sidebar: bool = False,
     *,
-    nvml: Optional[Nvml] = None,
+    nvml: Nvml | None = None,
     display: bool = True,
     session: Any = None,
     **sources: Callable[[], Any],
@@ -827,7 +856,7 @@ def _has_front_end() -> bool:
 FOUND_NO_GPU = "{name} found no GPU (`%gpu` says why); the charts show the driver's readings"
 
 
-def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
+def _kernel_sources(session: Any, nvml: Nvml | None) -> dict[str, Any]:
     """The real sources: the session's machine, and the allocator figures it published.
 
     The sampler thread calls these.  The frameworks' figures are only the snapshot published on
@@ -845,11 +874,11 @@ def _kernel_sources(session: Any, nvml: Optional[Nvml]) -> dict[str, Any]:
     def limits() -> dict[int, int]:
         return dict(board.context().limits)
 
-    def visible() -> Optional[list[int]]:
+    def visible() -> list[int] | None:
         shown = board.context().visible
         return None if shown is None else list(shown)
 
-    def no_gpu_note() -> Optional[str]:
+    def no_gpu_note() -> str | None:
         context = board.context()
         notes = [FOUND_NO_GPU.format(name=context.found_no_gpu)] if context.found_no_gpu else []
         return "; ".join(notes + list(context.notes)) or None
@@ -874,4 +903,3 @@ def _show(panel: Any, sidebar: bool) -> None:
     side = SideArea(child=panel, title="GPU memory")
     display(side)  # the cell shows one line; the panel goes to the side area
     panel.side_area = side  # kept, so closing the panel closes the side tab too
-

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..command.units import format_size
 from ..frameworks.base import OomFacts
@@ -31,14 +31,14 @@ class Facts:
     framework: str  # its name: "TensorFlow", ...
     own: OomFacts
     label: str  # "GPU 1 (TF GPU:0, NVIDIA A100-SXM4-80GB)" or "CPU:0"
-    gpu_used_bytes: Optional[int] = None  # all processes, per the driver
-    gpu_total_bytes: Optional[int] = None
+    gpu_used_bytes: int | None = None  # all processes, per the driver
+    gpu_total_bytes: int | None = None
     others: list[str] = field(default_factory=list)  # one line per other process
-    others_note: Optional[str] = None
-    better_gpu: Optional[tuple[int, int]] = None  # (NVML index, free bytes) of a freer GPU
+    others_note: str | None = None
+    better_gpu: tuple[int, int] | None = None  # (NVML index, free bytes) of a freer GPU
 
     @property
-    def gpu(self) -> Optional[int]:  # NVML index
+    def gpu(self) -> int | None:  # NVML index
         return self.own.gpu
 
 
@@ -46,10 +46,14 @@ def gather(session: Any, error: BaseException) -> Facts:
     """Everything the explanation says, read now (the allocator right after the failure): the
     framework whose error it is reads it (its type first; else the first that takes any error)."""
     frameworks = session.frameworks()
-    typed = [f for f in frameworks if f.oom_error_type() is not None and isinstance(error, f.oom_error_type())]
+    typed = [
+        f for f in frameworks if f.oom_error_type() is not None and isinstance(error, f.oom_error_type())
+    ]
     view = session.view()
     for framework in [*typed, *(f for f in frameworks if f not in typed)]:
-        own = framework.oom_facts(error, dataclasses.replace(view, applied=session.applied.get(framework.key)))
+        own = framework.oom_facts(
+            error, dataclasses.replace(view, applied=session.applied.get(framework.key))
+        )
         if own is not None:
             break
     else:
@@ -74,7 +78,7 @@ def _driver_facts(session: Any, facts: Facts, index: int, named: str) -> None:
         facts.better_gpu = _freer_gpu(nvml, index, memory)
 
 
-def _other_processes(session: Any, info: Any) -> tuple[list[str], Optional[str]]:
+def _other_processes(session: Any, info: Any) -> tuple[list[str], str | None]:
     """Other processes on the GPU with owners, largest first (the inventory's attribution)."""
     from ..gpus import holdings, owners  # psutil, only when there is something to explain
 
@@ -98,9 +102,9 @@ def _process_line(entry: Any) -> str:
     return f"pid {entry.pid}: {used} ({user}{command})"
 
 
-def _freer_gpu(nvml: Any, index: int, memory: Any) -> Optional[tuple[int, int]]:
+def _freer_gpu(nvml: Any, index: int, memory: Any) -> tuple[int, int] | None:
     here = memory.free_bytes if memory is not None else 0
-    best: Optional[tuple[int, int]] = None
+    best: tuple[int, int] | None = None
     for gpu in nvml.gpus():
         if gpu.index == index or gpu.memory is None or gpu.lost:
             continue

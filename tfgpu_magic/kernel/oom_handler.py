@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 from ..frameworks.import_hooks import run_after_import
 
 __all__ = ["install"]
 
-_installed: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_installed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def install(shell: Any, session: Any) -> None:
@@ -53,7 +53,7 @@ def _hook(shell: Any, session: Any, framework: Any) -> None:
     if oom_type is None or oom_type in previous_types:
         return
 
-    def handler(self: Any, etype: type, value: BaseException, tb: Any, tb_offset: Optional[int] = None) -> None:
+    def handler(self: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
         if previous is not None and isinstance(value, previous_types):
             previous(etype, value, tb, tb_offset=tb_offset)  # theirs shows the traceback
         else:
@@ -61,7 +61,7 @@ def _hook(shell: Any, session: Any, framework: Any) -> None:
         if isinstance(value, oom_type):
             _print_explanation(session, framework, value)
 
-    shell.set_custom_exc(previous_types + (oom_type,), handler)
+    shell.set_custom_exc((*previous_types, oom_type), handler)
 
 
 def _print_explanation(session: Any, framework: Any, error: BaseException) -> None:

@@ -22,9 +22,9 @@ import gc
 import os
 import sys
 import threading
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..command import grammar
 from ..command.plan import Plan, PlanError, Resolution, resolve
@@ -39,6 +39,7 @@ from .machine import Machine
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
 
+
 class SessionError(ValueError):
     """A command that cannot be carried out; the message (one line) says what to do."""
 
@@ -46,10 +47,10 @@ class SessionError(ValueError):
 class Session:
     def __init__(
         self,
-        nvml: Optional[Nvml] = None,
-        env: Optional[MutableMapping[str, str]] = None,
-        machine: Optional[Machine] = None,
-        frameworks: Optional[Sequence[Framework]] = None,
+        nvml: Nvml | None = None,
+        env: MutableMapping[str, str] | None = None,
+        machine: Machine | None = None,
+        frameworks: Sequence[Framework] | None = None,
     ) -> None:
         self.machine = machine if machine is not None else Machine(nvml, env)
         self._frameworks = tuple(frameworks) if frameworks is not None else adapters()
@@ -63,7 +64,7 @@ class Session:
         self._requested = Plan()
         # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
         # by every report afterwards, so a driver that stops answering later changes nothing.
-        self._accepted: Optional[Resolution] = None
+        self._accepted: Resolution | None = None
         # True while that resolution predates CUDA's listing of the GPUs: it is met with what CUDA
         # found once it has listed them (see _meet_enumeration).
         self._accepted_blind = False
@@ -165,7 +166,7 @@ class Session:
         if self._accepted_blind and self.machine.listed():
             self._meet_enumeration()
 
-    def _meet_enumeration(self, lister: Optional[Framework] = None) -> None:
+    def _meet_enumeration(self, lister: Framework | None = None) -> None:
         """CUDA has listed a framework's GPUs since the request was accepted: a request that names
         no GPU (`use all`, `use none`, or no `use`) meets what CUDA found then.
 
@@ -260,7 +261,7 @@ class Session:
                     self._parts.discard(framework.key)
 
     # -- the resolution -------------------------------------------------------------------------
-    def resolution(self, plan: Optional[Plan] = None, *, started: bool = False) -> Resolution:
+    def resolution(self, plan: Plan | None = None, *, started: bool = False) -> Resolution:
         """The request (or ``plan``) on this machine; raises SessionError if it cannot hold.
 
         ``started``: the GPUs a framework listed are fixed (it has started), so the question is
@@ -275,7 +276,7 @@ class Session:
         except PlanError as err:
             raise SessionError(str(err)) from None
 
-    def visible_gpus(self) -> Optional[list[int]]:
+    def visible_gpus(self) -> list[int] | None:
         """nvidia-smi indices this kernel sees (what the listing framework shows once CUDA listed
         them); None: unknown."""
         if self.machine.listed():
@@ -289,7 +290,7 @@ class Session:
             return None
         return None if visible is None else list(visible)
 
-    def exposed_gpus(self) -> Optional[list[int]]:
+    def exposed_gpus(self) -> list[int] | None:
         """nvidia-smi indices CUDA shows (or will show) this kernel: what ``%gpu use`` or
         ``CUDA_VISIBLE_DEVICES`` hid is left out, as CUDA read them.  Unlike :meth:`visible_gpus`,
         a framework that then found no GPU (a CPU-only build, missing CUDA libraries) hides
@@ -324,7 +325,13 @@ class Session:
         """A command that raises, at any step, leaves the request, its record and the environment as
         they were (claims released on the way stay released: that happened, and the record says so)."""
         with self._lock:
-            saved = (self._requested, self._accepted, self._accepted_blind, dict(self.applied), set(self._parts))
+            saved = (
+                self._requested,
+                self._accepted,
+                self._accepted_blind,
+                dict(self.applied),
+                set(self._parts),
+            )
         environment = self.machine.save_env()
         try:
             yield
@@ -362,8 +369,11 @@ class Session:
     def _changes(self, change: Change) -> dict[str, Change]:
         """The change as each framework is handed it: its part of the kernel's limit, the others named."""
         return {
-            f.key: replace(change, resolution=self._share_of(f, change.resolution),
-                           others=tuple(o for o in self._frameworks if o is not f))
+            f.key: replace(
+                change,
+                resolution=self._share_of(f, change.resolution),
+                others=tuple(o for o in self._frameworks if o is not f),
+            )
             for f in self._frameworks
         }
 
@@ -379,7 +389,9 @@ class Session:
                 raise SessionError(str(err)) from None
 
     # -- one kernel, one limit -----------------------------------------------------------------------
-    def _sharers(self, framework: Optional[Framework] = None, named: tuple[str, ...] = ()) -> list[shares.Sharer]:
+    def _sharers(
+        self, framework: Framework | None = None, named: tuple[str, ...] = ()
+    ) -> list[shares.Sharer]:
         """The frameworks taking a part of the kernel's limit (``framework`` and those ``named`` among them)."""
         found = []
         for f in self._frameworks:
@@ -402,13 +414,13 @@ class Session:
             return resolution
         return resolution.with_caps({g.index: shares.part_mib(framework.key, g, sharers) for g in capped})
 
-    def limit_division(self) -> Optional[str]:
+    def limit_division(self) -> str | None:
         """How the accepted request's limit is divided between the kernel's frameworks (for `%gpu`),
         or None where one framework (or none) holds it."""
         accepted = self._accepted
         return None if accepted is None else self._sharing_note(accepted)
 
-    def _sharing_note(self, resolution: Resolution) -> Optional[str]:
+    def _sharing_note(self, resolution: Resolution) -> str | None:
         named = tuple(key for key, _ in resolution.plan.shares or ())
         return shares.sharing_note(list(resolution.gpus), self._sharers(named=named))
 
@@ -470,7 +482,9 @@ class Session:
         if machine.cuda_record.capture is None and not machine.listed():
             machine.set_env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA numbers GPUs as nvidia-smi does
             machine.set_env("CUDA_VISIBLE_DEVICES", machine.visible_value(resolution))
-        elif resolution.plan.visible is None:  # CUDA has read it; the variable should not claim a request that is gone
+        elif (
+            resolution.plan.visible is None
+        ):  # CUDA has read it; the variable should not claim a request that is gone
             machine.set_env("CUDA_VISIBLE_DEVICES", machine.unmanaged_value("CUDA_VISIBLE_DEVICES"))
 
     def _settle(self, resolution: Resolution, chosen_by_auto: bool, before: Plan) -> None:
@@ -515,7 +529,9 @@ class Session:
                 resolution = self._frozen_resolution(target)
             else:
                 resolution = self.resolution(target)
-                self._hand_over(resolution, self._changes(Change(None, "reset", target, before, resolution, self.machine)))
+                self._hand_over(
+                    resolution, self._changes(Change(None, "reset", target, before, resolution, self.machine))
+                )
             if before.precision != target.precision:
                 for framework in self._frameworks:
                     framework.set_precision(target.precision)
@@ -523,7 +539,9 @@ class Session:
             forgot = [line for line in before.describe() if line not in target.describe()]
             lines = ["forgot: " + "; ".join(forgot) if forgot else "nothing to forget"]
             now = target.describe()
-            lines.append("requested now: " + ("; ".join(now) if now else "nothing (each framework's defaults)"))
+            lines.append(
+                "requested now: " + ("; ".join(now) if now else "nothing (each framework's defaults)")
+            )
             for framework in self._frameworks:
                 lines.extend(f"cannot undo: {why}" for why in framework.frozen(kept, self.machine))
             return "\n".join(lines)
@@ -567,19 +585,23 @@ class Session:
             lines.append(f"{format_bytes(returned)} went back to the driver (NVML reading).")
         else:
             missing = before_driver.missing
-            reading = "The driver's reading shows nothing returned" if missing is None else missing[0].upper() + missing[1:]
+            reading = (
+                "The driver's reading shows nothing returned"
+                if missing is None
+                else missing[0].upper() + missing[1:]
+            )
             lines += [reading + report.kept for report in reports if report.kept]
         return "\n".join(lines)
 
-    def _accepted_visible(self) -> Optional[tuple[int, ...]]:
+    def _accepted_visible(self) -> tuple[int, ...] | None:
         accepted = self._accepted
         return None if accepted is None else accepted.visible
 
-    def _my_device_memory(self) -> "DriverReading":
+    def _my_device_memory(self) -> DriverReading:
         """Bytes this process holds on each GPU according to the driver (NVML), and why not."""
         if not self.nvml.available():
             return DriverReading({}, "no driver reading (NVML unavailable)")
-        mine: dict[int, Optional[int]] = {}
+        mine: dict[int, int | None] = {}
         pid = os.getpid()
         for index in range(self.nvml.device_count()):
             try:
@@ -599,13 +621,13 @@ class Session:
         )
 
     # -- what the adapters' reports read of the kernel ---------------------------------------------
-    def view(self, framework: Optional[Framework] = None, notes: Optional[list[str]] = None) -> ReportView:
+    def view(self, framework: Framework | None = None, notes: list[str] | None = None) -> ReportView:
         """The kernel's facts for an adapter's report (status, the out-of-memory text, `%%gpu on`,
         the trace): one place that gathers them, so every report reads the same.  ``framework``:
         whose applied record it carries; ``notes``: where a reading that failed is said."""
         machine = self.machine
         try:
-            accepted: Optional[Resolution] = self.resolved()
+            accepted: Resolution | None = self.resolved()
         except SessionError:
             accepted = None  # the request cannot hold: status says so
         exposed = self.exposed_gpus()
@@ -627,7 +649,7 @@ class Session:
             notes=[] if notes is None else notes,
         )
 
-    def found_no_gpu(self) -> Optional[str]:
+    def found_no_gpu(self) -> str | None:
         """The name of the framework CUDA listed the GPUs for, when it found none although CUDA was
         shown some (a CPU-only build, missing CUDA libraries); None otherwise."""
         if self.machine.cuda_found() != () or not self.exposed_gpus():
@@ -685,7 +707,9 @@ class Session:
         try:
             hook(module, plan)
         except Exception as err:  # never break the user's import
-            self._hook_failed(f"could not apply {'; '.join(plan.describe())} at `import {module.__name__}`: {err}")
+            self._hook_failed(
+                f"could not apply {'; '.join(plan.describe())} at `import {module.__name__}`: {err}"
+            )
 
     def _hook_failed(self, message: str) -> None:
         self.hook_errors.append(message)
@@ -695,7 +719,7 @@ class Session:
 class DriverReading:
     """This process's memory per GPU from NVML, or why there is none."""
 
-    def __init__(self, by_gpu: dict[int, Optional[int]], missing: Optional[str]) -> None:
+    def __init__(self, by_gpu: dict[int, int | None], missing: str | None) -> None:
         self.by_gpu = by_gpu
         self.missing = missing
 
@@ -723,9 +747,10 @@ def _describe_command(command: Any) -> str:
 
 def _resolved_suffix(command: Any, resolution: Resolution) -> str:
     """Per-GPU sizes where the command left them to be worked out (percentages, `split N`)."""
-    relative = (isinstance(command, grammar.Limit) and any(isinstance(s, grammar.Percent) for s in command.sizes or ())) or (
-        isinstance(command, grammar.Split) and command.count is not None
-    )
+    relative = (
+        isinstance(command, grammar.Limit)
+        and any(isinstance(s, grammar.Percent) for s in command.sizes or ())
+    ) or (isinstance(command, grammar.Split) and command.count is not None)
     if not relative or not resolution.gpus:
         return ""
     return " (" + resolution.describe()[-1] + ")"
@@ -736,10 +761,13 @@ def _gpu_part(plan: Plan) -> Plan:
 
 
 def _fields(plan: Plan) -> dict[str, Any]:
-    return {name: getattr(plan, name) for name in ("visible", "growth", "limits", "split", "allocator", "precision")}
+    return {
+        name: getattr(plan, name)
+        for name in ("visible", "growth", "limits", "split", "allocator", "precision")
+    }
 
 
-_SESSION: Optional[Session] = None
+_SESSION: Session | None = None
 _SESSION_LOCK = threading.Lock()
 
 

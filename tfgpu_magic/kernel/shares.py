@@ -13,7 +13,6 @@ Pure arithmetic on what the session hands over; the frameworks themselves are no
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ..command.plan import GpuPlan
 from ..command.units import MIB, format_bytes
@@ -29,7 +28,7 @@ class Sharer:
 
     key: str
     name: str
-    fixed_mib: Optional[dict[int, int]] = None  # the parts it started with (None: can still change)
+    fixed_mib: dict[int, int] | None = None  # the parts it started with (None: can still change)
 
 
 def part_mib(key: str, gpu: GpuPlan, sharers: list[Sharer]) -> int:
@@ -42,13 +41,15 @@ def part_mib(key: str, gpu: GpuPlan, sharers: list[Sharer]) -> int:
     if key in named:
         return named[key]
     held = sum(named.values()) + sum(
-        s.fixed_mib.get(gpu.index, 0) for s in sharers if s.fixed_mib is not None and s.key not in named and s.key != key
+        s.fixed_mib.get(gpu.index, 0)
+        for s in sharers
+        if s.fixed_mib is not None and s.key not in named and s.key != key
     )
     open_count = sum(1 for s in sharers if s.key not in named and (s.fixed_mib is None or s.key == key))
     return max(LEAST_MIB, (gpu.cap_mib - held) // max(open_count, 1))
 
 
-def sharing_note(gpus: list[GpuPlan], sharers: list[Sharer]) -> Optional[str]:
+def sharing_note(gpus: list[GpuPlan], sharers: list[Sharer]) -> str | None:
     """How the kernel's limit is divided, for the reply and `%gpu` (None: one framework holds it)."""
     if len(sharers) < 2 and not any(g.shares_mib for g in gpus):
         return None

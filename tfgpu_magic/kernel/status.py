@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from ..command.units import sizes_for
 from ..frameworks.base import ReportView, Stage, environment_line
@@ -40,8 +41,8 @@ SEGMENTS = (  # report key, label, text bar character, HTML colour (JupyterLab v
 def build_report(
     session: Session,
     *,
-    process_table: Optional[owners.ProcessTable] = None,
-    my_pid: Optional[int] = None,
+    process_table: owners.ProcessTable | None = None,
+    my_pid: int | None = None,
     viewer: str = "this kernel",
 ) -> dict[str, Any]:
     """Everything ``%gpu status`` shows, as JSON-ready data.
@@ -65,17 +66,19 @@ def build_report(
     report: dict[str, Any] = {}
     for framework in frameworks:  # keys a framework has always had at the top (scripts read them there)
         report.update(framework.report_keys(entries[framework.key]))
-    report.update({
-        "requested": session.requested.describe(),
-        "resolved": None,
-        "in_force": in_force,
-        "allocation": None,
-        "gpus": [],
-        "nvml_error": None,
-        "notes": notes,
-        "me": {"pid": os.getpid() if my_pid is None else my_pid, "user": None, "label": viewer},
-        "visible_gpus": None,
-    })
+    report.update(
+        {
+            "requested": session.requested.describe(),
+            "resolved": None,
+            "in_force": in_force,
+            "allocation": None,
+            "gpus": [],
+            "nvml_error": None,
+            "notes": notes,
+            "me": {"pid": os.getpid() if my_pid is None else my_pid, "user": None, "label": viewer},
+            "visible_gpus": None,
+        }
+    )
     listing = next((f for f in frameworks if f.listed_gpus(views[f.key]) is not None), None)
     if listing is not None:
         # The framework's own list is what CUDA showed this kernel, known with or without NVML: the
@@ -99,7 +102,9 @@ def build_report(
 def _views(session: Session, notes: list[str]) -> dict[str, ReportView]:
     """Each framework's view of the kernel: the machine's facts, and what it was given."""
     shared = session.view(notes=notes)
-    return {f.key: dataclasses.replace(shared, applied=session.applied.get(f.key)) for f in session.frameworks()}
+    return {
+        f.key: dataclasses.replace(shared, applied=session.applied.get(f.key)) for f in session.frameworks()
+    }
 
 
 def _add_resolution(report: dict[str, Any], session: Session) -> None:
@@ -110,7 +115,9 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
             "cuda_visible_devices": allocation.raw,
             "gpus": None if allocation.gpus is None else list(allocation.gpus),
             "note": allocation.note,
-            "invalid_entry": None if allocation.invalid is None else {
+            "invalid_entry": None
+            if allocation.invalid is None
+            else {
                 "position": allocation.invalid.position,  # 1 for the first entry
                 "entry": allocation.invalid.entry,  # control characters escaped, cut to 40 characters
                 "why": allocation.invalid.why,
@@ -137,14 +144,18 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
         "summary": resolution.describe(),  # `requested`, with percentages and splits worked out per GPU
         "visible": None if resolution.visible is None else list(resolution.visible),
         "gpus": [
-            {"index": g.index, "limit_mib": g.cap_mib, "logical_mib": None if g.logical_mib is None else list(g.logical_mib)}
+            {
+                "index": g.index,
+                "limit_mib": g.cap_mib,
+                "logical_mib": None if g.logical_mib is None else list(g.logical_mib),
+            }
             for g in resolution.gpus
         ],
     }
 
 
 def _add_gpus(
-    report: dict[str, Any], session: Session, table: Optional[owners.ProcessTable], views: dict[str, ReportView]
+    report: dict[str, Any], session: Session, table: owners.ProcessTable | None, views: dict[str, ReportView]
 ) -> None:
     me = report["me"]
     table = table or owners.process_table_for(session.nvml, me["pid"])
@@ -160,8 +171,15 @@ def _add_gpus(
     holders = _holders(session, gpus, report["notes"])
     for gpu in gpus:
         parts = [(f, shares[f.key][gpu.index]) for f in frameworks if gpu.index in shares[f.key]]
-        held = next(  # where NVML lists no pid of ours: the first framework's allocator that holds memory there
-            (holdings.AllocatorShare(s.in_use_bytes, f.key, f.name) for f, s in parts if s.in_use_bytes is not None), None
+        held = (
+            next(  # where NVML lists no pid of ours: the first framework's allocator that holds memory there
+                (
+                    holdings.AllocatorShare(s.in_use_bytes, f.key, f.name)
+                    for f, s in parts
+                    if s.in_use_bytes is not None
+                ),
+                None,
+            )
         )
         usage = holdings.attribute(session.nvml, gpu, table, me["pid"], me["user"], held)
         entry = _gpu_entry(gpu, visible)
@@ -170,15 +188,22 @@ def _add_gpus(
         entry["shown_to_cuda"] = None if exposed is None else gpu.index in exposed
         entry.update(_detail(gpu, usage, holders.get(gpu.index)))
         entry["frameworks"] = [  # each framework's names for its devices here, and its allocator's figures
-            {"key": f.key, "name": f.name, "names": list(s.names), "in_use_bytes": s.in_use_bytes,
-             "peak_bytes": s.peak_bytes}
+            {
+                "key": f.key,
+                "name": f.name,
+                "names": list(s.names),
+                "in_use_bytes": s.in_use_bytes,
+                "peak_bytes": s.peak_bytes,
+            }
             for f, s in parts
         ]
         entry["mig_instances"] = _mig_rows(session, gpu, table, me) if gpu.mig_enabled else None
         report["gpus"].append(entry)
 
 
-def _mig_rows(session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: dict[str, Any]) -> list[dict[str, Any]]:
+def _mig_rows(
+    session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: dict[str, Any]
+) -> list[dict[str, Any]]:
     """A GPU in MIG mode: one row per instance (its memory, the processes NVML lists on it), as nvitop shows them."""
     allocated = {m.uuid for m in session.machine.allocation().mig}
     try:
@@ -190,22 +215,25 @@ def _mig_rows(session: Session, gpu: GpuInfo, table: owners.ProcessTable, me: di
         device, memory = listing.device, listing.device.memory
         key = holdings.mig_listing_key(device)  # the table answers an unchanged listing from memory
         processes = (
-            None if listing.processes is None
+            None
+            if listing.processes is None
             else [_process(p) for p in holdings.entries(listing.processes, table, me["pid"], me["user"], key)]
         )
-        rows.append({
-            "mig_index": device.mig_index,
-            "uuid": device.uuid,
-            "name": device.name,
-            "gpu_instance_id": device.gpu_instance_id,
-            "compute_instance_id": device.compute_instance_id,
-            "memory_total_bytes": memory.total_bytes if memory else None,
-            "memory_used_bytes": memory.used_bytes if memory else None,
-            "memory_free_bytes": memory.free_bytes if memory else None,
-            "allocated": device.uuid in allocated,  # this kernel's allocation names it
-            "processes": processes,
-            "notes": list(listing.notes),
-        })
+        rows.append(
+            {
+                "mig_index": device.mig_index,
+                "uuid": device.uuid,
+                "name": device.name,
+                "gpu_instance_id": device.gpu_instance_id,
+                "compute_instance_id": device.compute_instance_id,
+                "memory_total_bytes": memory.total_bytes if memory else None,
+                "memory_used_bytes": memory.used_bytes if memory else None,
+                "memory_free_bytes": memory.free_bytes if memory else None,
+                "allocated": device.uuid in allocated,  # this kernel's allocation names it
+                "processes": processes,
+                "notes": list(listing.notes),
+            }
+        )
     return rows
 
 
@@ -223,7 +251,9 @@ def _in_force(session: Session, views: dict[str, ReportView]) -> list[str]:
     else:
         # The frameworks imported (else those installed) read these as they start; CUDA's are
         # read once per process, when the first of them starts it (the record, once made).
-        reading = [f for f in frameworks if f.stage() is not Stage.NOT_IMPORTED] or [f for f in frameworks if f.installed()]
+        reading = [f for f in frameworks if f.stage() is not Stage.NOT_IMPORTED] or [
+            f for f in frameworks if f.installed()
+        ]
         env = {"CUDA_VISIBLE_DEVICES": session.machine.cuda_env().get("CUDA_VISIBLE_DEVICES")}
         for framework in reading:  # as each read them once it did (the record), else as they are now
             env.update(framework.read_environment(session.machine.env))
@@ -237,7 +267,7 @@ def _in_force(session: Session, views: dict[str, ReportView]) -> list[str]:
     return lines
 
 
-def _holders(session: Session, gpus: list[GpuInfo], notes: list[str]) -> dict[int, Optional[claims.Holder]]:
+def _holders(session: Session, gpus: list[GpuInfo], notes: list[str]) -> dict[int, claims.Holder | None]:
     keys = {g.index: g.uuid for g in gpus if not g.lost and g.uuid}
     try:
         found = claims.holders(list(keys.values()), notes=notes)  # unusable claim files: a note each
@@ -247,7 +277,7 @@ def _holders(session: Session, gpus: list[GpuInfo], notes: list[str]) -> dict[in
     return {index: found.get(key) for index, key in keys.items()}
 
 
-def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]]) -> dict[str, Any]:
+def _gpu_entry(gpu: GpuInfo, visible: list[int] | None) -> dict[str, Any]:
     memory = gpu.memory
     return {
         "index": gpu.index,
@@ -261,7 +291,7 @@ def _gpu_entry(gpu: GpuInfo, visible: Optional[list[int]]) -> dict[str, Any]:
     }
 
 
-def _detail(gpu: GpuInfo, usage: holdings.GpuUsage, holder: Optional[claims.Holder]) -> dict[str, Any]:
+def _detail(gpu: GpuInfo, usage: holdings.GpuUsage, holder: claims.Holder | None) -> dict[str, Any]:
     memory = gpu.memory
     return {
         "pci_bus_id": gpu.pci_bus_id,
@@ -277,8 +307,13 @@ def _detail(gpu: GpuInfo, usage: holdings.GpuUsage, holder: Optional[claims.Hold
             "free_bytes": memory.free_bytes if memory else None,
         },
         "processes": None if usage.processes is None else [_process(p) for p in usage.processes],
-        "claim": None if holder is None else {
-            "pid": holder.pid, "user": holder.user, "since": holder.since, "this_kernel": holder.this_process,
+        "claim": None
+        if holder is None
+        else {
+            "pid": holder.pid,
+            "user": holder.user,
+            "since": holder.since,
+            "this_kernel": holder.this_process,
         },
         "notes": _notes(gpu, usage),
     }
@@ -316,8 +351,11 @@ def render_text(report: dict[str, Any], *, machine: bool = False) -> str:
         lines.append(f"GPUs:       {report['nvml_error']}")
     label = None if machine else report.get("me", {}).get("label", "this kernel")
     if any(g.get("usage") for g in report["gpus"]):
-        shown = [(ch, _segment_name(key, name, label))
-                 for key, name, ch, _colour in SEGMENTS if label is not None or key != "this_kernel_bytes"]
+        shown = [
+            (ch, _segment_name(key, name, label))
+            for key, name, ch, _colour in SEGMENTS
+            if label is not None or key != "this_kernel_bytes"
+        ]
         lines.append("Bars:       " + "  ".join(f"{ch} {name}" for ch, name in shown))
     display = report.get("display", {})
     names = _names(report)
@@ -346,7 +384,9 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     TensorFlow); before any import one row names the installed ones, which the settings will reach."""
     frameworks = report.get("frameworks", {})
     shown = report.get("display", {}).get("frameworks", [])
-    imported = [key for key, entry in frameworks.items() if entry.get("stage", "not_imported") != "not_imported"]
+    imported = [
+        key for key, entry in frameworks.items() if entry.get("stage", "not_imported") != "not_imported"
+    ]
     rows = [
         ("Requested", "; ".join(_requested(report)) or "nothing (each framework's defaults)"),
         ("In force", "; ".join(report["in_force"]) or "each framework's defaults"),
@@ -355,8 +395,10 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         rows += _rows(framework["lines"])
     if frameworks and not imported:
         names = [f["name"] for f in shown if frameworks.get(f["key"], {}).get("installed")]
-        reach = f"settings reach {_joined(names)} when {'it starts' if len(names) == 1 else 'they start'}" if names else (
-            "none is installed in this kernel's environment"
+        reach = (
+            f"settings reach {_joined(names)} when {'it starts' if len(names) == 1 else 'they start'}"
+            if names
+            else ("none is installed in this kernel's environment")
         )
         rows.append(("Frameworks", f"none imported yet; {reach}"))
     if "me" in report:
@@ -406,7 +448,7 @@ def _me_line(report: dict[str, Any]) -> str:
     return f"{label + ':':<11} pid {me['pid']}, user {user}; {sees}"
 
 
-def _gpu_line(gpu: dict[str, Any], machine: bool = False, listed_by: Optional[str] = None) -> str:
+def _gpu_line(gpu: dict[str, Any], machine: bool = False, listed_by: str | None = None) -> str:
     if gpu["lost"]:
         return f"GPU {gpu['index']}  lost: the GPU stopped answering"
     util = gpu["utilization_percent"]
@@ -420,22 +462,25 @@ def _gpu_line(gpu: dict[str, Any], machine: bool = False, listed_by: Optional[st
         return line
     seen = {True: "visible", False: "hidden", None: "visibility unknown"}[gpu["visible"]]
     if gpu["visible"] is False and gpu.get("shown_to_cuda"):
-        seen = f"not found by {listed_by or 'the framework'}"  # shown to CUDA, yet its listing has no GPU there
+        seen = (
+            f"not found by {listed_by or 'the framework'}"  # shown to CUDA, yet its listing has no GPU there
+        )
     for part in gpu.get("frameworks", []):
         if part["names"]:
             seen += f" ({part['name']} {', '.join(part['names'])})"
     return f"{line}  {seen}"
 
 
-def _allocator_lines(gpu: dict[str, Any], size: Callable[[Optional[int]], str]) -> list[str]:
+def _allocator_lines(gpu: dict[str, Any], size: Callable[[int | None], str]) -> list[str]:
     """Each framework's allocator on this GPU, where it reports figures."""
     return [
         f"{part['name']} allocator: {size(part['in_use_bytes'])} in use, peak {size(part['peak_bytes'])}"
-        for part in gpu.get("frameworks", []) if part["in_use_bytes"] is not None
+        for part in gpu.get("frameworks", [])
+        if part["in_use_bytes"] is not None
     ]
 
 
-def _gpu_details(gpu: dict[str, Any], label: Optional[str], names: dict[str, str]) -> list[str]:
+def _gpu_details(gpu: dict[str, Any], label: str | None, names: dict[str, str]) -> list[str]:
     if "usage" not in gpu or gpu["lost"]:
         return []
     usage, size = gpu["usage"], sizes_for(gpu["memory_total_bytes"])
@@ -450,12 +495,15 @@ def _gpu_details(gpu: dict[str, Any], label: Optional[str], names: dict[str, str
     lines.extend(f"note: {note}" for note in gpu.get("notes", []))
     for row in gpu.get("mig_instances") or []:
         lines.append(_mig_line(gpu["index"], row, label))
-        lines.extend("  " + _process_line(proc, label, sizes_for(row.get("memory_total_bytes"))) for proc in row.get("processes") or [])
+        lines.extend(
+            "  " + _process_line(proc, label, sizes_for(row.get("memory_total_bytes")))
+            for proc in row.get("processes") or []
+        )
         lines.extend(f"  note: {note}" for note in row.get("notes", []))
     return lines
 
 
-def _mig_line(index: int, row: dict[str, Any], label: Optional[str]) -> str:
+def _mig_line(index: int, row: dict[str, Any], label: str | None) -> str:
     """A MIG instance under its GPU, nvitop's `3:0`: ids, UUID, its own memory, whose allocation."""
     if row.get("mig_index") is None:
         return f"MIG {index}:?  instances unknown"
@@ -472,7 +520,7 @@ def _mig_line(index: int, row: dict[str, Any], label: Optional[str]) -> str:
     return line
 
 
-def _used_of(size: Callable[[Optional[int]], str], used: Optional[int], total: Optional[int]) -> str:
+def _used_of(size: Callable[[int | None], str], used: int | None, total: int | None) -> str:
     """'3.0 / 9.8 GiB': the unit said once where both figures share it."""
     used_text, total_text = size(used), size(total)
     unit = total_text.rpartition(" ")[2]
@@ -491,7 +539,9 @@ def _source(usage: dict[str, Any], names: dict[str, str]) -> str:
     return "" if source in (None, "nvml") else f" ({names.get(source, source)} allocator)"
 
 
-def _legend(usage: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str], names: dict[str, str]) -> str:
+def _legend(
+    usage: dict[str, Any], label: str | None, size: Callable[[int | None], str], names: dict[str, str]
+) -> str:
     parts = []
     for key, name, _ch, _colour in SEGMENTS:
         if usage[key] == 0 and key in ("my_other_bytes", "others_bytes", "unattributed_bytes"):
@@ -506,7 +556,7 @@ def _legend(usage: dict[str, Any], label: Optional[str], size: Callable[[Optiona
     return " · ".join(parts)
 
 
-def _segment_name(key: str, name: str, label: Optional[str]) -> str:
+def _segment_name(key: str, name: str, label: str | None) -> str:
     """A segment's name: the viewer's own label; in a terminal (no label), the user's processes."""
     if key == "this_kernel_bytes":
         return label or name
@@ -515,7 +565,7 @@ def _segment_name(key: str, name: str, label: Optional[str]) -> str:
     return name
 
 
-def _widths(usage: dict[str, Any], total: Optional[int], width: int) -> list[int]:
+def _widths(usage: dict[str, Any], total: int | None, width: int) -> list[int]:
     """Characters per segment: proportional, at least one for any non-zero share."""
     if not total:
         return [0] * len(SEGMENTS)
@@ -526,16 +576,19 @@ def _widths(usage: dict[str, Any], total: Optional[int], width: int) -> list[int
     return cells
 
 
-def _text_bar(usage: dict[str, Any], total: Optional[int]) -> str:
+def _text_bar(usage: dict[str, Any], total: int | None) -> str:
     if not total:
         return " " * BAR_WIDTH
     cells = _widths(usage, total, BAR_WIDTH)
-    return "".join(ch * n for (_k, _l, ch, _c), n in zip(SEGMENTS, cells))
+    return "".join(ch * n for (_k, _l, ch, _c), n in zip(SEGMENTS, cells, strict=False))
 
 
-def _process_line(proc: dict[str, Any], label: Optional[str], size: Callable[[Optional[int]], str]) -> str:
-    tag = {"this kernel": f"  ({label or 'this process'})", "unknown": "  (exited)",
-           "hidden": "  (hidden by /proc: hidepid)"}.get(proc["whose"], "")
+def _process_line(proc: dict[str, Any], label: str | None, size: Callable[[int | None], str]) -> str:
+    tag = {
+        "this kernel": f"  ({label or 'this process'})",
+        "unknown": "  (exited)",
+        "hidden": "  (hidden by /proc: hidepid)",
+    }.get(proc["whose"], "")
     if proc["note"] and proc["whose"] not in ("unknown", "hidden"):  # the GPU's note says it in full
         tag += f"  ({proc['note']})"
     command = _short(proc["command"] or "n/a", 48)
@@ -545,7 +598,7 @@ def _process_line(proc: dict[str, Any], label: Optional[str], size: Callable[[Op
     )
 
 
-def _claim_text(claim: dict[str, Any], label: Optional[str]) -> str:
+def _claim_text(claim: dict[str, Any], label: str | None) -> str:
     if claim["this_kernel"]:
         return (label or "this process") + " (`%gpu use auto`)"
     who = f"pid {claim['pid']}" if claim["pid"] is not None else "another process"
@@ -583,7 +636,10 @@ def render_html(report: dict[str, Any]) -> str:
     if report["nvml_error"]:
         parts.append(f'<div style="{_MUTED}">GPUs: {_e(report["nvml_error"])}</div>')
     listed_by, names = report.get("display", {}).get("listed_by"), _names(report)
-    parts.extend(_gpu_html(gpu, report.get("me", {}).get("label", "this kernel"), listed_by, names) for gpu in report["gpus"])
+    parts.extend(
+        _gpu_html(gpu, report.get("me", {}).get("label", "this kernel"), listed_by, names)
+        for gpu in report["gpus"]
+    )
     parts.extend(f'<div style="{_MUTED}">Note: {_e(note)}</div>' for note in report["notes"])
     parts.append("</div>")
     return "".join(parts)
@@ -597,7 +653,7 @@ def _summary_html(report: dict[str, Any]) -> str:
     return f'<table style="border-collapse: collapse; margin: 0; color: inherit">{body}</table>'
 
 
-def _gpu_html(gpu: dict[str, Any], label: str, listed_by: Optional[str], names: dict[str, str]) -> str:
+def _gpu_html(gpu: dict[str, Any], label: str, listed_by: str | None, names: dict[str, str]) -> str:
     head = f'<div style="font-weight: 600">{_e(_gpu_line(gpu, listed_by=listed_by))}</div>'
     if gpu["lost"] or "usage" not in gpu:
         return f'<div style="{_CARD}">{head}</div>'
@@ -610,7 +666,9 @@ def _gpu_html(gpu: dict[str, Any], label: str, listed_by: Optional[str], names: 
     parts.extend(f'<div style="{_MUTED}">Note: {_e(n)}</div>' for n in gpu.get("notes", []))
     for row in gpu.get("mig_instances") or []:
         mig_size = sizes_for(row.get("memory_total_bytes"))
-        parts.append(f'<div style="margin: 4px 0 0 12px"><div style="font-weight: 600">{_e(_mig_line(gpu["index"], row, label))}</div>')
+        parts.append(
+            f'<div style="margin: 4px 0 0 12px"><div style="font-weight: 600">{_e(_mig_line(gpu["index"], row, label))}</div>'
+        )
         if row.get("mig_index") is not None:
             parts.append(_processes_html(row["processes"], label, mig_size))
         parts.extend(f'<div style="{_MUTED}">Note: {_e(n)}</div>' for n in row.get("notes", []))
@@ -619,7 +677,11 @@ def _gpu_html(gpu: dict[str, Any], label: str, listed_by: Optional[str], names: 
 
 
 def _bar_html(
-    usage: dict[str, Any], total: Optional[int], label: str, size: Callable[[Optional[int]], str], names: dict[str, str]
+    usage: dict[str, Any],
+    total: int | None,
+    label: str,
+    size: Callable[[int | None], str],
+    names: dict[str, str],
 ) -> str:
     segments = []
     for key, name, _ch, colour in SEGMENTS[:-1]:  # free is the empty track behind them
@@ -632,12 +694,15 @@ def _bar_html(
     bar = (
         '<div style="display: flex; height: 12px; margin: 4px 0; border-radius: 2px; overflow: hidden; '
         'background: var(--jp-layout-color2, #eeeeee); border: 1px solid var(--jp-border-color1, #bdbdbd)">'
-        + "".join(segments) + "</div>"
+        + "".join(segments)
+        + "</div>"
     )
     return bar + _legend_html(usage, label, size, names)
 
 
-def _legend_html(usage: dict[str, Any], label: str, size: Callable[[Optional[int]], str], names: dict[str, str]) -> str:
+def _legend_html(
+    usage: dict[str, Any], label: str, size: Callable[[int | None], str], names: dict[str, str]
+) -> str:
     items = []
     for key, name, _ch, colour in SEGMENTS:
         name = label if key == "this_kernel_bytes" else name
@@ -654,15 +719,21 @@ def _legend_html(usage: dict[str, Any], label: str, size: Callable[[Optional[int
     return f'<div style="{_MUTED}">{"".join(items)}</div>'
 
 
-def _processes_html(processes: Optional[list[dict[str, Any]]], label: str, size: Callable[[Optional[int]], str]) -> str:
+def _processes_html(
+    processes: list[dict[str, Any]] | None, label: str, size: Callable[[int | None], str]
+) -> str:
     if processes is None:
         return f'<div style="{_MUTED}">processes: n/a</div>'
     if not processes:
         return f'<div style="{_MUTED}">no processes</div>'
-    head = "".join(f'<th style="{_CELL}; font-weight: 600">{h}</th>' for h in ("pid", "user", "memory", "command", ""))
+    head = "".join(
+        f'<th style="{_CELL}; font-weight: 600">{h}</th>' for h in ("pid", "user", "memory", "command", "")
+    )
     rows = []
     for proc in processes:
-        tag = {"this kernel": label, "unknown": "exited", "hidden": "hidden by /proc: hidepid"}.get(proc["whose"], "")
+        tag = {"this kernel": label, "unknown": "exited", "hidden": "hidden by /proc: hidepid"}.get(
+            proc["whose"], ""
+        )
         if proc["note"] and proc["whose"] not in ("unknown", "hidden"):
             tag = f"{tag}; {proc['note']}" if tag else proc["note"]
         cells = (

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 from ..command.units import format_change, format_size
 from ..frameworks.base import PeakReading, PeakWindow, Stage
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 PREFIX = "[gpu trace]"
-_tracers: "weakref.WeakKeyDictionary[Any, Tracer]" = weakref.WeakKeyDictionary()
+_tracers: weakref.WeakKeyDictionary[Any, Tracer] = weakref.WeakKeyDictionary()
 
 
 def set_tracing(shell: Any, session: Any, on: bool) -> str:
@@ -69,7 +69,9 @@ def _what_is_traced(session: Any) -> str:
     for framework in frameworks:
         if named and framework not in named:
             continue
-        reply = framework.trace_reply(session.env, session.visible_gpus, lambda d, f=framework: _label(f, d, session))
+        reply = framework.trace_reply(
+            session.env, session.visible_gpus, lambda d, f=framework: _label(f, d, session)
+        )
         if reply is None:
             continue
         if framework.stage() is Stage.NOT_IMPORTED:
@@ -88,7 +90,7 @@ def _in_use(framework: Any) -> bool:
     return stage is Stage.STARTED or (stage is not Stage.NOT_IMPORTED and not framework.import_says_little)
 
 
-def enable_cpu_stats(session: Any) -> Optional[bool]:
+def enable_cpu_stats(session: Any) -> bool | None:
     """Before start-up with no GPU to be visible: have each framework's allocator keep figures.
 
     True when an adapter set its variable now (TensorFlow's ``TF_CPU_ALLOCATOR_USE_BFC=true``),
@@ -120,8 +122,8 @@ class Tracer:
         self.active = False
         # One window per framework (its key); None for one not imported when the cell began:
         # if it starts during the cell, everything it holds was taken in the cell.
-        self._windows: dict[str, Optional[PeakWindow]] = {}
-        self._started_at: Optional[float] = None
+        self._windows: dict[str, PeakWindow | None] = {}
+        self._started_at: float | None = None
         self._warned: set[str] = set()
         self._cells: list[Any] = []  # the ExecutionInfo of each cell running, outermost first
 
@@ -242,8 +244,11 @@ class Tracer:
     def _failed(self, err: Exception, whose: str = "a framework's") -> None:
         if "failed" not in self._warned:
             self._warned.add("failed")
-            print(f"tfgpu_magic: `%gpu trace` could not read {whose} allocator ({err!r}); "
-                  "the cell itself is unaffected", file=sys.stderr)
+            print(
+                f"tfgpu_magic: `%gpu trace` could not read {whose} allocator ({err!r}); "
+                "the cell itself is unaffected",
+                file=sys.stderr,
+            )
 
 
 def format_line(label: str, start: int, stats: Any, seconds: float) -> str:

@@ -32,7 +32,8 @@ from __future__ import annotations
 import math
 import operator
 import pathlib
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import anywidget
 import ipywidgets
@@ -91,7 +92,9 @@ HIDDEN_GPU = "hidden from this kernel's frameworks by %gpu use; no longer sample
 GONE_DEVICE = "its framework no longer reports this device; no longer sampled"
 
 
-def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Iterable[str]] = None) -> dict[str, Any]:
+def batch(
+    samples: Iterable[Sample], kind: str = "samples", keys: Iterable[str] | None = None
+) -> dict[str, Any]:
     """Samples as columns, the shape uPlot draws: times, then per device one array per series.
 
     A device absent from a sample gets null there, so every array matches ``t``.  ``keys``
@@ -112,7 +115,10 @@ def batch(samples: Iterable[Sample], kind: str = "samples", keys: Optional[Itera
             device = present.get(key)
             row.append(_ABSENT if device is None else _series_of(device))
     columns = {  # one list per series: the rows transposed
-        key: dict(zip(SERIES, map(list, zip(*row)))) if row else {s: [] for s in SERIES} for key, row in rows.items()
+        key: dict(zip(SERIES, map(list, zip(*row, strict=False)), strict=False))
+        if row
+        else {s: [] for s in SERIES}
+        for key, row in rows.items()
     }
     for key, figures in _figure_columns(samples, columns).items():
         columns[key]["frameworks"] = figures
@@ -176,13 +182,13 @@ def _describe(known: dict[str, str], present: set[str]) -> list[dict[str, Any]]:
     ]
 
 
-def _gone_note(key: str, present: set[str]) -> Optional[str]:
+def _gone_note(key: str, present: set[str]) -> str | None:
     if key in present:
         return None
     return HIDDEN_GPU if key.startswith("gpu") else GONE_DEVICE
 
 
-def _interval_note(previous: Optional[float], interval: float, explicit: bool) -> str:
+def _interval_note(previous: float | None, interval: float, explicit: bool) -> str:
     """What the new panel's state line says about the one interval every panel shares."""
     if previous is None:
         return ""
@@ -199,7 +205,9 @@ class MemoryPanel(anywidget.AnyWidget):
     _esm = _STATIC / "widget.js" if (_STATIC / "widget.js").is_file() else _MISSING_BUNDLE
     _css = _STATIC / "widget.css" if (_STATIC / "widget.css").is_file() else ""
 
-    interval = traitlets.Float(DEFAULT_INTERVAL_S, min=MIN_INTERVAL_S, max=MAX_INTERVAL_S).tag(sync=True)  # seconds per sample
+    interval = traitlets.Float(DEFAULT_INTERVAL_S, min=MIN_INTERVAL_S, max=MAX_INTERVAL_S).tag(
+        sync=True
+    )  # seconds per sample
     window = traitlets.Float(300.0, min=5.0, max=MAX_WINDOW_S).tag(sync=True)  # seconds shown
     min_interval = traitlets.Float(MIN_INTERVAL_S, read_only=True).tag(sync=True)
     devices = traitlets.List().tag(sync=True)  # [{key, label, gpu}], in chart order
@@ -207,30 +215,32 @@ class MemoryPanel(anywidget.AnyWidget):
     note = traitlets.Unicode("").tag(sync=True)  # shown in the state line: the shared interval
 
     # Until __init__ has joined the hub (a refused window, say), stop() and close() have nothing to do.
-    side_area: Optional["SideArea"] = None  # set when shown in the side area (``--sidebar``)
-    _hub: Optional[Hub] = None
-    _sampler: Optional[Sampler] = None
+    side_area: SideArea | None = None  # set when shown in the side area (``--sidebar``)
+    _hub: Hub | None = None
+    _sampler: Sampler | None = None
 
     def __init__(
         self,
         hub: Hub,
         make: Callable[[], Sampler],
-        interval: Optional[float] = None,
+        interval: float | None = None,
         window: float = 300.0,
         **kwargs: Any,
     ) -> None:
         """``interval`` None: join the running sampler at its interval (the default with none running)."""
-        super().__init__(interval=DEFAULT_INTERVAL_S if interval is None else interval, window=window, **kwargs)
+        super().__init__(
+            interval=DEFAULT_INTERVAL_S if interval is None else interval, window=window, **kwargs
+        )
         self._hub = hub
         self._described: list[dict[str, Any]] = []
         self._known: dict[str, str] = {}  # key -> label of every device this panel charts, in order
         self._layout: tuple[tuple[str, str], ...] = ()  # (key, label) of the devices last described
-        self._sent: Optional[Sample] = None  # the last sample sent to the browser, or pending
-        self._unsent: Optional[Sample] = None  # the newest sample not sent: equal to _sent but for its time
+        self._sent: Sample | None = None  # the last sample sent to the browser, or pending
+        self._unsent: Sample | None = None  # the newest sample not sent: equal to _sent but for its time
         self._pending: list[Sample] = []  # samples for the next message (_sent is the last), oldest first
         self._message_s = float("-inf")  # sample time of the last message sent
         previous = _running_interval(hub)
-        self._sampler: Optional[Sampler] = hub.join(self, make, window)
+        self._sampler: Sampler | None = hub.join(self, make, window)
         self._join_interval(interval, previous)
         recent = self._sampler.latest()
         if recent is not None:
@@ -247,8 +257,11 @@ class MemoryPanel(anywidget.AnyWidget):
     def _on_sample(self, sample: Sample) -> None:
         sent, unsent = self._sent, self._unsent
         same = (
-            sent is not None and sample.devices == sent.devices and sample.status == sent.status
-            and sample.series == sent.series and sample.figure_notes == sent.figure_notes
+            sent is not None
+            and sample.devices == sent.devices
+            and sample.status == sent.status
+            and sample.series == sent.series
+            and sample.figure_notes == sent.figure_notes
         )
         if same and 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
             self._unsent = sample  # nothing new to show; a change or a heartbeat may carry it later
@@ -296,7 +309,11 @@ class MemoryPanel(anywidget.AnyWidget):
     def set_state(self, sync_data: dict[str, Any]) -> None:
         """The front end's update: a setting outside its bounds (NaN passes a Float's own bounds)
         is not taken, and the front end is sent the value that stands instead of a traceback."""
-        refused = [name for name in ("interval", "window") if name in sync_data and not self._acceptable(name, sync_data[name])]
+        refused = [
+            name
+            for name in ("interval", "window")
+            if name in sync_data and not self._acceptable(name, sync_data[name])
+        ]
         super().set_state({name: value for name, value in sync_data.items() if name not in refused})
         if refused:
             self.send_state(refused)
@@ -304,7 +321,9 @@ class MemoryPanel(anywidget.AnyWidget):
     def _acceptable(self, name: str, value: Any) -> bool:
         trait = self.traits()[name]
         return (
-            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
             and trait.min <= value <= trait.max
         )
 
@@ -321,7 +340,7 @@ class MemoryPanel(anywidget.AnyWidget):
             self.note = ""
             self._share_interval(change["new"])
 
-    def _join_interval(self, interval: Optional[float], previous: Optional[float]) -> None:
+    def _join_interval(self, interval: float | None, previous: float | None) -> None:
         """Without an interval, take the one in force; with one, it serves every panel (and say so)."""
         explicit = interval is not None
         if not explicit:
@@ -375,7 +394,7 @@ class MemoryPanel(anywidget.AnyWidget):
             layout.close()
 
 
-def _running_interval(hub: Hub) -> Optional[float]:
+def _running_interval(hub: Hub) -> float | None:
     """The interval open panels sample at; None when no panel follows a sampler."""
     sampler = hub.sampler
     return sampler.interval if sampler is not None and hub.members() else None
@@ -396,10 +415,12 @@ class SideArea(ipywidgets.DOMWidget):
     _view_module = traitlets.Unicode(NPM_PACKAGE).tag(sync=True)
     _view_module_version = traitlets.Unicode(NPM_RANGE).tag(sync=True)
 
-    child = traitlets.Instance(ipywidgets.Widget, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
+    child = traitlets.Instance(ipywidgets.Widget, allow_none=True).tag(
+        sync=True, **ipywidgets.widget_serialization
+    )
     title = traitlets.Unicode("GPU memory").tag(sync=True)  # the side tab's label
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Optional[dict]:
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict | None:
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is not None:  # what a front end without widgets shows instead
             bundle["text/plain"] = (

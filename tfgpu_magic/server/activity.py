@@ -30,17 +30,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
-__all__ = ["Activity", "ActivityWatcher", "NOT_ACTIVITY", "PANEL_ID_PREFIX"]
+__all__ = ["NOT_ACTIVITY", "PANEL_ID_PREFIX", "Activity", "ActivityWatcher"]
 
 # Requests answered on the control channel that pollers send while cells run: their replies
 # and statuses are not the user's activity (jupyter_server counts them, and takes their status).
-NOT_ACTIVITY = frozenset({
-    "usage_request", "usage_reply", "list_subshell_request", "list_subshell_reply",
-    "create_subshell_request", "create_subshell_reply", "delete_subshell_request", "delete_subshell_reply",
-})
+NOT_ACTIVITY = frozenset(
+    {
+        "usage_request",
+        "usage_reply",
+        "list_subshell_request",
+        "list_subshell_reply",
+        "create_subshell_request",
+        "create_subshell_reply",
+        "delete_subshell_request",
+        "delete_subshell_reply",
+    }
+)
 
 # anywidget's per-class id (``module.ClassName``) in a comm_open's state: the tfgpu panels'.
 PANEL_ID_PREFIX = "tfgpu_magic."
@@ -54,7 +63,9 @@ class Activity:
     since: float  # when watching began (epoch seconds)
     from_start: bool  # watched since jupyter_server started watching it (else: first seen running)
     last_activity: float
-    executing: dict[Optional[str], str] = field(default_factory=dict)  # shell (subshell id) -> execute_request id
+    executing: dict[str | None, str] = field(
+        default_factory=dict
+    )  # shell (subshell id) -> execute_request id
     panels: set[str] = field(default_factory=set)  # comm ids of this kernel's tfgpu panels
 
     @property
@@ -78,7 +89,9 @@ class ActivityWatcher:
         """Watch every kernel from now on, from its start, and the ones already running from now."""
         manager = self._manager
         start, stop = manager.start_watching_activity, manager.stop_watching_activity
-        self._originals = {name: vars(manager).get(name) for name in ("start_watching_activity", "stop_watching_activity")}
+        self._originals = {
+            name: vars(manager).get(name) for name in ("start_watching_activity", "stop_watching_activity")
+        }
 
         def start_watching_activity(kernel_id: str) -> Any:
             result = start(kernel_id)
@@ -116,8 +129,11 @@ class ActivityWatcher:
             session = Session(config=kernel.session.config, key=kernel.session.key)
             stream = kernel.connect_iopub()
         except Exception as err:  # not watched: the culler never culls it
-            self._log.warning("tfgpu_magic: kernel %s cannot be watched (%s); the GPU idle culler leaves it alone",
-                              kernel_id, err)
+            self._log.warning(
+                "tfgpu_magic: kernel %s cannot be watched (%s); the GPU idle culler leaves it alone",
+                kernel_id,
+                err,
+            )
             return
         now = self._clock()
         self._kernels[kernel_id] = Activity(since=now, from_start=from_start, last_activity=now)
@@ -133,7 +149,7 @@ class ActivityWatcher:
             except Exception:  # closing twice, or a socket the loop already closed
                 pass
 
-    def activity(self, kernel_id: str) -> Optional[Activity]:
+    def activity(self, kernel_id: str) -> Activity | None:
         """What ``kernel_id`` is doing; None when it is not watched."""
         return self._kernels.get(kernel_id)
 
@@ -148,7 +164,9 @@ class ActivityWatcher:
             if msg_type == "status" or msg_type in _COMM_TYPES:
                 msg = session.deserialize(parts, content=True)
         except Exception as err:  # an unsigned or garbled message: not the kernel's, or not readable
-            self._log.debug("tfgpu_magic: an IOPub message of kernel %s could not be read (%s)", kernel_id, err)
+            self._log.debug(
+                "tfgpu_magic: an IOPub message of kernel %s could not be read (%s)", kernel_id, err
+            )
             return
         self.record(activity, msg)
 
@@ -175,7 +193,7 @@ class ActivityWatcher:
         if activity.busy or self._counts(msg_type) or self._counts(parent_type):
             activity.last_activity = max(activity.last_activity, self._clock())
 
-    def _counts(self, msg_type: Optional[str]) -> bool:
+    def _counts(self, msg_type: str | None) -> bool:
         if msg_type is None or msg_type in NOT_ACTIVITY:
             return False
         track = getattr(self._manager, "track_message_type", None)

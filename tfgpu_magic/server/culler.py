@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping, Optional
+from typing import Any
 
 from ..command.units import format_size
 from .kernel_inventory import iso_utc
@@ -46,13 +47,13 @@ class CullPolicy:
 
     after_s: float = 0.0  # idle seconds before a kernel holding GPU memory is shut down
     min_memory_bytes: int = 1  # a kernel holding less is never culled (1: any GPU memory at all)
-    free_below_bytes: Optional[int] = None  # cull only while a GPU the kernel holds memory on has less free
+    free_below_bytes: int | None = None  # cull only while a GPU the kernel holds memory on has less free
 
     @property
     def enabled(self) -> bool:
         return self.after_s > 0
 
-    def describe(self) -> Optional[dict[str, Any]]:
+    def describe(self) -> dict[str, Any] | None:
         """The reply's ``culler`` key: the settings in force, or None when off."""
         if not self.enabled:
             return None
@@ -62,7 +63,7 @@ class CullPolicy:
             "free_below_bytes": self.free_below_bytes,
         }
 
-    def due_at(self, kernel: Mapping[str, Any], free_by_gpu: Mapping[str, Optional[int]]) -> Optional[float]:
+    def due_at(self, kernel: Mapping[str, Any], free_by_gpu: Mapping[str, int | None]) -> float | None:
         """When ``kernel`` (an inventory reply's entry) is due, in epoch seconds, if it stays idle;
         None when it is not a candidate: the culler is off, the kernel is busy or starting, holds
         too little GPU memory (or an unknown amount), or no GPU it holds memory on is short."""
@@ -79,7 +80,7 @@ class CullPolicy:
         due = last_activity + self.after_s
         return due if due <= LAST_DUE_S else None  # past any date: never
 
-    def _short(self, kernel: Mapping[str, Any], free_by_gpu: Mapping[str, Optional[int]]) -> bool:
+    def _short(self, kernel: Mapping[str, Any], free_by_gpu: Mapping[str, int | None]) -> bool:
         """Whether a GPU the kernel holds memory on has less free than the threshold (unknown: no)."""
         for gpu, held in (kernel.get("gpu_memory_bytes") or {}).items():
             free = free_by_gpu.get(gpu)
@@ -87,7 +88,9 @@ class CullPolicy:
                 return True
         return False
 
-    def annotate(self, reply: dict[str, Any], cullable: Optional[Callable[[str], bool]] = None) -> dict[str, Any]:
+    def annotate(
+        self, reply: dict[str, Any], cullable: Callable[[str], bool] | None = None
+    ) -> dict[str, Any]:
         """Add the policy (``culler``) and each kernel's ``cull_due_at`` (ISO 8601, or None) to a reply.
 
         ``cullable(kernel_id)`` False: the culler will never shut that kernel down (it was not
@@ -100,12 +103,12 @@ class CullPolicy:
         return reply
 
 
-def free_by_gpu(reply: Mapping[str, Any]) -> dict[str, Optional[int]]:
+def free_by_gpu(reply: Mapping[str, Any]) -> dict[str, int | None]:
     """``{"1": free bytes}`` per GPU of a reply, keyed as the kernels' ``gpu_memory_bytes`` are."""
     return {str(gpu["index"]): (gpu.get("split") or {}).get("free_bytes") for gpu in reply.get("gpus", [])}
 
 
-def parse_iso_utc(text: Optional[str]) -> Optional[float]:
+def parse_iso_utc(text: str | None) -> float | None:
     """The epoch seconds of ``kernel_inventory.iso_utc``'s text (None stays None, as does nonsense)."""
     if not text:
         return None
@@ -115,7 +118,7 @@ def parse_iso_utc(text: Optional[str]) -> Optional[float]:
         return None
 
 
-def epoch(moment: Optional[datetime]) -> Optional[float]:
+def epoch(moment: datetime | None) -> float | None:
     """Unix seconds of a kernel manager's time; a naive one is UTC, as ``iso_utc`` takes it (not local time)."""
     if moment is None:
         return None
@@ -135,8 +138,8 @@ class LiveState:
     """A kernel as the server sees it now: its state (busy while an execution is under way), its
     last activity (epoch seconds), and whether it has been watched since it started."""
 
-    execution_state: Optional[str]
-    last_activity: Optional[float]
+    execution_state: str | None
+    last_activity: float | None
     watched: bool = True
 
 
@@ -155,7 +158,7 @@ class Culler:
         policy: CullPolicy,
         reading: Callable[[], Awaitable[dict[str, Any]]],
         fresh_reading: Callable[[], Awaitable[dict[str, Any]]],
-        live: Callable[[str], Optional[LiveState]],
+        live: Callable[[str], LiveState | None],
         shutdown: Callable[[str], Awaitable[None]],
         log: logging.Logger,
         clock: Callable[[], float] = time.time,
@@ -194,8 +197,11 @@ class Culler:
         reply = await self._read(self._reading, "read the GPUs")
         if reply is None:
             return []
-        looks_due = [k for k in reply.get("kernels", []) if k.get("id") not in self._shutting_down
-                     and self._due(k, reply)]
+        looks_due = [
+            k
+            for k in reply.get("kernels", [])
+            if k.get("id") not in self._shutting_down and self._due(k, reply)
+        ]
         if not looks_due:
             return []
         before = await self._read(self._fresh_reading, "read the GPUs afresh before culling")
@@ -219,7 +225,7 @@ class Culler:
         due = self.policy.due_at(kernel, free_by_gpu(reply))
         return due is not None and due <= self._clock()
 
-    async def _read(self, read: Callable[[], Awaitable[dict[str, Any]]], what: str) -> Optional[dict[str, Any]]:
+    async def _read(self, read: Callable[[], Awaitable[dict[str, Any]]], what: str) -> dict[str, Any] | None:
         """A reading within the timeout, or None and a note (a warning the first time, then debug)."""
         try:
             reply = await asyncio.wait_for(read(), self.reading_timeout_s)
@@ -237,7 +243,9 @@ class Culler:
     def _note(self, what: str, why: str) -> None:
         level = logging.DEBUG if what in self._noted else logging.WARNING
         self._noted.add(what)
-        self._log.log(level, "tfgpu_magic: the GPU culler could not %s (%s); no kernel is culled without one", what, why)
+        self._log.log(
+            level, "tfgpu_magic: the GPU culler could not %s (%s); no kernel is culled without one", what, why
+        )
 
     async def _shut(self, kernel: Mapping[str, Any]) -> bool:
         """Shut ``kernel`` down within the timeout; a hung or failed shutdown is a note, and False."""
@@ -250,7 +258,9 @@ class Culler:
             task.add_done_callback(lambda done: self._finished_late(kernel, done))
             self._log.warning(
                 "tfgpu_magic: shutting down kernel %s (%s) did not finish in %s s; the GPU culler goes on with "
-                "the other kernels and leaves this one to that shutdown", kernel_id, _where(kernel),
+                "the other kernels and leaves this one to that shutdown",
+                kernel_id,
+                _where(kernel),
                 f"{self.shutdown_timeout_s:g}",
             )
             return False
@@ -277,7 +287,10 @@ class Culler:
         if self._failures[kernel_id] == 1:
             self._log.warning(
                 "tfgpu_magic: the GPU culler could not shut down kernel %s (%s): %s; it tries again each pass, "
-                "logging further failures at debug level", kernel_id, _where(kernel), _reason(err),
+                "logging further failures at debug level",
+                kernel_id,
+                _where(kernel),
+                _reason(err),
             )
         else:
             self._log.debug("tfgpu_magic: shutting down kernel %s failed again: %s", kernel_id, _reason(err))
@@ -312,11 +325,15 @@ class Culler:
         )
 
 
-def memory_change_lines(before: Mapping[str, Any], after: Mapping[str, Any], culled: list[Mapping[str, Any]]) -> list[str]:
+def memory_change_lines(
+    before: Mapping[str, Any], after: Mapping[str, Any], culled: list[Mapping[str, Any]]
+) -> list[str]:
     """Per GPU the culled kernels held memory on, the driver's memory in use in the reading just
     before the shutdowns and after them ("back" only where the driver shows less); then whether
     the driver still lists the culled kernels' processes."""
-    gpus = sorted({gpu for k in culled for gpu, size in (k.get("gpu_memory_bytes") or {}).items() if size}, key=int)
+    gpus = sorted(
+        {gpu for k in culled for gpu, size in (k.get("gpu_memory_bytes") or {}).items() if size}, key=int
+    )
     used_before, used_after = _used_by_gpu(before), _used_by_gpu(after)
     lines = []
     for gpu in gpus:
@@ -333,15 +350,21 @@ def memory_change_lines(before: Mapping[str, Any], after: Mapping[str, Any], cul
                 f"tfgpu_magic: GPU {gpu}: {format_size(was)} in use before the culling, {format_size(now)} after: "
                 "the driver shows no memory freed yet"
             )
-    pids = sorted({p for k in culled for p in [k.get("pid"), *(k.get("child_pids") or [])] if isinstance(p, int)})
+    pids = sorted(
+        {p for k in culled for p in [k.get("pid"), *(k.get("child_pids") or [])] if isinstance(p, int)}
+    )
     # The culled kernels' pids were matched to the driver's list in the reading before; after it,
     # their exited processes may be the only ones listed (and pids_visible then false).
     if before.get("pids_visible") and after.get("driver", {}).get("available", True) and pids:
         still = sorted(set(pids) & listed_pids(after))
         if still:
-            lines.append(f"tfgpu_magic: the driver still lists pid {', '.join(map(str, still))} of the culled kernels")
+            lines.append(
+                f"tfgpu_magic: the driver still lists pid {', '.join(map(str, still))} of the culled kernels"
+            )
         else:
-            lines.append(f"tfgpu_magic: the driver no longer lists the culled kernels' processes (pid {', '.join(map(str, pids))})")
+            lines.append(
+                f"tfgpu_magic: the driver no longer lists the culled kernels' processes (pid {', '.join(map(str, pids))})"
+            )
     return lines
 
 
@@ -350,13 +373,15 @@ def listed_pids(reply: Mapping[str, Any]) -> set[int]:
     pids: set[int] = set()
     for kernel in reply.get("kernels", []):
         if kernel.get("total_gpu_memory_bytes"):
-            pids.update(p for p in [kernel.get("pid"), *(kernel.get("child_pids") or [])] if isinstance(p, int))
+            pids.update(
+                p for p in [kernel.get("pid"), *(kernel.get("child_pids") or [])] if isinstance(p, int)
+            )
     for key in ("my_other_processes", "other_users", "unattributed"):
         pids.update(p["pid"] for p in reply.get(key, []) if isinstance(p.get("pid"), int))
     return pids
 
 
-def _used_by_gpu(reply: Mapping[str, Any]) -> dict[str, Optional[int]]:
+def _used_by_gpu(reply: Mapping[str, Any]) -> dict[str, int | None]:
     return {str(gpu["index"]): gpu.get("memory_used_bytes") for gpu in reply.get("gpus", [])}
 
 
@@ -373,7 +398,9 @@ def shutdown_line(kernel: Mapping[str, Any], now: float) -> str:
     """The log line of one shutdown: which notebook, how long idle, what it held where (the driver's reading)."""
     idle = now - (parse_iso_utc(kernel.get("last_activity")) or now)
     held = ", ".join(
-        f"GPU {gpu}: {format_size(size)}" for gpu, size in sorted((kernel.get("gpu_memory_bytes") or {}).items()) if size
+        f"GPU {gpu}: {format_size(size)}"
+        for gpu, size in sorted((kernel.get("gpu_memory_bytes") or {}).items())
+        if size
     )
     return (
         f"tfgpu_magic: shut down kernel {kernel['id']} ({_where(kernel)}, {kernel.get('name') or 'unknown kernel'}): "

@@ -34,9 +34,10 @@ import logging
 import math
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Generic, Optional, TypeVar
+from typing import Any, Generic, TypeVar
 
 import tornado.ioloop
 import tornado.web
@@ -161,21 +162,31 @@ class TfgpuMagic(Configurable):
 
 
 # The least each number of seconds may be (Float's own min= would let NaN through, and word it as traitlets does).
-_LEAST_SECONDS = {"refresh_interval": 0.0, "reading_timeout": 0.1, "cull_idle_gpu_kernels_after": 0.0, "cull_interval": 1.0}
+_LEAST_SECONDS = {
+    "refresh_interval": 0.0,
+    "reading_timeout": 0.1,
+    "cull_idle_gpu_kernels_after": 0.0,
+    "cull_interval": 1.0,
+}
 
 
-def _size_bytes(text: str, name: str) -> Optional[int]:
+def _size_bytes(text: str, name: str) -> int | None:
     if not text.strip():
         return None
     try:
         return int(grammar.parse_size(text, percent=False)) * MIB
     except Exception:
         raise TraitError(
-            f"TfgpuMagic.{name} {text!r} is not a size (like \"1G\", \"512M\", or a bare number of MiB)"
+            f'TfgpuMagic.{name} {text!r} is not a size (like "1G", "512M", or a bare number of MiB)'
         ) from None
 
 
-_CULLER_SETTINGS = ("cull_idle_gpu_kernels_after", "cull_min_gpu_memory", "cull_only_when_free_below", "cull_interval")
+_CULLER_SETTINGS = (
+    "cull_idle_gpu_kernels_after",
+    "cull_min_gpu_memory",
+    "cull_only_when_free_below",
+    "cull_interval",
+)
 
 
 def load_settings(config: Any, log: logging.Logger) -> tuple[TfgpuMagic, CullPolicy]:
@@ -200,8 +211,11 @@ def load_settings(config: Any, log: logging.Logger) -> tuple[TfgpuMagic, CullPol
                 log.error("tfgpu_magic: %s; the GPU idle culler is off", said)
             else:
                 default = settings.trait_defaults(name)
-                log.error("tfgpu_magic: %s; %s is used instead", said,
-                          f"{default} s" if isinstance(default, float) else repr(default))
+                log.error(
+                    "tfgpu_magic: %s; %s is used instead",
+                    said,
+                    f"{default} s" if isinstance(default, float) else repr(default),
+                )
     try:
         policy = settings.cull_policy()
     except TraitError as err:  # sizes: one line each
@@ -250,14 +264,17 @@ class SharedRefresh(Generic[T]):
     """
 
     def __init__(
-        self, refresh: Callable[[], Awaitable[T]], interval: float, clock: Callable[[], float] = time.monotonic
+        self,
+        refresh: Callable[[], Awaitable[T]],
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._refresh = refresh
         self._interval = interval
         self._clock = clock
-        self._value: Optional[T] = None
-        self._started_at: Optional[float] = None  # of the refresh that made _value
-        self._in_flight: Optional[asyncio.Task[T]] = None
+        self._value: T | None = None
+        self._started_at: float | None = None  # of the refresh that made _value
+        self._in_flight: asyncio.Task[T] | None = None
         self._in_flight_started = 0.0
         self.refreshes = 0  # how many refreshes were started (for tests and benchmarks)
 
@@ -270,7 +287,7 @@ class SharedRefresh(Generic[T]):
         return self._value
 
     @property
-    def latest(self) -> Optional[T]:
+    def latest(self) -> T | None:
         """The last value read (None before the first), without reading."""
         return self._value
 
@@ -319,25 +336,28 @@ class Reading:
 class StatusSource:
     """One reading of the server's kernels and GPUs; never raises, never waits past ``reading_timeout``."""
 
-    def __init__(self, serverapp: Any, settings: TfgpuMagic, policy: CullPolicy,
-                 watcher: Optional[ActivityWatcher] = None) -> None:
+    def __init__(
+        self, serverapp: Any, settings: TfgpuMagic, policy: CullPolicy, watcher: ActivityWatcher | None = None
+    ) -> None:
         self._serverapp = serverapp
         self._log = serverapp.log
         self._interval = settings.refresh_interval
         self._timeout = settings.reading_timeout
         self._policy = policy
         self._watcher = watcher
-        self._load_error: Optional[str] = None
-        self._nvml: Optional[Nvml] = None
-        self._table: Optional[owners.ProcessTable] = None
-        self._device_read: Optional[asyncio.Future[dict[str, Any]]] = None  # the driver's reading under way
+        self._load_error: str | None = None
+        self._nvml: Nvml | None = None
+        self._table: owners.ProcessTable | None = None
+        self._device_read: asyncio.Future[dict[str, Any]] | None = None  # the driver's reading under way
         self._device_read_since = 0.0
-        self._last_good: Optional[Reading] = None
+        self._last_good: Reading | None = None
         try:
             self._nvml = Nvml(lib=load_device_source(settings.device_source))
             self._table = owners.process_table_for(self._nvml, os.getpid())
         except Exception as err:  # a wrong setting must not stop the server: the reply says it
-            self._load_error = f"TfgpuMagic.device_source {settings.device_source!r} could not be loaded ({_reason(err)})"
+            self._load_error = (
+                f"TfgpuMagic.device_source {settings.device_source!r} could not be loaded ({_reason(err)})"
+            )
             self._log.error("tfgpu_magic: %s", self._load_error)
 
     async def read(self) -> Reading:
@@ -354,7 +374,9 @@ class StatusSource:
             return self._late(kernels, notes)
         except Exception as err:  # a bug of ours or a device source's: logged, and said in the reply
             self._log.exception("tfgpu_magic: reading the GPUs failed")
-            reply = self._unavailable(kernels, f"reading the GPUs failed ({_reason(err)}); see the server's log", notes)
+            reply = self._unavailable(
+                kernels, f"reading the GPUs failed ({_reason(err)}); see the server's log", notes
+            )
         self._annotate(reply)
         reading = Reading(reply, reply_text(reply))
         self._last_good = reading
@@ -365,15 +387,23 @@ class StatusSource:
         since = kernel_inventory.iso_utc(datetime.fromtimestamp(self._device_read_since, tz=timezone.utc))
         if self._last_good is not None:
             reply = copy.deepcopy(self._last_good.reply)
-            reply["notes"] = [*reply.get("notes", []), *notes, (
-                f"the GPU driver did not answer within {self._timeout:g} s (a reading under way since {since}): "
-                "these are the figures of the last reading (generated_at)"
-            )]
+            reply["notes"] = [
+                *reply.get("notes", []),
+                *notes,
+                (
+                    f"the GPU driver did not answer within {self._timeout:g} s (a reading under way since {since}): "
+                    "these are the figures of the last reading (generated_at)"
+                ),
+            ]
         else:
-            reply = self._unavailable(kernels, (
-                f"reading the GPUs timed out: the driver did not answer within {self._timeout:g} s "
-                f"(a reading under way since {since})"
-            ), notes)
+            reply = self._unavailable(
+                kernels,
+                (
+                    f"reading the GPUs timed out: the driver did not answer within {self._timeout:g} s "
+                    f"(a reading under way since {since})"
+                ),
+                notes,
+            )
             self._annotate(reply)
         return Reading(reply, reply_text(reply), complete=False)
 
@@ -387,7 +417,10 @@ class StatusSource:
             self._policy.annotate(reply, cullable=self._cullable)
         except Exception as err:  # a bug of ours: the reply still goes out, without due times
             self._log.exception("tfgpu_magic: the culler's due times could not be added")
-            reply["notes"] = [*reply.get("notes", []), f"the culler's due times could not be worked out ({_reason(err)})"]
+            reply["notes"] = [
+                *reply.get("notes", []),
+                f"the culler's due times could not be worked out ({_reason(err)})",
+            ]
             for kernel in reply.get("kernels", []):
                 kernel["cull_due_at"] = None
 
@@ -403,7 +436,9 @@ class StatusSource:
         """In a worker thread: NVML and the process table (both may block)."""
         if self._nvml is None:
             return self._unavailable(kernels, self._load_error or "no device source", notes)
-        return kernel_inventory.inventory(self._nvml, kernels, self._table, refresh_interval_s=self._interval, notes=notes)
+        return kernel_inventory.inventory(
+            self._nvml, kernels, self._table, refresh_interval_s=self._interval, notes=notes
+        )
 
     def _unavailable(self, kernels: list[KernelDescription], reason: str, notes: list[str]) -> dict[str, Any]:
         return kernel_inventory.unavailable(kernels, reason, refresh_interval_s=self._interval, notes=notes)
@@ -415,7 +450,7 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-async def describe_kernels(serverapp: Any, watcher: Optional[ActivityWatcher] = None) -> list[KernelDescription]:
+async def describe_kernels(serverapp: Any, watcher: ActivityWatcher | None = None) -> list[KernelDescription]:
     """Every kernel the server runs, with its session (if any) and its local process (if any)."""
     sessions: dict[str, dict[str, Any]] = {}
     for session in await serverapp.session_manager.list_sessions():
@@ -434,25 +469,33 @@ async def describe_kernels(serverapp: Any, watcher: Optional[ActivityWatcher] = 
     return described
 
 
-def live_state(kernel: Any, activity: Optional[Activity]) -> LiveState:
+def live_state(kernel: Any, activity: Activity | None) -> LiveState:
     """What a kernel is doing: busy while an execution it started is under way (the watcher's),
     whatever its last status said; its last activity without the monitor panel's messages.
     Not watched: jupyter_server's own figures, and ``watched`` False (the culler leaves it alone)."""
     state = getattr(kernel, "execution_state", None)
     if activity is None:
         return LiveState(state, epoch(getattr(kernel, "last_activity", None)), watched=False)
-    if state not in ("starting", "restarting", "dead", "autorestarting") and (activity.busy or state == "busy"):
+    if state not in ("starting", "restarting", "dead", "autorestarting") and (
+        activity.busy or state == "busy"
+    ):
         state = "busy"
     return LiveState(state, activity.last_activity, watched=activity.from_start)
 
 
-def _describe(kernel_id: str, kernel: Any, session: dict[str, Any], activity: Optional[Activity] = None) -> KernelDescription:
+def _describe(
+    kernel_id: str, kernel: Any, session: dict[str, Any], activity: Activity | None = None
+) -> KernelDescription:
     if activity is None:  # the culler is off: jupyter_server's own figures, as they are
         state, last = getattr(kernel, "execution_state", None), getattr(kernel, "last_activity", None)
     else:
         live = live_state(kernel, activity)
         state = live.execution_state
-        last = None if live.last_activity is None else datetime.fromtimestamp(live.last_activity, tz=timezone.utc)
+        last = (
+            None
+            if live.last_activity is None
+            else datetime.fromtimestamp(live.last_activity, tz=timezone.utc)
+        )
     return KernelDescription(
         id=kernel_id,
         name=getattr(kernel, "kernel_name", None),
@@ -465,7 +508,7 @@ def _describe(kernel_id: str, kernel: Any, session: dict[str, Any], activity: Op
     )
 
 
-def _local_pid(kernel: Any) -> Optional[int]:
+def _local_pid(kernel: Any) -> int | None:
     """The kernel's process id when it runs here; a remote or container provisioner's pid means nothing here."""
     provisioner = getattr(kernel, "provisioner", None)
     if not isinstance(provisioner, LocalProvisioner):
@@ -504,11 +547,15 @@ class MetricsHandler(PrometheusMetricsHandler):
         allowed = False
         if self.settings.get("authenticate_prometheus", True) and self.logged_in:
             try:
-                allowed = bool(await ensure_async(
-                    self.authorizer.is_authorized(self, self.current_user, "read", "kernels")  # type: ignore[arg-type]
-                ))
+                allowed = bool(
+                    await ensure_async(
+                        self.authorizer.is_authorized(self, self.current_user, "read", "kernels")  # type: ignore[arg-type]
+                    )
+                )
             except Exception:  # an authorizer that fails says no
-                self.log.exception("tfgpu_magic: the authorizer failed; /metrics leaves out per-kernel series")
+                self.log.exception(
+                    "tfgpu_magic: the authorizer failed; /metrics leaves out per-kernel series"
+                )
         token = metrics.PER_KERNEL_ALLOWED.set(allowed)
         try:
             super().get()
@@ -520,10 +567,10 @@ class _Extension:
     """What the extension started on one server, stopped by :meth:`stop` when the server stops."""
 
     def __init__(self) -> None:
-        self.callback: Optional[tornado.ioloop.PeriodicCallback] = None
-        self.culler: Optional[Culler] = None
-        self.watcher: Optional[ActivityWatcher] = None
-        self.metrics: Optional[metrics.GpuMetrics] = None
+        self.callback: tornado.ioloop.PeriodicCallback | None = None
+        self.culler: Culler | None = None
+        self.watcher: ActivityWatcher | None = None
+        self.metrics: metrics.GpuMetrics | None = None
 
     def stop(self) -> None:
         if self.callback is not None:
@@ -547,24 +594,32 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             watcher.install()
             started.watcher = watcher
         except Exception as err:  # a kernel manager whose kernels cannot be watched (a gateway's?)
-            serverapp.log.error("tfgpu_magic: the kernels of %s cannot be watched (%s); the GPU idle culler is off",
-                                type(serverapp.kernel_manager).__name__, _reason(err))
+            serverapp.log.error(
+                "tfgpu_magic: the kernels of %s cannot be watched (%s); the GPU idle culler is off",
+                type(serverapp.kernel_manager).__name__,
+                _reason(err),
+            )
             policy = CullPolicy()
     source = StatusSource(serverapp, settings, policy, started.watcher)
     status: SharedRefresh[Reading] = SharedRefresh(source.read, settings.refresh_interval)
     base_url = serverapp.web_app.settings["base_url"]
     route = url_path_join(base_url, *ROUTE)
-    serverapp.web_app.add_handlers(".*$", [
-        (route, StatusHandler, {"status": status}),
-        (url_path_join(base_url, "metrics"), MetricsHandler),
-    ])
+    serverapp.web_app.add_handlers(
+        ".*$",
+        [
+            (route, StatusHandler, {"status": status}),
+            (url_path_join(base_url, "metrics"), MetricsHandler),
+        ],
+    )
     serverapp.log.info("tfgpu_magic: GPU status at %s (refresh every %s s)", route, settings.refresh_interval)
     # /metrics asks only for a login (none at all with authenticate_prometheus off), where the
     # status endpoint asks for the right to read kernels: per-kernel series only for a login
     # that may read kernels (MetricsHandler), none at all without a login.
     per_kernel = bool(getattr(serverapp, "authenticate_prometheus", True))
     if not per_kernel:
-        serverapp.log.warning("tfgpu_magic: /metrics is not authenticated, so it carries no per-kernel series")
+        serverapp.log.warning(
+            "tfgpu_magic: /metrics is not authenticated, so it carries no per-kernel series"
+        )
     started.metrics = metrics.GpuMetrics(
         latest=lambda: status.latest.reply if status.latest is not None else None,
         refresh=status.get,
@@ -578,10 +633,16 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     metrics.install(started.metrics)
     if policy.enabled:
         assert started.watcher is not None
-        serverapp.tfgpu_culler = started.culler = _culler(serverapp, policy, status, started.watcher, settings)
-        started.callback = tornado.ioloop.PeriodicCallback(started.culler.check, settings.cull_interval * 1000)
+        serverapp.tfgpu_culler = started.culler = _culler(
+            serverapp, policy, status, started.watcher, settings
+        )
+        started.callback = tornado.ioloop.PeriodicCallback(
+            started.culler.check, settings.cull_interval * 1000
+        )
         started.callback.start()
-        serverapp.log.info("tfgpu_magic: culling kernels idle %s s while they hold GPU memory", policy.after_s)
+        serverapp.log.info(
+            "tfgpu_magic: culling kernels idle %s s while they hold GPU memory", policy.after_s
+        )
 
 
 def _stop_with(serverapp: Any, started: _Extension) -> None:
@@ -597,7 +658,11 @@ def _stop_with(serverapp: Any, started: _Extension) -> None:
 
 
 def _culler(
-    serverapp: Any, policy: CullPolicy, status: SharedRefresh[Reading], watcher: ActivityWatcher, settings: TfgpuMagic
+    serverapp: Any,
+    policy: CullPolicy,
+    status: SharedRefresh[Reading],
+    watcher: ActivityWatcher,
+    settings: TfgpuMagic,
 ) -> Culler:
     manager = serverapp.kernel_manager
 
@@ -612,7 +677,7 @@ def _culler(
     async def fresh_reading() -> dict[str, Any]:
         return complete(await status.fresh())
 
-    def live(kernel_id: str) -> Optional[LiveState]:
+    def live(kernel_id: str) -> LiveState | None:
         try:
             kernel = manager.get_kernel(kernel_id)
         except KeyError:
@@ -623,8 +688,15 @@ def _culler(
         await manager.shutdown_kernel(kernel_id)
 
     # A reading waits at most reading_timeout in StatusSource; the culler's own bound covers the rest.
-    return Culler(policy, reading, fresh_reading, live, shutdown, serverapp.log,
-                  reading_timeout_s=settings.reading_timeout * 2 + 5)
+    return Culler(
+        policy,
+        reading,
+        fresh_reading,
+        live,
+        shutdown,
+        serverapp.log,
+        reading_timeout_s=settings.reading_timeout * 2 + 5,
+    )
 
 
 def _reason(err: BaseException) -> str:

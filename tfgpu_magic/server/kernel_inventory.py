@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 from ..gpus import holdings, owners
 from ..gpus.nvml import GpuInfo, GpuLost, Nvml, NvmlUnavailable, ReadingFailed
@@ -66,16 +67,16 @@ class KernelDescription:
     """One running kernel, as the server describes it.  None: not known."""
 
     id: str
-    name: Optional[str] = None  # the kernel spec's name, e.g. "python3"
-    path: Optional[str] = None  # the session's path (the notebook), if any session uses the kernel
-    session_name: Optional[str] = None
-    session_type: Optional[str] = None  # "notebook", "console", ...
-    execution_state: Optional[str] = None  # "idle", "busy", "starting", "dead", ...
-    last_activity: Optional[str] = None  # ISO 8601 in UTC, see iso_utc
-    pid: Optional[int] = None  # the kernel's local process; None for a remote (gateway) kernel
+    name: str | None = None  # the kernel spec's name, e.g. "python3"
+    path: str | None = None  # the session's path (the notebook), if any session uses the kernel
+    session_name: str | None = None
+    session_type: str | None = None  # "notebook", "console", ...
+    execution_state: str | None = None  # "idle", "busy", "starting", "dead", ...
+    last_activity: str | None = None  # ISO 8601 in UTC, see iso_utc
+    pid: int | None = None  # the kernel's local process; None for a remote (gateway) kernel
 
 
-def iso_utc(moment: Optional[datetime]) -> Optional[str]:
+def iso_utc(moment: datetime | None) -> str | None:
     """``2026-11-22T10:00:00.000000Z``: always microseconds, so every reply has one format."""
     if moment is None:
         return None
@@ -88,8 +89,8 @@ def iso_utc(moment: Optional[datetime]) -> Optional[str]:
 def inventory(
     nvml: Nvml,
     kernels: Sequence[KernelDescription],
-    table: Optional[owners.ProcessTable] = None,
-    parents: Optional[Mapping[int, int]] = None,
+    table: owners.ProcessTable | None = None,
+    parents: Mapping[int, int] | None = None,
     *,
     refresh_interval_s: float = REFRESH_INTERVAL_S,
     clock: Callable[[], float] = time.time,
@@ -110,7 +111,12 @@ def inventory(
         gpus = nvml.gpus()
     except NvmlUnavailable as err:
         return unavailable(
-            kernels, str(err), user=user, refresh_interval_s=refresh_interval_s, generated_at=generated_at, notes=notes
+            kernels,
+            str(err),
+            user=user,
+            refresh_interval_s=refresh_interval_s,
+            generated_at=generated_at,
+            notes=notes,
         )
     usages = [holdings.attribute(nvml, gpu, table, _NOBODY, user) for gpu in gpus]
     notes = list(notes)
@@ -124,11 +130,15 @@ def inventory(
     hidden = sorted({e.pid for u in usages for e in (u.processes or ()) if e.whose == holdings.HIDDEN})
     if hidden:
         notes.append(holdings.hidden_note(hidden))
-    unlisted = [gpu.index for gpu, usage in zip(gpus, usages) if usage.processes is None and not gpu.lost]
+    unlisted = [
+        gpu.index
+        for gpu, usage in zip(gpus, usages, strict=False)
+        if usage.processes is None and not gpu.lost
+    ]
     reply = _reply(user, generated_at, refresh_interval_s, available=True, reason=None, notes=notes)
     reply["pids_visible"] = not foreign and not hidden
-    reply["gpus"] = [_gpu(gpu, usage, owner_of) for gpu, usage in zip(gpus, usages)]
-    for entry, gpu in zip(reply["gpus"], gpus):
+    reply["gpus"] = [_gpu(gpu, usage, owner_of) for gpu, usage in zip(gpus, usages, strict=False)]
+    for entry, gpu in zip(reply["gpus"], gpus, strict=False):
         entry["mig_instances"] = _mig_instances(nvml, gpu, owner_of) if gpu.mig_enabled else None
     reply["kernels"] = _sorted([_kernel(k, usages, owner_of, parents, foreign, unlisted) for k in kernels])
     reply.update(_everyone_else(usages, owner_of))
@@ -139,20 +149,28 @@ def unavailable(
     kernels: Sequence[KernelDescription],
     reason: str,
     *,
-    user: Optional[str] = None,
+    user: str | None = None,
     refresh_interval_s: float = REFRESH_INTERVAL_S,
-    generated_at: Optional[float] = None,
+    generated_at: float | None = None,
     notes: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The reply when no GPU can be read: ``driver.available = false``, the reason, the kernels without memory."""
     generated_at = time.time() if generated_at is None else generated_at
     reply = _reply(user, generated_at, refresh_interval_s, available=False, reason=reason, notes=list(notes))
-    reply["kernels"] = _sorted([_kernel_fields(k, child_pids=[], memory={}, total=None, note=None) for k in kernels])
+    reply["kernels"] = _sorted(
+        [_kernel_fields(k, child_pids=[], memory={}, total=None, note=None) for k in kernels]
+    )
     return safe_tree(reply)
 
 
 def _reply(
-    user: Optional[str], generated_at: float, interval: float, *, available: bool, reason: Optional[str], notes: list[str]
+    user: str | None,
+    generated_at: float,
+    interval: float,
+    *,
+    available: bool,
+    reason: str | None,
+    notes: list[str],
 ) -> dict[str, Any]:
     return {
         "version": VERSION,
@@ -204,7 +222,7 @@ def _foreign_note(usages: list[holdings.GpuUsage]) -> str:
     )
 
 
-def _kernels_entry(entry: holdings.ProcessEntry, owner_of: Mapping[int, str]) -> Optional[str]:
+def _kernels_entry(entry: holdings.ProcessEntry, owner_of: Mapping[int, str]) -> str | None:
     """The kernel holding this process, if any; an exited process is nobody's (it is unattributed)."""
     return owner_of.get(entry.pid) if entry.alive else None
 
@@ -235,25 +253,32 @@ def _mig_instances(nvml: Nvml, gpu: GpuInfo, owner_of: Mapping[int, str]) -> lis
     for listing in listings:
         device, memory = listing.device, listing.device.memory
         pids = None if listing.processes is None else [p.pid for p in listing.processes]
-        rows.append({
-            "mig_index": device.mig_index,
-            "uuid": device.uuid,
-            "gpu_instance_id": device.gpu_instance_id,
-            "compute_instance_id": device.compute_instance_id,
-            "memory_used_bytes": memory.used_bytes if memory else None,
-            "memory_total_bytes": memory.total_bytes if memory else None,
-            "process_count": None if pids is None else len(pids),
-            "kernel_ids": None if pids is None else sorted({owner_of[p] for p in pids if p in owner_of}),
-            "notes": list(listing.notes),
-        })
+        rows.append(
+            {
+                "mig_index": device.mig_index,
+                "uuid": device.uuid,
+                "gpu_instance_id": device.gpu_instance_id,
+                "compute_instance_id": device.compute_instance_id,
+                "memory_used_bytes": memory.used_bytes if memory else None,
+                "memory_total_bytes": memory.total_bytes if memory else None,
+                "process_count": None if pids is None else len(pids),
+                "kernel_ids": None if pids is None else sorted({owner_of[p] for p in pids if p in owner_of}),
+                "notes": list(listing.notes),
+            }
+        )
     return rows
 
 
-def _split(usage: holdings.GpuUsage, owner_of: Mapping[int, str], free: Optional[int]) -> dict[str, Optional[int]]:
+def _split(usage: holdings.GpuUsage, owner_of: Mapping[int, str], free: int | None) -> dict[str, int | None]:
     """holdings' split with the kernels' processes taken out of "mine" (or "others") into their own share."""
     if usage.processes is None:  # lost, or NVML could not list them: nobody's share is known
-        return {"kernels_bytes": None, "my_other_bytes": None, "others_bytes": None,
-                "unattributed_bytes": usage.unattributed_bytes, "free_bytes": free}
+        return {
+            "kernels_bytes": None,
+            "my_other_bytes": None,
+            "others_bytes": None,
+            "unattributed_bytes": usage.unattributed_bytes,
+            "free_bytes": free,
+        }
     hidden = any(e.whose == holdings.HIDDEN for e in usage.processes)
     kernels, mine, others = [], [], []
     for entry in usage.processes:
@@ -274,7 +299,7 @@ def _split(usage: holdings.GpuUsage, owner_of: Mapping[int, str], free: Optional
     }
 
 
-def _known_sum(values: Iterable[Optional[int]]) -> Optional[int]:
+def _known_sum(values: Iterable[int | None]) -> int | None:
     """The sum of known figures: 0 for no process at all, None when every figure is unknown."""
     values = list(values)
     known = [v for v in values if v is not None]
@@ -303,25 +328,35 @@ def _kernel(
     held = {
         u.index: [e for e in u.processes or () if _kernels_entry(e, owner_of) == kernel.id] for u in usages
     }
-    memory = {str(index): _known_sum(e.used_memory_bytes for e in entries) for index, entries in held.items() if entries}
+    memory = {
+        str(index): _known_sum(e.used_memory_bytes for e in entries)
+        for index, entries in held.items()
+        if entries
+    }
     child_pids = sorted({e.pid for entries in held.values() for e in entries if e.pid != kernel.pid})
     total = _known_sum(memory.values())
     return _kernel_fields(kernel, child_pids, memory, total, _kernel_note(kernel, parents, unlisted))
 
 
-def _kernel_note(kernel: KernelDescription, parents: Mapping[int, int], unlisted: list[int]) -> Optional[str]:
+def _kernel_note(kernel: KernelDescription, parents: Mapping[int, int], unlisted: list[int]) -> str | None:
     """What makes this kernel's figures incomplete; None when nothing does."""
     notes = []
     if kernel.pid not in parents:  # died since the server last heard of it
         notes.append(f"its process {kernel.pid} is not running")
     if unlisted:  # a lost GPU is not among them: its memory is gone with it
         shown = ", ".join(map(str, unlisted))
-        notes.append(f"GPU {shown}: NVML could not list the processes, so the kernel's memory there is unknown")
+        notes.append(
+            f"GPU {shown}: NVML could not list the processes, so the kernel's memory there is unknown"
+        )
     return "; ".join(notes) or None
 
 
 def _kernel_fields(
-    kernel: KernelDescription, child_pids: list[int], memory: dict[str, Optional[int]], total: Optional[int], note: Optional[str]
+    kernel: KernelDescription,
+    child_pids: list[int],
+    memory: dict[str, int | None],
+    total: int | None,
+    note: str | None,
 ) -> dict[str, Any]:
     return {
         "id": kernel.id,
@@ -345,11 +380,16 @@ def _sorted(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # -- everyone else ----------------------------------------------------------------------------
-def _everyone_else(usages: list[holdings.GpuUsage], owner_of: Mapping[int, str]) -> dict[str, list[dict[str, Any]]]:
+def _everyone_else(
+    usages: list[holdings.GpuUsage], owner_of: Mapping[int, str]
+) -> dict[str, list[dict[str, Any]]]:
     """Processes no kernel accounts for: mine, other users', exited ones NVML still lists, and
     those /proc hides (hidepid)."""
     lists: dict[str, list[dict[str, Any]]] = {
-        "my_other_processes": [], "other_users": [], "unattributed": [], "hidden_processes": [],
+        "my_other_processes": [],
+        "other_users": [],
+        "unattributed": [],
+        "hidden_processes": [],
     }
     for usage in usages:
         for entry in usage.processes or ():

@@ -28,7 +28,8 @@ import asyncio
 import contextvars
 import logging
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
@@ -38,7 +39,9 @@ from .culler import parse_iso_utc
 __all__ = ["KEEP_WARM_S", "PER_KERNEL_ALLOWED", "GpuMetrics", "families", "install"]
 
 # Set by the /metrics handler for one scrape: whether its login may read kernels.
-PER_KERNEL_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("tfgpu_per_kernel_allowed", default=False)
+PER_KERNEL_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tfgpu_per_kernel_allowed", default=False
+)
 
 KEEP_WARM_S = 300.0  # keep reading this long after the last scrape (longer than any scrape interval)
 
@@ -49,25 +52,46 @@ _GPU = ["gpu", "gpu_uuid", "name"]
 def _gauges() -> dict[str, GaugeMetricFamily]:
     """Every family this collector exposes, empty (also its ``describe``)."""
     specs = [
-        ("tfgpu_kernel_gpu_memory_bytes", "GPU memory a Jupyter kernel (and its child processes) holds on a GPU, "
-         "the driver's reading", [*_KERNEL, "gpu", "gpu_uuid"]),
+        (
+            "tfgpu_kernel_gpu_memory_bytes",
+            "GPU memory a Jupyter kernel (and its child processes) holds on a GPU, the driver's reading",
+            [*_KERNEL, "gpu", "gpu_uuid"],
+        ),
         ("tfgpu_gpu_memory_used_bytes", "GPU memory in use by all processes, the driver's reading", _GPU),
         ("tfgpu_gpu_memory_total_bytes", "GPU memory in all", _GPU),
-        ("tfgpu_gpu_utilization_ratio", "GPU utilization, 0 to 1 (absent where the driver does not report it)", _GPU),
-        ("tfgpu_other_users_gpu_memory_bytes", "GPU memory held by other users' processes", ["gpu", "gpu_uuid"]),
-        ("tfgpu_kernel_idle_seconds", "Seconds since the kernel's last activity (0 while busy), for kernels "
-         "holding GPU memory", _KERNEL),
-        ("tfgpu_kernel_cull_due_timestamp_seconds", "When the GPU idle culler shuts the kernel down if it stays "
-         "idle (only when the culler is on)", _KERNEL),
+        (
+            "tfgpu_gpu_utilization_ratio",
+            "GPU utilization, 0 to 1 (absent where the driver does not report it)",
+            _GPU,
+        ),
+        (
+            "tfgpu_other_users_gpu_memory_bytes",
+            "GPU memory held by other users' processes",
+            ["gpu", "gpu_uuid"],
+        ),
+        (
+            "tfgpu_kernel_idle_seconds",
+            "Seconds since the kernel's last activity (0 while busy), for kernels holding GPU memory",
+            _KERNEL,
+        ),
+        (
+            "tfgpu_kernel_cull_due_timestamp_seconds",
+            "When the GPU idle culler shuts the kernel down if it stays idle (only when the culler is on)",
+            _KERNEL,
+        ),
         ("tfgpu_driver_available", "1 when the NVIDIA driver could be read, else 0", []),
         ("tfgpu_reading_timestamp_seconds", "When these figures were read (Unix time)", []),
-        ("tfgpu_server_info", "This Jupyter server's user and tfgpu_magic's version (always 1)", ["user", "version"]),
+        (
+            "tfgpu_server_info",
+            "This Jupyter server's user and tfgpu_magic's version (always 1)",
+            ["user", "version"],
+        ),
     ]
     return {name: GaugeMetricFamily(name, text, labels=labels) for name, text, labels in specs}
 
 
 def families(
-    reply: Mapping[str, Any], version: str, user: Optional[str] = None, per_kernel: bool = True
+    reply: Mapping[str, Any], version: str, user: str | None = None, per_kernel: bool = True
 ) -> list[GaugeMetricFamily]:
     """The metric families of one inventory reply (pure: no reading, no clock).  ``user`` names the
     server's user in ``tfgpu_server_info`` (default: the reply's, the operating system's user);
@@ -75,7 +99,9 @@ def families(
     gauges = _gauges()
     read_at = float(reply.get("generated_at") or 0.0)
     gauges["tfgpu_reading_timestamp_seconds"].add_metric([], read_at)
-    gauges["tfgpu_driver_available"].add_metric([], 1.0 if (reply.get("driver") or {}).get("available") else 0.0)
+    gauges["tfgpu_driver_available"].add_metric(
+        [], 1.0 if (reply.get("driver") or {}).get("available") else 0.0
+    )
     gauges["tfgpu_server_info"].add_metric([_text(user or reply.get("user")), version], 1.0)
     uuids = {}
     for gpu in reply.get("gpus", []):
@@ -84,20 +110,30 @@ def families(
         _add(gauges["tfgpu_gpu_memory_used_bytes"], labels, gpu.get("memory_used_bytes"))
         _add(gauges["tfgpu_gpu_memory_total_bytes"], labels, gpu.get("memory_total_bytes"))
         utilization = gpu.get("utilization_percent")
-        _add(gauges["tfgpu_gpu_utilization_ratio"], labels, None if utilization is None else utilization / 100)
+        _add(
+            gauges["tfgpu_gpu_utilization_ratio"], labels, None if utilization is None else utilization / 100
+        )
         if reply.get("pids_visible") is not False:  # in another pid namespace nothing is known to be others'
-            _add(gauges["tfgpu_other_users_gpu_memory_bytes"], labels[:2], (gpu.get("split") or {}).get("others_bytes"))
+            _add(
+                gauges["tfgpu_other_users_gpu_memory_bytes"],
+                labels[:2],
+                (gpu.get("split") or {}).get("others_bytes"),
+            )
     for kernel in reply.get("kernels", []) if per_kernel else []:
         labels = [_text(kernel.get("id")), _text(kernel.get("name")), _text(kernel.get("path"))]
         for gpu, size in sorted((kernel.get("gpu_memory_bytes") or {}).items()):
             _add(gauges["tfgpu_kernel_gpu_memory_bytes"], [*labels, gpu, uuids.get(gpu, "")], size)
         if kernel.get("total_gpu_memory_bytes"):
             _add(gauges["tfgpu_kernel_idle_seconds"], labels, _idle_seconds(kernel, read_at))
-        _add(gauges["tfgpu_kernel_cull_due_timestamp_seconds"], labels, parse_iso_utc(kernel.get("cull_due_at")))
+        _add(
+            gauges["tfgpu_kernel_cull_due_timestamp_seconds"],
+            labels,
+            parse_iso_utc(kernel.get("cull_due_at")),
+        )
     return list(gauges.values())
 
 
-def _idle_seconds(kernel: Mapping[str, Any], read_at: float) -> Optional[float]:
+def _idle_seconds(kernel: Mapping[str, Any], read_at: float) -> float | None:
     state = kernel.get("execution_state")
     if state == "busy":
         return 0.0
@@ -107,7 +143,7 @@ def _idle_seconds(kernel: Mapping[str, Any], read_at: float) -> Optional[float]:
     return max(read_at - last_activity, 0.0)
 
 
-def _add(family: GaugeMetricFamily, labels: list[str], value: Optional[float]) -> None:
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
     """A sample, or none at all: an unknown reading is absent, never 0."""
     if value is not None:
         family.add_metric(labels, float(value))
@@ -126,13 +162,13 @@ class GpuMetrics(Collector):
 
     def __init__(
         self,
-        latest: Callable[[], Optional[Mapping[str, Any]]],
+        latest: Callable[[], Mapping[str, Any] | None],
         refresh: Callable[[], Any],
         interval: float,
         version: str,
         log: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
-        user: Optional[str] = None,
+        user: str | None = None,
         per_kernel: bool = True,
     ) -> None:
         self._latest = latest
@@ -143,8 +179,8 @@ class GpuMetrics(Collector):
         self._version = version
         self._log = log
         self._clock = clock
-        self._last_scrape: Optional[float] = None
-        self._warmer: Optional[asyncio.Task[None]] = None
+        self._last_scrape: float | None = None
+        self._warmer: asyncio.Task[None] | None = None
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return list(_gauges().values())  # the names, without reading anything (registration calls this)
@@ -154,7 +190,9 @@ class GpuMetrics(Collector):
         self._keep_warm()
         reply = self._latest()
         if reply is not None:
-            yield from families(reply, self._version, self._user, self._per_kernel and PER_KERNEL_ALLOWED.get())
+            yield from families(
+                reply, self._version, self._user, self._per_kernel and PER_KERNEL_ALLOWED.get()
+            )
 
     def _keep_warm(self) -> None:
         """Start the refresh task, from the server's loop only (a scrape from another thread just reads)."""
@@ -176,12 +214,14 @@ class GpuMetrics(Collector):
         while self._last_scrape is not None and self._clock() - self._last_scrape < KEEP_WARM_S:
             try:
                 await self._refresh()
-            except Exception:  # the reading says its own failures; this is a bug, logged, and the loop goes on
+            except (
+                Exception
+            ):  # the reading says its own failures; this is a bug, logged, and the loop goes on
                 self._log.exception("tfgpu_magic: refreshing the GPU metrics failed")
             await asyncio.sleep(self._interval)
 
 
-_installed: Optional[GpuMetrics] = None
+_installed: GpuMetrics | None = None
 
 
 def install(collector: GpuMetrics) -> None:
