@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-fast bench
+.PHONY: setup test test-fast lint lint-python bench
 
 # System packages: Chromium for the browser tests, Node and npm to build the front ends (the panel's
 # bundle and the JupyterLab extension; `pip install -e` runs `npm run build`, and copies the built
@@ -42,7 +42,14 @@ setup:
 	$(BIN)/pip install -q -e ".[cpu,test]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 
-test:
+# Static checks first: a finding fails the run before any test starts.
+lint: lint-python
+
+lint-python:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest --nbval example_notebooks tests
 
 test-fast:
