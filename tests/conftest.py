@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh session on a fake shared server, inside a real IPython shell.
+"""pytest's hooks and the shared fixtures: a fresh session on a fake shared server, inside a real
+IPython shell.  Helpers live in the ``support`` package, never here.
 
 TensorFlow's start-up is process-wide and cannot be undone, so no test may import TensorFlow
 into the pytest process: tests that need it run a fresh Python (see ``run_scenario``).  The
@@ -7,11 +8,8 @@ guard below fails any test that breaks this rule, since it would change every la
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,21 +18,16 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel.session import Session
 
+from support import processes
+from support.paths import ROOT
+from support.processes import START_UP_PREFIXES
+
 pytest_plugins = ["pytester"]  # tests/test_browser_artifacts.py runs pytest itself
-
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
-
-# What TensorFlow, CUDA, XLA, JAX and PyTorch read when they start.  A fresh process never inherits
-# these from the developer's shell or from an earlier test: a test that depends on one passes it.
-START_UP_PREFIXES = ("TF_", "CUDA_", "XLA_", "JAX_", "PYTORCH_")
-
-_running: list = [None]  # the test being set up or run: fresh processes check its markers
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    _running[0] = item  # before its fixtures, which may start processes too
+    processes.running[0] = item  # before its fixtures, which may start processes too
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -43,7 +36,7 @@ def pytest_runtest_makereport(item, call):
     in test-artifacts/ before its fixtures close the browser, and the report says where."""
     report = (yield).get_result()
     if report.failed and report.when in ("setup", "call") and "browser" in item.keywords:
-        from browser_support import save_failure_artifacts
+        from support.browser import save_failure_artifacts
 
         saved = save_failure_artifacts(item.nodeid)
         report.sections.append(("browser artefacts", "\n".join(map(str, saved)) or "no page was open"))
@@ -100,7 +93,7 @@ def server():
 @pytest.fixture
 def session(server):
     """A session on the simulated server, with TensorFlow behind the shared fake adapter."""
-    from fakes import FakeTensorFlow
+    from support.fakes import FakeTensorFlow
 
     return Session(nvml=Nvml(lib=server), env={}, frameworks=adapters(tensorflow=FakeTensorFlow()))
 
@@ -126,61 +119,16 @@ def gpu(shell, session):
     return run
 
 
-def fresh_env(env: dict | None = None) -> dict:
-    """The environment of a fresh Python: this checkout first, no inherited start-up settings."""
-    clean = {name: value for name, value in os.environ.items() if not name.startswith(START_UP_PREFIXES)}
-    return {**clean, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
-
-
-def run_python(args: list[str], env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
-    """Run ``python ARGS`` in a fresh process (see :func:`fresh_env`); the test must be marked `slow`.
-
-    Fresh processes are where TensorFlow starts, so `make test-fast` (``-m "not slow ..."``) must
-    never meet one: a test that starts one without the marker fails, saying so.
-    """
-    item = _running[0]
-    if item is not None and item.get_closest_marker("slow") is None:
-        pytest.fail(
-            f"{item.nodeid} starts a fresh Python ({' '.join(args)[:60]}) but is not marked "
-            "`slow`: mark it, so that `make test-fast` never starts one",
-            pytrace=False,
-        )
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=fresh_env(env), timeout=timeout, cwd=ROOT
-    )
-
-
-def run_scenario(name: str, *args: str, env: dict | None = None, timeout: int = 240) -> dict:
-    """Run tests/scripts/<name>.py in a fresh Python and return the JSON it prints last."""
-    proc = run_python([str(SCRIPTS / f"{name}.py"), *args], env=env, timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, f"scenario {name} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1])
-
-
 @pytest.fixture
 def no_leaked_sampler():
     """Stop every panel after the test, and fail it if a sampler thread outlived it."""
-    from fakes import monitor_threads
-
     from tfgpu_magic.kernel import monitor
+
+    from support.fakes import monitor_threads
 
     yield
     monitor._hub.stop_all()
     assert monitor_threads() == [], "a sampler thread outlived its test"
-
-
-def run_in_fresh_kernel(cells: list[str], cwd: Path) -> list[list[dict]]:
-    """Run ``cells`` as one notebook in a fresh python3 kernel (nbclient); each cell's outputs.
-    Use with the ``kernel_env`` fixture, and mark the test `slow`."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(
-        nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(cwd)}}
-    ).execute()
-    return [cell["outputs"] for cell in nb.cells]
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import json
 import os
 
 import pytest
-from fakes import FakeTensorFlow
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
@@ -29,6 +28,8 @@ from tfgpu_magic.gpus.simulated import (
 )
 from tfgpu_magic.kernel import session as session_module
 from tfgpu_magic.kernel.session import Session
+
+from support.fakes import FakeTensorFlow
 
 ME = os.getpid()
 LONG = "1" * 4301  # int() refuses over 4,300 digits with a ValueError

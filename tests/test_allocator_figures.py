@@ -7,7 +7,6 @@ import dataclasses
 import threading
 
 import pytest
-from fakes import FakeTensorFlow, StandInFramework, monitor_threads, wait_for
 
 from tfgpu_magic.frameworks.base import ChartedFigure, DeviceMemory, Framework, Stage
 from tfgpu_magic.frameworks.jax import Jax
@@ -18,6 +17,8 @@ from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import allocator_figures, monitor
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, Board, FigureSeries
 from tfgpu_magic.kernel.monitor import THREAD_NAME, Sampler
+
+from support.fakes import FakeTensorFlow, StandInFramework, monitor_threads, wait_for
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-from fakes import FakeTensorFlow
-
 from tfgpu_magic.command import grammar
 from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
@@ -16,6 +14,8 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import NVML_ERROR_UNKNOWN, NVMLError, shared_server
 from tfgpu_magic.kernel import monitor, oom, status
 from tfgpu_magic.kernel.session import Session
+
+from support.fakes import FakeTensorFlow
 
 GIB = 1 << 30
 HALF_OF_80G = 40960 * (1 << 20)  # `limit 50%` of an 80 GiB GPU, resolved in MiB

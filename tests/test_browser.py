@@ -11,7 +11,8 @@ import re
 import time
 
 import pytest
-from browser_support import (
+
+from support.browser import (
     REPO,
     chromium,
     has_chromium,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from browser_support import ARTIFACTS, chromium, has_chromium, save_failure_artifacts
+
+from support.browser import ARTIFACTS, chromium, has_chromium, save_failure_artifacts
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not has_chromium(), reason="needs /usr/bin/chromium")]
 
@@ -36,7 +37,7 @@ def test_the_hook_runs_when_a_browser_test_fails(pytester, monkeypatch):
     pytester.makepyfile(
         """
         import pytest
-        from browser_support import chromium
+        from support.browser import chromium
 
         @pytest.fixture
         def page():

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_scenario
 
 from tfgpu_magic.command.grammar import GrammarError
 from tfgpu_magic.frameworks.tensorflow import Stage
 from tfgpu_magic.kernel import cells
 from tfgpu_magic.kernel.cells import BudgetExceeded, CellCommand, check_budget, parse_cell_line
+
+from support.processes import run_scenario
 
 MIB = 1024 * 1024
 VALID = "valid: %%gpu budget 2G | %%gpu on 1"

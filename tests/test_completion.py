@@ -12,11 +12,12 @@ import sys
 import warnings
 
 import pytest
-from conftest import ROOT
 from IPython.core.completer import provisionalcompleter
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.kernel.magics import register_completion
+
+from support.paths import ROOT
 
 CASES = [
     ("%gpu mon", ["monitor"]),

@@ -16,7 +16,8 @@ import time
 
 import psutil
 import pytest
-from browser_support import (
+
+from support.browser import (
     REPO,
     child_kernels,
     chromium,
@@ -25,7 +26,9 @@ from browser_support import (
     jupyter_server,
     notebook,
     run_cell,
+    run_from_palette,
     shot,
+    status_text,
     switch_theme,
     wait_for_kernel,
     wait_for_output,
@@ -179,32 +182,6 @@ def open_beside(page, name: str) -> None:
     page.locator(".jp-DirListing-item", has_text=name).first.dblclick()
     page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current", has_text=name).wait_for(timeout=30_000)
     wait_for_kernel(page)
-
-
-def run_from_palette(page, label: str, until) -> None:
-    """Run a command from JupyterLab's command palette (Ctrl+Shift+C from the notebook, in command
-    mode) until its effect, the locator ``until``, is visible.
-
-    Tries again when the palette closes under the test's hands (a notebook that takes the focus
-    back as its kernel settles closes the modal palette, and may swallow the Enter).
-    """
-    palette = page.locator(".lm-CommandPalette-input")
-    for _ in range(5):
-        page.locator(".jp-NotebookPanel:visible .jp-InputPrompt").first.click()
-        page.keyboard.press("Control+Shift+C")
-        try:
-            palette.fill(label, timeout=3_000)
-            page.locator(".lm-CommandPalette-item.lm-mod-active", has_text=label).wait_for(timeout=3_000)
-            palette.press("Enter", timeout=3_000)
-            until.wait_for(timeout=5_000)
-            return
-        except PlaywrightTimeout:
-            page.keyboard.press("Escape")
-    raise AssertionError(f"could not run {label!r} from the command palette")
-
-
-def status_text(page) -> str:
-    return page.locator(".tfgpu-lab-status-text").inner_text()
 
 
 def wait_for_status(page, text: str, timeout: float = 20.0) -> None:

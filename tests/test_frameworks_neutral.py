@@ -35,9 +35,9 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 
 
-from fakes import WriteSideDefaults  # noqa: E402
-
 from tfgpu_magic.frameworks import adapters  # noqa: E402
+
+from support.fakes import WriteSideDefaults  # noqa: E402
 
 
 class StandInError(Exception):
@@ -142,7 +142,7 @@ def claim_dir(tmp_path, monkeypatch):
 
 
 def four(stage: Stage = Stage.STARTED, my_pid: int = ME) -> tuple[FourFrameworks, dict]:
-    from fakes import FakeTensorFlow
+    from support.fakes import FakeTensorFlow
 
     session = FourFrameworks(StandIn(stage), nvml=Nvml(lib=shared_server(ME)), env={}, tf=FakeTensorFlow())
     return session, status.build_report(session, my_pid=my_pid)

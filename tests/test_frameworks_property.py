@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from support.processes import run_scenario
 
 pytest.importorskip("jax")
 pytest.importorskip("torch")

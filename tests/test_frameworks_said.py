@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from test_pytorch import torch_session
-
 from tfgpu_magic.command import grammar
+
+from support.stand_ins import torch_session
 
 
 def installed(monkeypatch, session, *names: str) -> None:
@@ -71,8 +71,7 @@ def test_a_percentage_below_jaxs_step_is_rounded_up_as_said(monkeypatch):
 def test_a_setting_that_undoes_one_names_only_the_imported_framework():
     """`use all` or `limit off` with torch imported fell back to naming all three frameworks; `split`
     with JAX imported said it takes effect when TensorFlow, PyTorch or JAX starts (review)."""
-    from test_jax import StandInJax
-    from test_pytorch import GIB, cuda_torch
+    from support.stand_ins import GIB, StandInJax, cuda_torch
 
     session = torch_session()
     session._on_import(session.adapter("pytorch"), cuda_torch([80 * GIB] * 4))

@@ -7,7 +7,8 @@ runs in a fresh process (tests/scripts/gpu_frameworks.py), as a notebook's kerne
 from __future__ import annotations
 
 import pytest
-from conftest import run_scenario
+
+from support.processes import run_scenario
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 GIB = 1 << 30

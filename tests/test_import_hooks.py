@@ -10,7 +10,8 @@ import json
 import textwrap
 
 import pytest
-from conftest import run_python
+
+from support.processes import run_python
 
 pytestmark = pytest.mark.slow  # each case starts a fresh Python
 

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table
 from IPython.core.error import UsageError
 
 from tfgpu_magic.command import grammar
@@ -28,6 +27,8 @@ from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedPro
 from tfgpu_magic.kernel import magics
 from tfgpu_magic.kernel.choosing import ChoiceError, choose_gpus
 from tfgpu_magic.kernel.session import Session
+
+from support.fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024

@@ -9,24 +9,18 @@ keeps JAX's rules: the backends start once, at the first device query, reading t
 
 from __future__ import annotations
 
-import contextlib
 import os
-import types
 
 import pytest
-from conftest import run_scenario
-from fakes import FakeTensorFlow
 
 from tfgpu_magic.command import grammar
-from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks.base import PeakReading, Stage
 from tfgpu_magic.frameworks.jax import Jax, mem_fraction_name
-from tfgpu_magic.gpus.nvml import Nvml
-from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import cells, oom, trace
 from tfgpu_magic.kernel.session import Session, SessionError
 
-GIB = 1 << 30
+from support.processes import run_scenario
+from support.stand_ins import GIB, StandInJax, jax_session
 
 
 # -- real JAX, fresh process ------------------------------------------------------------------------
@@ -93,80 +87,6 @@ def test_the_cpu_build_is_said_to_take_no_gpu_setting_and_free_keeps_the_users_a
 
 
 # -- a GPU backend's rules, with JAX stood in for ---------------------------------------------------
-class StandInJax:
-    """``jax`` as a GPU build behaves for the adapter: backends start at the first device query,
-    reading the environment through the plugin-options function; memory per device."""
-
-    def __init__(self, gpus: int = 2) -> None:
-        self.started = False
-        self.read_env: dict | None = None
-        self.gpus = [StandInDevice(k) for k in range(gpus)]
-        self.cleared = 0
-        self.default = None
-        self._in_first_devices = False
-        bridge = types.SimpleNamespace(backends_are_initialized=lambda: self.started, backends=self._backends)
-        xla_client = types.SimpleNamespace(generate_pjrt_gpu_plugin_options=self._options)
-        self._src = types.SimpleNamespace(xla_bridge=bridge, lib=types.SimpleNamespace(xla_client=xla_client))
-        self.errors = types.SimpleNamespace(JaxRuntimeError=type("JaxRuntimeError", (RuntimeError,), {}))
-
-    def _options(self) -> dict:
-        options = {
-            "platform_name": "cuda",
-            "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default"),
-        }
-        if os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
-            options["memory_fraction"] = float(os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"])
-        if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"):
-            options["preallocate"] = os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] not in ("false", "0")
-        return options
-
-    def _backends(self) -> dict:
-        if not self.started:
-            self.read_env = self._options()
-            self.started = True
-        clients = {"cpu": types.SimpleNamespace(platform="cpu")}
-        if self.gpus:  # JAX 0.11's CUDA plugin: the client's platform is "gpu", its key "cuda"
-            clients["cuda"] = types.SimpleNamespace(platform="gpu")
-        return clients
-
-    def devices(self) -> list:
-        # As JAX 0.11 on a GPU: jax.devices() goes through a cached get_backend(), which cannot be
-        # entered again while its first call is starting the backends (seen on an H100: an adapter
-        # asking jax.devices() from inside that start recorded "no GPU").
-        if self._in_first_devices:
-            raise RuntimeError("get_backend() re-entered while the backends start")
-        self._in_first_devices = not self.started
-        try:
-            self._src.xla_bridge.backends()  # as jax.devices() does: the first call starts the backends
-        finally:
-            self._in_first_devices = False
-        return self.gpus
-
-    def clear_caches(self) -> None:
-        self.cleared += 1
-
-    def default_device(self, device):
-        self.default = device
-        return contextlib.nullcontext()
-
-
-class StandInDevice:
-    platform = "gpu"
-
-    def __init__(self, k: int) -> None:
-        self.id = k
-        self.stats = {"bytes_in_use": 0, "peak_bytes_in_use": 0, "bytes_limit": 30 * GIB, "pool_bytes": 0}
-
-    def memory_stats(self) -> dict:
-        return dict(self.stats)
-
-
-def jax_session() -> Session:
-    return Session(
-        nvml=Nvml(lib=shared_server()), env=os.environ, frameworks=adapters(tensorflow=FakeTensorFlow())
-    )
-
-
 def started_jax(session: Session, *commands: str) -> StandInJax:
     for command in commands:
         session.configure(grammar.parse(command))

@@ -47,7 +47,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_support import (
+
+from tfgpu_magic.gpus.simulated import HOST_KERNEL_MIB, MIB
+
+from support.browser import (
     ARTIFACTS,
     CHROMIUM,
     LABEXTENSION,
@@ -60,8 +63,6 @@ from browser_support import (
     shot,
     wait_for_kernel,
 )
-
-from tfgpu_magic.gpus.simulated import HOST_KERNEL_MIB, MIB
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -204,7 +205,7 @@ def python_for_users(base: Path) -> tuple[list[str], str]:
 # -- the hub ----------------------------------------------------------------------------------------
 def readme_hub_config() -> str:
     """The README's ``# jupyterhub_config.py`` block: the hub's configuration starts with it."""
-    from test_readme import blocks
+    from support.markdown import blocks
 
     (block,) = [b for b in blocks("python") if b.code.startswith("# jupyterhub_config.py\n")]
     return block.code
@@ -591,7 +592,7 @@ def panel_rows(page) -> dict[str, list[str]]:
 @pytest.mark.skipif(not has_labextension(), reason="the JupyterLab extension is not built (npm run build)")
 def test_alices_lab_shows_her_kernel_and_bobs_memory_under_the_prefix(hub):
     pytest.importorskip("playwright.sync_api")
-    from test_extension_browser import run_from_palette, status_text
+    from support.browser import run_from_palette, status_text
 
     pid, bob_pid = kernel_pid(hub, ALICE), kernel_pid(hub, BOB)
     held = HOST_KERNEL_MIB[pid % 4] * MIB

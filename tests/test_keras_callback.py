@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_scenario
+
+from support.paths import ROOT
+from support.processes import run_scenario
 
 
 @pytest.fixture(scope="module")

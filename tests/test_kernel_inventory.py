@@ -14,7 +14,6 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table, wait_for
 
 from tfgpu_magic.gpus import owners
 from tfgpu_magic.gpus.nvml import Nvml
@@ -40,6 +39,8 @@ from tfgpu_magic.server.kernel_inventory import (
     read_parent_map,
     unavailable,
 )
+
+from support.fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table, wait_for
 
 MIB = 1024**2
 GIB = 1024**3

@@ -9,12 +9,13 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from fakes import monitor_threads, tf_figures, wait_for
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
 from tfgpu_magic.kernel import monitor
 from tfgpu_magic.kernel.monitor import MAX_HISTORY, Hub, Sampler
+
+from support.fakes import monitor_threads, tf_figures, wait_for
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

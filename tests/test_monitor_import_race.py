@@ -10,7 +10,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import run_scenario
+
+from support.processes import run_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_scenario
-from fakes import FakeTensorFlow
 
 from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks import tensorflow as tf_runtime
@@ -22,6 +20,9 @@ from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml
 from tfgpu_magic.kernel import trace
 from tfgpu_magic.kernel.session import Session
 from tfgpu_magic.kernel.status import build_report, render_text
+
+from support.fakes import FakeTensorFlow
+from support.processes import run_scenario
 
 FIX_CUDA = 'pip install "tensorflow[and-cuda]", then restart the kernel'
 
@@ -88,7 +89,7 @@ def test_a_tensorflow_cpu_install_is_told_to_swap_the_distribution(as_installed)
     assert as_installed["env_after_on"] == "true"  # known CPU-only before the import: set at once
     first, figures = trace_lines(as_installed["import"])
     assert figures.startswith("[gpu trace] CPU:0: peak 4 MiB")
-    from test_readme import README
+    from support.markdown import README
 
     assert first in README.read_text(encoding="utf-8")  # the README's example is this kernel's line
 

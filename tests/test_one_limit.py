@@ -10,9 +10,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from fakes import FakeTensorFlow
-from test_jax import StandInJax
-from test_pytorch import cuda_torch
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.command.units import GIB
@@ -21,6 +18,9 @@ from tfgpu_magic.frameworks.base import Stage
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.kernel.session import Session, SessionError
 from tfgpu_magic.simulated import shared_server
+
+from support.fakes import FakeTensorFlow
+from support.stand_ins import StandInJax, cuda_torch
 
 GPU1_MIB = 81920  # shared_server's GPU 1
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from fakes import FakeTensorFlow
 from IPython.core.error import UsageError
 
 from tfgpu_magic.command import grammar
@@ -24,6 +23,8 @@ from tfgpu_magic.kernel import allocator_figures, magics, status
 from tfgpu_magic.kernel.magics import GpuMagics
 from tfgpu_magic.kernel.monitor import Sampler
 from tfgpu_magic.kernel.session import Session, SessionError
+
+from support.fakes import FakeTensorFlow
 
 MIB = 1024 * 1024
 ME = os.getpid()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import weakref
 
 import pytest
-from conftest import run_scenario
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.frameworks import tensorflow as tf_runtime
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
 from tfgpu_magic.kernel import oom, oom_handler
+
+from support.processes import run_scenario
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

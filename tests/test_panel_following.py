@@ -10,12 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from fakes import monitor_threads
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import allocator_figures, monitor
 from tfgpu_magic.kernel.monitor import THREAD_NAME, Hub, Sampler
+
+from support.fakes import monitor_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ME = 4242

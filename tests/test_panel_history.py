@@ -12,12 +12,12 @@ import sys
 import types
 from dataclasses import dataclass
 
-from fakes import tf_figures
-
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import busy_server
 from tfgpu_magic.kernel.allocator_figures import FigureSeries
 from tfgpu_magic.kernel.monitor import MAX_HISTORY, DeviceSample, Sample, Sampler, _Stored
+
+from support.fakes import tf_figures
 
 ME = 4242
 MIB = 1024 * 1024

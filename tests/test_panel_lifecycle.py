@@ -10,13 +10,14 @@ import threading
 import time
 
 import pytest
-from fakes import monitor_threads, wait_for
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import monitor
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, AllocatorFigures
 from tfgpu_magic.kernel.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, Hub, Sampler
+
+from support.fakes import monitor_threads, wait_for
 
 ME = 4242
 

@@ -15,11 +15,13 @@ import sys
 import types
 
 import pytest
-from conftest import ROOT, fresh_env
 from IPython.core.error import UsageError
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.kernel.session import SessionError
+
+from support.paths import ROOT
+from support.processes import fresh_env
 
 COMMANDS = ("", "status --json", "limit 4G", "use 1", "grow", "allocator async", "free", "trace")
 
@@ -159,7 +161,7 @@ def test_a_module_with_only_some_of_torch_cuda_is_not_pytorch(gpu):
 
 
 def test_an_allocator_reading_that_fails_is_a_note(gpu, capsys):
-    from test_pytorch import GIB, cuda_torch
+    from support.stand_ins import GIB, cuda_torch
 
     torch = cuda_torch([80 * GIB])
     gpu.session._on_import(gpu.session.adapter("pytorch"), torch)

@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_stack import (
+
+from tfgpu_magic import __version__
+
+from support.prometheus_stack import (
     DASHBOARD,
     LEAKY_PREFIXES,
     ROOT,
@@ -35,8 +38,6 @@ from prometheus_stack import (
     has_prometheus,
     panels,
 )
-
-from tfgpu_magic import __version__
 
 needs_prometheus = pytest.mark.skipif(
     not has_prometheus(), reason="needs the prometheus binary (make setup installs it)"

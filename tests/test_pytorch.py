@@ -8,12 +8,9 @@ own rules: calls queued with ``_lazy_call`` run when CUDA starts, and a fraction
 
 from __future__ import annotations
 
-import contextlib
 import types
 
 import pytest
-from conftest import run_scenario
-from fakes import FakeTensorFlow
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.frameworks import adapters
@@ -24,7 +21,9 @@ from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import cells, oom, status, trace
 from tfgpu_magic.kernel.session import Session, SessionError
 
-GIB = 1 << 30
+from support.fakes import FakeTensorFlow
+from support.processes import run_scenario
+from support.stand_ins import GIB, OutOfMemoryError, StandInCuda, cuda_torch, torch_session
 
 
 # -- real PyTorch, fresh process -------------------------------------------------------------------
@@ -105,91 +104,6 @@ def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
 
 
 # -- a CUDA build's rules, with torch.cuda stood in for ----------------------------------------------
-class StandInCuda:
-    """``torch.cuda`` as a CUDA build behaves: lazy start, queued calls, a fraction per device."""
-
-    def __init__(self, totals: list[int]) -> None:
-        self.totals = totals
-        self.started = False
-        self.queued: list = []
-        self.fractions: dict[int, float] = {}
-        self.allocated = [0] * len(totals)
-        self.peak = [0] * len(totals)
-        self.reserved = [0] * len(totals)
-        self.current_device: int | None = None
-
-    def allocate(self, k: int, size: int) -> None:  # what a tensor does to the caching allocator
-        self.allocated[k] += size
-        self.peak[k] = max(self.peak[k], self.allocated[k])
-        self.reserved[k] = max(self.reserved[k], self.allocated[k])
-
-    def reset_peak_memory_stats(self, k: int) -> None:
-        self.peak[k] = self.allocated[k]
-
-    @contextlib.contextmanager
-    def device(self, k: int):
-        self.current_device = k
-        try:
-            yield
-        finally:
-            self.current_device = None
-
-    def is_initialized(self) -> bool:
-        return self.started
-
-    def _lazy_call(self, fn) -> None:
-        if self.started:
-            fn()
-        else:
-            self.queued.append(fn)
-
-    def start(self) -> None:  # what _lazy_init does: start CUDA, then run the queued calls
-        self.started = True
-        for fn in self.queued:
-            fn()
-
-    def device_count(self) -> int:
-        return len(self.totals)
-
-    def get_device_properties(self, k: int):
-        return types.SimpleNamespace(total_memory=self.totals[k])
-
-    def set_per_process_memory_fraction(self, fraction: float, device: int) -> None:
-        assert self.started, "set_per_process_memory_fraction starts CUDA: it must wait for the start"
-        self.fractions[device] = fraction
-
-    def memory_allocated(self, k):
-        return self.allocated[k]
-
-    def max_memory_allocated(self, k):
-        return self.peak[k]
-
-    def memory_reserved(self, k):
-        return self.reserved[k]
-
-    def empty_cache(self):
-        self.reserved = list(self.allocated)
-
-
-class OutOfMemoryError(RuntimeError):
-    """``torch.OutOfMemoryError``'s stand-in."""
-
-
-def cuda_torch(totals: list[int]) -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        cuda=StandInCuda(totals),
-        version=types.SimpleNamespace(cuda="12.8"),
-        _C=types.SimpleNamespace(),
-        OutOfMemoryError=OutOfMemoryError,
-    )
-
-
-def torch_session(env: dict | None = None) -> Session:
-    return Session(
-        nvml=Nvml(lib=shared_server()), env=dict(env or {}), frameworks=adapters(tensorflow=FakeTensorFlow())
-    )
-
-
 def test_a_limit_asked_before_import_is_set_when_cuda_starts_not_at_import():
     session = torch_session()
     session.configure(grammar.parse("use 1"))

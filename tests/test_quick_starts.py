@@ -13,7 +13,9 @@ import json
 import re
 
 import pytest
-from conftest import ROOT, run_in_fresh_kernel
+
+from support.paths import ROOT
+from support.processes import run_in_fresh_kernel
 
 SETUP = (
     "import tfgpu_magic\n"

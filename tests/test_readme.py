@@ -19,14 +19,13 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, START_UP_PREFIXES, run_in_fresh_kernel
 
-README = ROOT / "README.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+from support.markdown import Block, blocks
+from support.paths import ROOT
+from support.processes import START_UP_PREFIXES, run_in_fresh_kernel
 
 # The line that fails on purpose -> what its one-line answer starts with.
 EXPECTED_FAILURES = {
@@ -62,23 +61,6 @@ NOT_RUN = {  # bash lines no test runs, and why
     'pip install ".[gpu]"': "tensorflow[and-cuda] brings several GB of CUDA libraries; the install without it is tested",
     'pip install "dist/tfgpu_magic-0.1.0-py3-none-any.whl[gpu]"': "the same; the wheel without the extra is tested",
 }
-
-
-@dataclass(frozen=True)
-class Block:
-    language: str
-    code: str
-    line: int  # where it starts in the README
-
-    @property
-    def name(self) -> str:
-        return f"README.md:{self.line}"
-
-
-def blocks(language: str | None = None) -> list[Block]:
-    text = README.read_text(encoding="utf-8")
-    found = [Block(m.group(1), m.group(2), text[: m.start()].count("\n") + 1) for m in FENCE.finditer(text)]
-    return [b for b in found if language is None or b.language == language]
 
 
 def commands(block: Block) -> list[str]:

@@ -27,7 +27,6 @@ import sys
 from typing import Any
 
 import pytest
-from fakes import fake_process_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.utils.capture import capture_output
@@ -43,6 +42,8 @@ from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.session import Session
 from tfgpu_magic.server import extension, kernel_inventory, metrics
 from tfgpu_magic.server.kernel_inventory import KernelDescription
+
+from support.fakes import fake_process_table
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -103,9 +104,9 @@ def test_other_users_names_are_cut_in_the_servers_reply():
 
 
 def test_other_users_command_lines_are_cut_in_gpu_status_json(shell):
-    from fakes import FakeTensorFlow
-
     from tfgpu_magic.kernel.magics import GpuMagics
+
+    from support.fakes import FakeTensorFlow
 
     server = bobs_server()
     shell.register_magics(
@@ -328,8 +329,8 @@ def test_with_a_real_hidepid_mount_other_users_memory_is_unknown_not_zero():
 
 # -- item 10: every JSON this product writes is strict JSON ------------------------------------------
 def _jax_session_with(fraction: str) -> Session:
-    from fakes import FakeTensorFlow
-    from test_jax import StandInJax
+    from support.fakes import FakeTensorFlow
+    from support.stand_ins import StandInJax
 
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction  # inherited (the fixture restores os.environ)
     session = Session(

@@ -11,7 +11,6 @@ import inspect
 from typing import Any
 
 import pytest
-from fakes import FakeTensorFlow, WriteSideDefaults
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.command.plan import Plan, Resolution
@@ -20,6 +19,8 @@ from tfgpu_magic.frameworks.base import Change, DeviceMemory, Framework, FreeRep
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.kernel.session import Session, SessionError
 from tfgpu_magic.simulated import shared_server
+
+from support.fakes import FakeTensorFlow, WriteSideDefaults
 
 
 class Made(WriteSideDefaults):

@@ -154,9 +154,9 @@ def test_without_a_driver_the_report_says_so():
 
 def no_driver_started(gpus: dict[str, int], found: list[int]) -> dict:
     """TensorFlow started on a machine whose NVML cannot be reached (no NVIDIA driver)."""
-    from fakes import FakeTensorFlow
-
     from tfgpu_magic.frameworks.tensorflow import Stage
+
+    from support.fakes import FakeTensorFlow
 
     tf = FakeTensorFlow(Stage.STARTED, gpus=gpus, found=found)
     session = Session(

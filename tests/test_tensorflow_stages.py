@@ -8,7 +8,8 @@ four-GPU server, by listing fake CUDA devices in the CPU build (never starting t
 from __future__ import annotations
 
 import pytest
-from conftest import run_scenario
+
+from support.processes import run_scenario
 
 pytestmark = pytest.mark.slow
 

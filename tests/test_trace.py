@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import run_scenario
-from fakes import FakeTensorFlow
 
 from tfgpu_magic.frameworks import tensorflow as tf_runtime
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
 from tfgpu_magic.gpus.simulated import SimulatedNvml
 from tfgpu_magic.kernel import trace
+
+from support.fakes import FakeTensorFlow
+from support.processes import run_scenario
 
 MIB = 1024 * 1024
 SOON = "tracing on: after each cell once TensorFlow has started, its allocator peak and retained change"

@@ -12,7 +12,8 @@ import re
 import time
 
 import pytest
-from browser_support import (
+
+from support.browser import (
     REPO,
     accept_kernel_choice,
     chromium,

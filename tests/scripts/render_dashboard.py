@@ -26,8 +26,8 @@ from typing import Any
 TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from prometheus_stack import ROOT, Prometheus, Stack, as_grafana_sends, dashboard, panels  # noqa: E402
+from support.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from support.prometheus_stack import ROOT, Prometheus, Stack, as_grafana_sends, dashboard, panels  # noqa: E402
 
 GIB = 1024**3
 PALETTE = [

@@ -23,8 +23,10 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from .paths import ROOT
+
 CHROMIUM = "/usr/bin/chromium"
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = ROOT
 ARTIFACTS = REPO / "test-artifacts"
 LABEXTENSION = REPO / "tfgpu_magic" / "labextension"
 CHROMIUM_ARGS = [
@@ -293,3 +295,31 @@ def child_kernels(server_pid: int) -> list[int]:
         except psutil.Error:
             continue
     return sorted(kernels)
+
+
+def run_from_palette(page, label: str, until) -> None:
+    """Run a command from JupyterLab's command palette (Ctrl+Shift+C from the notebook, in command
+    mode) until its effect, the locator ``until``, is visible.
+
+    Tries again when the palette closes under the test's hands (a notebook that takes the focus
+    back as its kernel settles closes the modal palette, and may swallow the Enter).
+    """
+    from playwright.sync_api import TimeoutError as playwright_timeout
+
+    palette = page.locator(".lm-CommandPalette-input")
+    for _ in range(5):
+        page.locator(".jp-NotebookPanel:visible .jp-InputPrompt").first.click()
+        page.keyboard.press("Control+Shift+C")
+        try:
+            palette.fill(label, timeout=3_000)
+            page.locator(".lm-CommandPalette-item.lm-mod-active", has_text=label).wait_for(timeout=3_000)
+            palette.press("Enter", timeout=3_000)
+            until.wait_for(timeout=5_000)
+            return
+        except playwright_timeout:
+            page.keyboard.press("Escape")
+    raise AssertionError(f"could not run {label!r} from the command palette")
+
+
+def status_text(page) -> str:
+    return page.locator(".tfgpu-lab-status-text").inner_text()

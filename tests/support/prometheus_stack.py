@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 README = ROOT / "README.md"
 DASHBOARD = ROOT / "jupyter-config" / "grafana" / "tfgpu-dashboard.json"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
