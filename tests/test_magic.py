@@ -5,6 +5,7 @@ Stages after the import run in fresh processes: see test_tensorflow_stages.py.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
 from traitlets.config import Config
 
 from tfgpu_magic.command import grammar
@@ -185,6 +187,38 @@ def test_administrator_defaults_from_config(shell, session):
     session.configure(grammar.Use((1,)))
     session.reset()
     assert session.requested.describe() == ["grow", "limit 50%"]  # reset returns to the defaults
+
+
+def test_a_default_that_cannot_be_applied_is_shown_by_status_with_why(shell):
+    """A default that cannot be resolved (a percentage without NVML) is not dropped in silence:
+    `%gpu` shows it, with the reason, beside the defaults that were applied (issue 29, item 8)."""
+    session = Session(nvml=Nvml(lib=SimulatedNvml([], driver=False)), env={})
+    config = Config()
+    config.GpuMagics.defaults = ["grow", "limit 50%", "precision fast"]
+    magics = GpuMagics(shell, session=session, config=config)
+    with capture_output() as loaded:
+        magics.apply_defaults()
+    assert "ignored default 'limit 50%'" in loaded.stdout  # said at kernel start, as before
+    assert session.requested.describe() == ["grow"]
+    shell.register_magics(magics)
+    report = json.loads(_run(shell, "status --json"))
+    not_applied = report["defaults"]["not_applied"]
+    assert report["defaults"]["configured"] == ["grow", "limit 50%", "precision fast"]
+    assert [d["line"] for d in not_applied] == ["limit 50%", "precision fast"]
+    assert "NVML cannot read" in not_applied[0]["reason"]
+    text = _run(shell, "")
+    rows = [line for line in text.splitlines() if "not applied" in line]
+    assert len(rows) == 2 and "limit 50%" in rows[0] and "NVML cannot read" in rows[0], text
+    config.GpuMagics.defaults = ["grow"]  # `%config` in a running kernel: applied again, all good
+    magics.update_config(config)
+    assert json.loads(_run(shell, "status --json"))["defaults"]["not_applied"] == []
+
+
+def _run(shell, line: str) -> str:
+    """What ``%gpu LINE`` shows: printed text, or the text of what it displayed (the status card)."""
+    with capture_output() as out:
+        shell.run_line_magic("gpu", line)
+    return out.stdout + "".join(shown.data.get("text/plain", "") for shown in out.outputs)
 
 
 def test_importing_the_package_and_loading_it_stay_light():

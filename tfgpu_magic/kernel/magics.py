@@ -18,7 +18,7 @@ from traitlets import List, Unicode, observe
 from ..command import grammar
 from ..command.plan import Plan, PlanError
 from . import allocator_figures
-from .session import Session, SessionError, get_session
+from .session import DefaultsRecord, Session, SessionError, get_session
 
 __all__ = ["COMPLETION_ID", "MANUAL", "GpuMagics", "complete", "register_completion"]
 
@@ -134,6 +134,7 @@ class GpuMagics(Magics):
         self._loaded = True  # whatever happens below, later `%config` changes are honoured
         session = self.session
         defaults = Plan()
+        not_applied: list[tuple[str, str]] = []
         for line in self.defaults:
             try:
                 command = grammar.parse(str(line))
@@ -143,11 +144,15 @@ class GpuMagics(Magics):
                     )
                 use(session, command, progress=print)
                 defaults = defaults.with_command(_planned(session, command))
+                continue
             except (grammar.GrammarError, SessionError, PlanError) as err:
-                print(f"tfgpu_magic: ignored default {line!r}: {err}")
+                why = str(err)
             except Exception as err:  # a default must never stop the extension from loading
-                print(f"tfgpu_magic: ignored default {line!r}: {type(err).__name__}: {err}")
+                why = f"{type(err).__name__}: {err}"
+            print(f"tfgpu_magic: ignored default {line!r}: {why}")
+            not_applied.append((str(line), why))
         session.defaults = defaults
+        session.defaults_record = DefaultsRecord(tuple(map(str, self.defaults)), tuple(not_applied))
 
 
 SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use, grammar.Allocator, grammar.Precision)

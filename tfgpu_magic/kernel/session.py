@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..command import grammar
@@ -44,6 +44,21 @@ class SessionError(ValueError):
     """A command that cannot be carried out; the message (one line) says what to do."""
 
 
+@dataclass(frozen=True)
+class DefaultsRecord:
+    """An administrator's defaults as this kernel met them, recorded when they were applied: every
+    configured line, and each one that was not applied with why (read by ``%gpu``)."""
+
+    configured: tuple[str, ...] = ()
+    not_applied: tuple[tuple[str, str], ...] = ()  # (line, why)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "configured": list(self.configured),
+            "not_applied": [{"line": line, "reason": why} for line, why in self.not_applied],
+        }
+
+
 class Session:
     def __init__(
         self,
@@ -61,6 +76,7 @@ class Session:
             if hasattr(framework, "starting"):  # a framework that reads its settings as it starts (JAX)
                 framework.starting = functools.partial(self._starting, framework)
         self.defaults = Plan()  # an administrator's defaults (traitlets); `reset` returns here
+        self.defaults_record = DefaultsRecord()  # which of them were applied, and why not the others
         self._requested = Plan()
         # The request as resolved when it was accepted (sizes in MiB per GPU): made once, read
         # by every report afterwards, so a driver that stops answering later changes nothing.

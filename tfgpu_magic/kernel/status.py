@@ -77,6 +77,7 @@ def build_report(
             "notes": notes,
             "me": {"pid": os.getpid() if my_pid is None else my_pid, "user": None, "label": viewer},
             "visible_gpus": None,
+            "defaults": session.defaults_record.as_json(),
         }
     )
     listing = next((f for f in frameworks if f.listed_gpus(views[f.key]) is not None), None)
@@ -393,6 +394,8 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     for framework in shown:
         rows += _rows(framework["lines"])
+    for k, default in enumerate(report.get("defaults", {}).get("not_applied", [])):
+        rows.append(("Defaults" if k == 0 else "", f"{default['line']!r} not applied: {default['reason']}"))
     if frameworks and not imported:
         names = [f["name"] for f in shown if frameworks.get(f["key"], {}).get("installed")]
         reach = (
