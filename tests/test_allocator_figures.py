@@ -14,7 +14,7 @@ from tfgpu_magic.frameworks.pytorch import PyTorch
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, TensorFlow
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
-from tfgpu_magic.kernel import allocator_figures, monitor
+from tfgpu_magic.kernel import allocator_figures, monitor, panels
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, Board, FigureSeries
 from tfgpu_magic.kernel.monitor import THREAD_NAME, Sampler
 
@@ -260,7 +260,7 @@ def test_a_real_sessions_panel_asks_its_adapters_only_on_the_users_thread(sessio
     calls: list = []
     for adapter in session.frameworks():
         _recording(adapter, calls)
-    panel = monitor.open_panel(interval=0.1, window=60, display=False, session=session)
+    panel = panels.open_panel(interval=0.1, window=60, display=False, session=session)
     try:
         sampler = monitor.active_sampler()
         wait_for(lambda: len(sampler.history) >= 5)

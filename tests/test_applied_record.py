@@ -12,7 +12,7 @@ from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.frameworks.tensorflow import AllocatorStats, Stage
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import NVML_ERROR_UNKNOWN, NVMLError, shared_server
-from tfgpu_magic.kernel import monitor, oom, status
+from tfgpu_magic.kernel import oom, panels, status
 from tfgpu_magic.kernel.session import Session
 
 from support.fakes import FakeTensorFlow
@@ -67,7 +67,7 @@ def test_a_percentage_limit_is_quoted_as_applied_after_the_driver_stops_answerin
 
 def test_the_sampler_reads_the_limits_without_asking_the_driver():
     session, server = started_session("use 1", "limit 50%")
-    limits = monitor._kernel_sources(session, None)["limits"]
+    limits = panels._kernel_sources(session, None)["limits"]
     before = server.calls
     assert limits() == {1: HALF_OF_80G}
     assert server.calls == before  # a plain read of the record: no NVML call, no TensorFlow call

@@ -60,7 +60,7 @@ pytestmark = [
 SETUP = """\
 import sys, time
 sys.path.insert(0, REPO)
-from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel import monitor, panels
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from types import SimpleNamespace
@@ -83,9 +83,9 @@ publish = lambda: board.publish(lambda: [standin], lambda: [0, 1, 2, 3])  # as t
 publish()
 sources = dict(figures=board.latest, limits=lambda: {1: 36 * GIB})
 """.replace("REPO", repr(str(REPO)), 1)
-OPEN = "panel = monitor.open_panel(interval=0.2, window=60, nvml=Nvml(lib=server), **sources)"
+OPEN = "panel = panels.open_panel(interval=0.2, window=60, nvml=Nvml(lib=server), **sources)"
 OPEN_SIDEBAR = OPEN.replace("window=60", "window=60, sidebar=True")
-SECOND = "second = monitor.open_panel(interval=1, window=60)  # in the notebook; shares the sampler"
+SECOND = "second = panels.open_panel(interval=1, window=60)  # in the notebook; shares the sampler"
 BUSY = """\
 for k in range(40):  # ten seconds that hold the kernel, like model.fit
     server.gpus[1].processes[0].used_mib += 512

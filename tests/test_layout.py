@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tfgpu_magic"
-SHARED = {"safe_text", "__init__"}  # the top-level helpers every layer may use (and __version__)
+SHARED = {"safe_text", "_version"}  # the top-level helpers every layer may use
 ALLOWED = {
     "command": {"command"},
     "gpus": {"command", "gpus"},
@@ -53,13 +53,13 @@ LAYERED = sorted(p for p in PACKAGE.glob("*/*.py") if p.parent.name in ALLOWED)
 @pytest.mark.parametrize("path", LAYERED, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_each_layer_imports_only_the_layers_below_it(path):
     layer = path.parent.name
-    wrong = _imported_parts(path) - ALLOWED[layer] - SHARED - {"__version__"}
+    wrong = _imported_parts(path) - ALLOWED[layer] - SHARED
     assert not wrong, f"{path.relative_to(PACKAGE)} ({layer}/) imports {sorted(wrong)}"
 
 
 def test_every_module_lives_in_a_layer_or_is_a_documented_top_level_name():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "claims", "keras", "monitor", "safe_text", "simulated", "testing"]
+    assert top == ["__init__", "__main__", "_version", "claims", "keras", "monitor", "safe_text", "simulated"]
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(ALLOWED)
 
 
@@ -69,17 +69,101 @@ def test_the_rule_reads_a_lazy_import_too():
     assert "gpus" in _imported_parts(source)  # `from .process_tree import ...` inside a method
 
 
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [("simulated", "gpus.simulated"), ("monitor", "kernel.monitor"), ("claims", "gpus.claims")],
-)
-def test_a_documented_old_path_is_the_same_module(old, new):
-    """`from tfgpu_magic.monitor import open_panel` (README, tutorials) keeps working, and is the
-    module itself, not a copy: a sampler started through one name is seen through the other.
-    (``tfgpu_magic.keras`` imports Keras: tests/scripts/keras_scenario.py imports it by that name.)"""
+PUBLIC = {  # the documented entry points (README, docs, tutorials) -> the layer module they expose
+    "monitor": ("kernel.monitor", "kernel.panels"),
+    "simulated": ("gpus.simulated",),
+    "claims": ("gpus.claims",),
+    "keras": ("kernel.keras_callback",),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_a_public_module_only_names_what_its_layers_define(name):
+    """A public module is a list: its docstring, imports from its layers and ``__all__`` naming
+    exactly what it imports; it defines nothing of its own (read from the source: importing
+    ``tfgpu_magic.keras`` would import Keras)."""
+    tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+    imported, listed = set(), None
+    for node in tree.body[1:]:  # after the docstring
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 1 and node.module in PUBLIC[name], ast.unparse(node)
+            imported |= {alias.asname or alias.name for alias in node.names}
+        else:
+            assert isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__", ast.unparse(
+                node
+            )
+            listed = set(ast.literal_eval(node.value))
+    assert listed == imported
+
+
+@pytest.mark.parametrize("name", sorted(set(PUBLIC) - {"keras"}))
+def test_a_public_module_exposes_the_layers_own_objects(name):
+    """`from tfgpu_magic.monitor import open_panel` (README, tutorials) is the layer's function
+    itself, not a copy: a sampler started through one name is seen through the other."""
     import importlib
 
-    assert importlib.import_module(f"tfgpu_magic.{old}") is importlib.import_module(f"tfgpu_magic.{new}")
+    public = importlib.import_module(f"tfgpu_magic.{name}")
+    layers = [importlib.import_module(f"tfgpu_magic.{layer}") for layer in PUBLIC[name]]
+    for item in public.__all__:
+        assert any(getattr(layer, item, None) is getattr(public, item) for layer in layers), item
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Which of the package's modules each one imports (lazy imports too), read from the source."""
+    modules = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in PACKAGE.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                subs = {f"{target}.{a.name}" for a in node.names} & modules.keys()
+                edges |= subs  # `from . import monitor`: the submodule, not the package again
+                if target in modules and len(subs) < len(node.names):
+                    edges.add(target)
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names} & modules.keys()
+        graph[name] = edges - {name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each import circle, as the path that closes it (depth-first, one per back edge)."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    return found
+
+
+def test_no_import_circle_among_the_packages_modules():
+    assert _circles(_module_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle_through_a_lazy_import():
+    graph = _module_graph()
+    graph["tfgpu_magic.kernel.monitor"].add("tfgpu_magic.kernel.widget")  # as monitor.py did lazily
+    assert [
+        "tfgpu_magic.kernel.monitor",
+        "tfgpu_magic.kernel.widget",
+        "tfgpu_magic.kernel.monitor",
+    ] in _circles(graph)
 
 
 def test_the_stage_comes_from_the_protocol_not_from_an_adapter():

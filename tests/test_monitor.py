@@ -12,7 +12,7 @@ import pytest
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
-from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel import monitor, panels
 from tfgpu_magic.kernel.monitor import MAX_HISTORY, Hub, Sampler
 
 from support.fakes import monitor_threads, tf_figures, wait_for
@@ -316,7 +316,7 @@ def test_interval_and_window_from_the_browser_reach_the_sampler(panel_on_fake):
 
 def test_open_panel_wires_a_given_nvml_and_closing_stops_the_thread():
     pytest.importorskip("tfgpu_magic.kernel.widget")
-    panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
+    panel = panels.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
     try:
         s = monitor.active_sampler()
         wait_for(lambda: len(s.history) >= 2)
@@ -332,7 +332,7 @@ def test_open_panel_wires_a_given_nvml_and_closing_stops_the_thread():
 
 def test_the_front_end_closing_the_panel_stops_the_sampler():
     pytest.importorskip("tfgpu_magic.kernel.widget")
-    panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
+    panel = panels.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
     try:
         wait_for(monitor.sampler_running)
         panel.comm.handle_close({"content": {"comm_id": panel.comm.comm_id, "data": {}}})
@@ -344,16 +344,16 @@ def test_the_front_end_closing_the_panel_stops_the_sampler():
 def test_monitor_off_stops_every_panel_and_the_thread():
     pytest.importorskip("tfgpu_magic.kernel.widget")
     fake = Nvml(lib=shared_server())
-    panels = [monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False) for _ in range(2)]
+    opened = [panels.open_panel(interval=0.1, window=60, nvml=fake, display=False) for _ in range(2)]
     try:
         wait_for(monitor.sampler_running)
         answer = monitor.stop_panels()
         assert answer.startswith("Stopped 2 memory panels; the sampling thread has ended.")
         assert not monitor.sampler_running() and monitor.active_sampler() is None
-        assert [p.running for p in panels] == [False, False]  # the browser shows them as stopped
+        assert [p.running for p in opened] == [False, False]  # the browser shows them as stopped
         assert monitor.stop_panels() == "No memory panel is running in this kernel."
     finally:
-        for panel in panels:
+        for panel in opened:
             panel.close()
 
 

@@ -14,6 +14,7 @@ import pytest
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import allocator_figures, monitor
+from tfgpu_magic.kernel import panels as opening
 from tfgpu_magic.kernel.monitor import THREAD_NAME, Hub, Sampler
 
 from support.fakes import monitor_threads
@@ -147,7 +148,7 @@ def test_a_panel_opened_after_use_auto_charts_only_the_visible_gpus_with_their_t
 def test_use_auto_hides_gpus_from_an_open_panel_and_a_later_one(gpu, monkeypatch):
     """The real path: the session's visible GPUs, changed by `%gpu use auto` on the simulated server."""
     monkeypatch.setattr(monitor, "SLOW_SOURCES_S", 0.0)
-    panel = monitor.open_panel(interval=0.1, window=60, display=False, session=gpu.session)
+    panel = opening.open_panel(interval=0.1, window=60, display=False, session=gpu.session)
     try:
         sampler = monitor.active_sampler()
         sampler.tick()
@@ -158,7 +159,7 @@ def test_use_auto_hides_gpus_from_an_open_panel_and_a_later_one(gpu, monkeypatch
         sampler.tick()
         hidden = [d["key"] for d in panel.devices if d["gone"] == widget.HIDDEN_GPU]
         assert hidden == [f"gpu{i}" for i in range(4) if i not in visible]
-        late = monitor.open_panel(display=False, session=gpu.session)
+        late = opening.open_panel(display=False, session=gpu.session)
         assert [d["key"] for d in late.devices] == [f"gpu{i}" for i in visible]
         assert all(d["label"].startswith(f"GPU {d['key'][3:]} · ") for d in late.devices)
         assert late.interval == 0.1 and late.note.startswith("joined the running sampler at its 0.1 s")
@@ -197,14 +198,14 @@ def test_in_a_terminal_ipython_monitor_prints_one_line_and_starts_nothing(module
     )
     assert proc.returncode == 0, proc.stderr
     *printed, last = proc.stdout.strip().splitlines()
-    assert printed == [monitor.NO_FRONT_END]
+    assert printed == [opening.NO_FRONT_END]
     assert THREAD_NAME not in json.loads(last)["threads"]
     assert "MemoryPanel" not in proc.stdout
 
 
 def test_open_panel_outside_ipython_prints_the_line_and_returns_none(capsys):
-    assert monitor.open_panel(nvml=Nvml(lib=shared_server())) is None
-    assert capsys.readouterr().out == monitor.NO_FRONT_END + "\n"
+    assert opening.open_panel(nvml=Nvml(lib=shared_server())) is None
+    assert capsys.readouterr().out == opening.NO_FRONT_END + "\n"
     assert monitor.active_sampler() is None and monitor_threads() == []
 
 
@@ -217,7 +218,7 @@ def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypat
     for line in typed:
         gpu(line)
     shown = [f"gpu{i}" for i in gpu.session.visible_gpus()]  # what `%gpu use` left (all, or the chosen)
-    panel = monitor.open_panel(interval=0.1, window=60, display=False, session=gpu.session)
+    panel = opening.open_panel(interval=0.1, window=60, display=False, session=gpu.session)
     try:
         sampler = monitor.active_sampler()
         sampler.tick()
@@ -230,12 +231,12 @@ def test_when_tensorflow_finds_no_gpu_the_charts_stay_and_say_why(gpu, monkeypat
         assert [d["key"] for d in panel.devices] == shown
         assert [d["gone"] for d in panel.devices] == [None] * len(shown)  # not "hidden by %gpu use"
         assert [d.key for d in sample.devices] == shown and all(d.used_bytes for d in sample.devices)
-        assert sample.status == monitor.FOUND_NO_GPU.format(name="TensorFlow")
+        assert sample.status == opening.FOUND_NO_GPU.format(name="TensorFlow")
         assert (
             sample.status
             == "TensorFlow found no GPU (`%gpu` says why); the charts show the driver's readings"
         )
-        late = monitor.open_panel(display=False, session=gpu.session)  # not "Nothing to chart"
+        late = opening.open_panel(display=False, session=gpu.session)  # not "Nothing to chart"
         assert [d["key"] for d in late.devices] == shown
     finally:
         monitor.stop_panels()

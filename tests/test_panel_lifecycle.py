@@ -13,7 +13,7 @@ import pytest
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
-from tfgpu_magic.kernel import monitor
+from tfgpu_magic.kernel import monitor, panels
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, AllocatorFigures
 from tfgpu_magic.kernel.monitor import MAX_INTERVAL_S, MIN_INTERVAL_S, Hub, Sampler
 
@@ -68,7 +68,7 @@ def test_monitor_off_during_a_slow_reading_tells_the_truth_and_the_next_panel_re
     pytest.importorskip("tfgpu_magic.kernel.widget")
     gate = Gate()
     fake = Nvml(lib=shared_server())
-    panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False, figures=gate)
+    panel = panels.open_panel(interval=0.1, window=60, nvml=fake, display=False, figures=gate)
     first = monitor.active_sampler()
     wait_for(lambda: len(first.history) >= 1)
     gate.close()
@@ -84,7 +84,7 @@ def test_monitor_off_during_a_slow_reading_tells_the_truth_and_the_next_panel_re
         "(a GPU driver call that has not returned) and ends when it returns."
     )
 
-    second = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False)
+    second = panels.open_panel(interval=0.1, window=60, nvml=fake, display=False)
     assert monitor.active_sampler() is first  # taken back, not a second thread beside it
     assert len(monitor_threads()) == 1
     gate.open.set()
@@ -152,10 +152,10 @@ def test_open_and_off_cycles_leave_no_widget_or_comm_behind():
     fake = Nvml(lib=shared_server())
     before = registries()
     for _ in range(5):
-        panels = [monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False) for _ in range(2)]
+        opened = [panels.open_panel(interval=0.1, window=60, nvml=fake, display=False) for _ in range(2)]
         assert registries()[0] >= before[0] + 4  # each panel: its model and its Layout
         monitor.stop_panels()
-        assert [p.running for p in panels] == [False, False]
+        assert [p.running for p in opened] == [False, False]
         assert registries() == before
     assert monitor_threads() == []
 
@@ -164,7 +164,7 @@ def test_a_panel_stopped_by_its_button_stays_on_screen_until_monitor_off_closes_
     pytest.importorskip("tfgpu_magic.kernel.widget")
     fake = Nvml(lib=shared_server())
     before = registries()
-    panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=False)
+    panel = panels.open_panel(interval=0.1, window=60, nvml=fake, display=False)
     panel._on_message(panel, {"kind": "stop"}, [])
     assert not panel.running and panel.comm is not None  # frozen, still shown
     assert not monitor.sampler_running()
@@ -174,17 +174,17 @@ def test_a_panel_stopped_by_its_button_stays_on_screen_until_monitor_off_closes_
 
 def test_closing_a_panel_closes_its_layout_and_its_sidebar(shell, monkeypatch):
     pytest.importorskip("tfgpu_magic.kernel.widget")
-    monkeypatch.setattr(monitor, "_has_front_end", lambda: True)  # the test shell has no kernel
+    monkeypatch.setattr(panels, "_has_front_end", lambda: True)  # the test shell has no kernel
     fake = Nvml(lib=shared_server())
     before = registries()
     for sidebar in (False, True):
-        panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=True, sidebar=sidebar)
+        panel = panels.open_panel(interval=0.1, window=60, nvml=fake, display=True, sidebar=sidebar)
         assert (panel.side_area is not None) is sidebar
         if sidebar:
             assert panel.side_area.child is panel
         panel.close()
         assert registries() == before
-    panel = monitor.open_panel(interval=0.1, window=60, nvml=fake, display=True, sidebar=True)
+    panel = panels.open_panel(interval=0.1, window=60, nvml=fake, display=True, sidebar=True)
     monitor.stop_panels()
     assert registries() == before
 
@@ -192,7 +192,7 @@ def test_closing_a_panel_closes_its_layout_and_its_sidebar(shell, monkeypatch):
 def test_the_front_end_closing_the_model_releases_it_in_the_kernel():
     pytest.importorskip("tfgpu_magic.kernel.widget")
     before = registries()
-    panel = monitor.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
+    panel = panels.open_panel(interval=0.1, window=60, nvml=Nvml(lib=shared_server()), display=False)
     import comm
 
     comm.get_comm_manager().comm_close(None, None, {"content": {"comm_id": panel.comm.comm_id, "data": {}}})
@@ -269,7 +269,7 @@ def test_a_refused_window_leaves_nothing_behind():
 
     before = registries()
     with pytest.raises(traitlets.TraitError, match="window"):
-        monitor.open_panel(interval=0.5, window=10 * 24 * 3600, nvml=Nvml(lib=shared_server()), display=False)
+        panels.open_panel(interval=0.5, window=10 * 24 * 3600, nvml=Nvml(lib=shared_server()), display=False)
     assert registries() == before and monitor.active_sampler() is None
     # What ipywidgets' __del__ does to such a half-made panel: close() must have nothing to do.
     half_made = widget.MemoryPanel.__new__(widget.MemoryPanel)
@@ -286,7 +286,7 @@ def test_a_non_finite_setting_from_the_front_end_is_refused_and_the_panel_keeps_
     false to both), the sampler refused it with a traceback in the output area, and the panel kept
     NaN.  Now the panel keeps its value, the front end is sent it back, and nothing raises."""
     pytest.importorskip("tfgpu_magic.kernel.widget")
-    panel = monitor.open_panel(interval=0.2, window=60, nvml=Nvml(lib=shared_server()), display=False)
+    panel = panels.open_panel(interval=0.2, window=60, nvml=Nvml(lib=shared_server()), display=False)
     sent: list = []
     monkeypatch.setattr(panel.comm, "send", lambda data=None, metadata=None, buffers=None: sent.append(data))
     before = getattr(panel, name)

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import __version__
+from ._version import __version__
 
 __all__ = ["main"]
 

@@ -1,11 +1,32 @@
-"""``tfgpu_magic.claims``, a documented entry point (tutorial 02 claims a GPU from a script with it).
+"""GPU claims from a script: a documented, stable entry point (tutorial 02 claims a GPU with it).
 
-The module lives in :mod:`tfgpu_magic.gpus.claims`; this name is the same module object (not a
-copy), so its state and anything patched on it are shared by both names.
+A claim says "this GPU is mine" to every other kernel and script that chooses with
+``%gpu use auto``; it lasts while the claiming process lives.  The functions live in
+:mod:`tfgpu_magic.gpus.claims`; these are the same objects, sharing the process's claims.
 """
 
-import sys
+from .gpus.claims import (
+    ENV_DIR,
+    ClaimError,
+    Holder,
+    claim,
+    claim_dir,
+    held,
+    holder,
+    holders,
+    release,
+    release_all,
+)
 
-from .gpus import claims as _module
-
-sys.modules[__name__] = _module
+__all__ = [
+    "ENV_DIR",
+    "ClaimError",
+    "Holder",
+    "claim",
+    "claim_dir",
+    "held",
+    "holder",
+    "holders",
+    "release",
+    "release_all",
+]

@@ -1,11 +1,10 @@
-"""``tfgpu_magic.keras``, a documented entry point: the Keras MemoryCallback.
+"""Peak GPU memory per epoch in Keras: a documented, stable entry point.
 
-The module lives in :mod:`tfgpu_magic.kernel.keras_callback`; this name is the same module object (not a
-copy), so its state and anything patched on it are shared by both names.
+``MemoryCallback`` logs each device's peak memory after every epoch under the key ``log_key(device)``.
+Importing this module imports Keras (``import tfgpu_magic`` never does).  The callback lives in
+:mod:`tfgpu_magic.kernel.keras_callback`; these are the same objects.
 """
 
-import sys
+from .kernel.keras_callback import MemoryCallback, log_key
 
-from .kernel import keras_callback as _module
-
-sys.modules[__name__] = _module
+__all__ = ["MemoryCallback", "log_key"]

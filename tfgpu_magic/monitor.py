@@ -1,11 +1,21 @@
-"""``tfgpu_magic.monitor``, a documented entry point: the memory panel (open_panel, active_sampler, sampler_running, ...).
+"""The memory panel from Python: a documented, stable entry point.
 
-The module lives in :mod:`tfgpu_magic.kernel.monitor`; this name is the same module object (not a
-copy), so its state and anything patched on it are shared by both names.
+``open_panel()`` shows the panel ``%gpu monitor`` shows and returns it; ``stop_panels()`` is
+``%gpu monitor off``; ``active_sampler()`` and ``sampler_running()`` say whether this kernel samples.
+The engine lives in :mod:`tfgpu_magic.kernel.monitor` and the opening in
+:mod:`tfgpu_magic.kernel.panels`; these are the same objects, so a sampler started through one
+name is seen through the other.
 """
 
-import sys
+from .kernel.monitor import DeviceSample, Sample, Sampler, active_sampler, sampler_running, stop_panels
+from .kernel.panels import open_panel
 
-from .kernel import monitor as _module
-
-sys.modules[__name__] = _module
+__all__ = [
+    "DeviceSample",
+    "Sample",
+    "Sampler",
+    "active_sampler",
+    "open_panel",
+    "sampler_running",
+    "stop_panels",
+]

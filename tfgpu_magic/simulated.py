@@ -1,11 +1,37 @@
-"""``tfgpu_magic.simulated``, a documented entry point: the simulated shared server (SimulatedNvml, shared_server, kernels_server, host_kernels_server, ...).
+"""A simulated shared GPU server, for trying tfgpu_magic without a GPU: a documented, stable entry point.
 
-The module lives in :mod:`tfgpu_magic.gpus.simulated`; this name is the same module object (not a
-copy), so its state and anything patched on it are shared by both names.
+Each server stands in for NVIDIA's NVML (the ``pynvml`` module) and is handed to the code that
+reads GPUs: ``tfgpu_magic.set_device_source(shared_server())`` in a kernel, or
+``--TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server`` for the Jupyter server.
+The classes and functions live in :mod:`tfgpu_magic.gpus.simulated`; these are the same objects.
 """
 
-import sys
+from .gpus.simulated import (
+    HostKernelsNvml,
+    LiveKernelsNvml,
+    NVMLError,
+    SimulatedGpu,
+    SimulatedMigInstance,
+    SimulatedNvml,
+    SimulatedProcess,
+    busy_server,
+    host_kernels_server,
+    kernels_server,
+    mig_server,
+    shared_server,
+)
 
-from .gpus import simulated as _module
-
-sys.modules[__name__] = _module
+__all__ = [
+    "HostKernelsNvml",
+    "LiveKernelsNvml",
+    "NVMLError",
+    "SimulatedGpu",
+    "SimulatedMigInstance",
+    "SimulatedNvml",
+    "SimulatedProcess",
+    "busy_server",
+    "host_kernels_server",
+    "kernels_server",
+    "mig_server",
+    "shared_server",
+]

@@ -15,9 +15,9 @@ from IPython.testing.globalipapp import start_ipython
 
 ip = start_ipython()
 ip.run_line_magic("load_ext", "tfgpu_magic")
-from tfgpu_magic.kernel import monitor  # noqa: E402
+from tfgpu_magic.kernel import panels  # noqa: E402
 
-monitor._has_front_end = lambda: True  # this test shell has no kernel; a notebook's would carry the panel
+panels._has_front_end = lambda: True  # this test shell has no kernel; a notebook's would carry the panel
 ip.run_line_magic("gpu", "monitor --interval 0.1")
 time.sleep(0.25)  # the sampler is ticking
 before = set(sys.modules)

@@ -78,11 +78,11 @@ class GpuMagics(Magics):
         return use(self.session, command, progress=print)
 
     def _monitor(self, command: grammar.Monitor) -> str | None:
-        from . import monitor
+        from . import monitor, panels
 
         if command.off:
             return monitor.stop_panels()
-        monitor.open_panel(
+        panels.open_panel(
             interval=command.interval, window=command.window, sidebar=command.sidebar, session=self.session
         )
         return None  # the panel displays itself; returning it would show it twice

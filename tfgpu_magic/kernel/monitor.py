@@ -4,7 +4,8 @@ Sampling runs on its own thread, never on the kernel's event loop, so a panel ke
 while a long cell (``model.fit``) holds the kernel.  The sources are injected (an ``Nvml``, and
 plain callables for the frameworks' allocator figures, the configured limits and the visible
 GPUs), so tests, benchmarks and the GPU machine drive the same code without IPython or a
-framework.  This module imports neither; the widget lives in :mod:`tfgpu_magic.kernel.widget`.
+framework.  This module imports neither, nor the widget (:mod:`tfgpu_magic.kernel.widget`), which
+imports it: :mod:`tfgpu_magic.kernel.panels` opens a panel by joining the two.
 
 The thread reads NVML only.  The frameworks' allocator figures are read on the user's thread,
 after each cell and at every ``%gpu`` (:mod:`tfgpu_magic.kernel.allocator_figures`); the thread
@@ -35,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable
-from . import allocator_figures
 from .allocator_figures import NOTHING_READ, AllocatorFigures, FigureSeries
 
 __all__ = [
@@ -49,7 +49,7 @@ __all__ = [
     "Sample",
     "Sampler",
     "active_sampler",
-    "open_panel",
+    "hub",
     "sampler_running",
     "stop_panels",
 ]
@@ -236,11 +236,11 @@ def _no_stats() -> dict:
     return {}
 
 
-def _no_visible() -> None:
+def no_visible() -> None:
     return None
 
 
-def _no_note() -> None:
+def no_note() -> None:
     return None
 
 
@@ -262,8 +262,8 @@ class Sampler:
         *,
         figures: Figures = _nothing_read,
         limits: Limits = _no_stats,
-        visible: Visible = _no_visible,
-        no_gpu_note: Callable[[], str | None] = _no_note,  # a panel-wide note while GPUs are charted
+        visible: Visible = no_visible,
+        no_gpu_note: Callable[[], str | None] = no_note,  # a panel-wide note while GPUs are charted
         interval: float = 0.5,
         keep_s: float = 300.0,
         clock: Callable[[], float] = time.time,
@@ -274,7 +274,7 @@ class Sampler:
         self._limits, self._visible = limits, visible
         self._no_gpu_note = no_gpu_note
         self._clock = clock
-        self._interval = _checked_interval(interval)
+        self._interval = checked_interval(interval)
         self._keep_s = _checked_keep(keep_s)
         self._lock = threading.Lock()  # guards history and listeners
         self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
@@ -300,7 +300,7 @@ class Sampler:
 
     @interval.setter
     def interval(self, seconds: float) -> None:
-        self._interval = _checked_interval(seconds)
+        self._interval = checked_interval(seconds)
         self._resize_history()
         self._wake.set()  # a long sleep should not delay a shorter new interval
 
@@ -547,7 +547,7 @@ class Sampler:
         return self._names[index]
 
 
-def _checked_interval(seconds: float) -> float:
+def checked_interval(seconds: float) -> float:
     seconds = float(seconds)
     if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:  # also refuses NaN and infinities
         raise ValueError(
@@ -737,6 +737,11 @@ _hub = Hub()
 atexit.register(_hub.stop_all)
 
 
+def hub() -> Hub:
+    """The kernel's one hub: every panel of the kernel shares its sampler."""
+    return _hub
+
+
 def active_sampler() -> Sampler | None:
     """This kernel's sampler, or None when no panel is open."""
     return _hub.sampler
@@ -782,124 +787,3 @@ def _panels(n: int, what: str) -> str:
 def sampler_running() -> bool:
     """True while this kernel's sampler thread is alive (any thread of that name counts)."""
     return any(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
-
-
-# What `%gpu monitor` prints where no notebook front end can show a widget (a terminal IPython).
-NO_FRONT_END = (
-    "%gpu monitor needs a notebook front end (JupyterLab, Notebook 7 or VS Code) to show its "
-    "charts; nothing was started. In a terminal, run `tfgpu` (the command) or `%gpu status`."
-)
-
-
-def open_panel(
-    interval: float | None = None,
-    window: float = 300.0,
-    sidebar: bool = False,
-    *,
-    nvml: Nvml | None = None,
-    display: bool = True,
-    session: Any = None,
-    **sources: Callable[[], Any],
-) -> Any:
-    """Show a live memory panel (what ``%gpu monitor`` runs) and return it.
-
-    ``session`` is the kernel's :class:`~tfgpu_magic.kernel.session.Session` (the magic passes its
-    own; by default the process's).  ``nvml`` replaces its NVML reader (a simulated one in
-    tests and tutorials), and
-    ``sources`` any of the other readers (``figures``, ``limits``, ``visible``, ``no_gpu_note``;
-    see :class:`Sampler`).  The first panel's sources serve every panel while the sampler
-    runs.  Without ``interval`` a panel joins the running sampler at its interval (0.5 s when
-    none runs); an explicit one applies to every open panel.  Both say so in the panel.
-
-    Where no notebook front end can show it (a terminal IPython), prints why and returns None,
-    having started nothing.
-    """
-    unknown = set(sources) - {"figures", "limits", "visible", "no_gpu_note"}
-    if unknown:
-        raise TypeError(f"open_panel() got unknown sources: {', '.join(sorted(unknown))}")
-    if interval is not None:
-        _checked_interval(interval)
-    if display and not _has_front_end():
-        print(NO_FRONT_END)
-        return None
-    from .widget import MemoryPanel  # IPython, ipywidgets and anywidget only when a panel opens
-
-    def make() -> Sampler:  # called only when no sampler runs yet, on this (the user's) thread
-        readers = {**_kernel_sources(session, nvml), **sources}
-        readers["nvml"].available()  # imports pynvml here: the sampler thread must never import anything
-        first = DEFAULT_INTERVAL_S if interval is None else interval
-        return Sampler(interval=first, keep_s=window, **readers)
-
-    panel = MemoryPanel(_hub, make, interval=interval, window=window)
-    if display:
-        _show(panel, sidebar)
-    return panel
-
-
-def _has_front_end() -> bool:
-    """A kernel (ipykernel) that can carry a widget's comm to a notebook front end.
-
-    A terminal IPython (``TerminalInteractiveShell``), a plain ``InteractiveShell`` or no IPython
-    at all has none: a widget would print as ``<MemoryPanel object at ...>`` and its sampler
-    would run for nobody.
-    """
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-# The panel-wide note when a framework found no GPU (TensorFlow: a CPU-only build, CUDA's libraries
-# missing): the GPUs were not hidden, so they stay charted.
-FOUND_NO_GPU = "{name} found no GPU (`%gpu` says why); the charts show the driver's readings"
-
-
-def _kernel_sources(session: Any, nvml: Nvml | None) -> dict[str, Any]:
-    """The real sources: the session's machine, and the allocator figures it published.
-
-    The sampler thread calls these.  The frameworks' figures are only the snapshot published on
-    the user's thread (after each cell, at each ``%gpu``): the thread never calls into a
-    framework, so sampling never imports or starts anything.  A given ``nvml`` (a simulated
-    server) shows all its GPUs: the session's visible indices belong to the real one.
-    """
-    if session is None:
-        from .session import get_session
-
-        session = get_session()
-    allocator_figures.publish(session)  # on the user's thread: the first samples have figures
-    board = allocator_figures.board_of(session)
-
-    def limits() -> dict[int, int]:
-        return dict(board.context().limits)
-
-    def visible() -> list[int] | None:
-        shown = board.context().visible
-        return None if shown is None else list(shown)
-
-    def no_gpu_note() -> str | None:
-        context = board.context()
-        notes = [FOUND_NO_GPU.format(name=context.found_no_gpu)] if context.found_no_gpu else []
-        return "; ".join(notes + list(context.notes)) or None
-
-    return dict(
-        nvml=session.nvml if nvml is None else nvml,
-        figures=board.latest,
-        limits=limits,
-        visible=visible if nvml is None else _no_visible,
-        no_gpu_note=no_gpu_note if nvml is None else _no_note,
-    )
-
-
-def _show(panel: Any, sidebar: bool) -> None:
-    from IPython.display import display
-
-    if not sidebar:
-        display(panel)
-        return
-    from .widget import SideArea
-
-    side = SideArea(child=panel, title="GPU memory")
-    display(side)  # the cell shows one line; the panel goes to the side area
-    panel.side_area = side  # kept, so closing the panel closes the side tab too

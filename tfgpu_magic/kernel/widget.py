@@ -43,7 +43,7 @@ from .monitor import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MAX_WINDOW_S, MIN_INTER
 
 __all__ = ["MemoryPanel", "SideArea", "batch"]
 
-from .. import __version__
+from .._version import __version__
 
 _STATIC = pathlib.Path(__file__).parent.parent / "static"  # tfgpu_magic/static, where npm builds it
 

@@ -50,7 +50,7 @@ from traitlets import Float, TraitError, Unicode, Union, validate
 from traitlets.config import Configurable
 from traitlets.config.loader import DeferredConfigString, LazyConfigValue
 
-from .. import __version__
+from .._version import __version__
 from ..command import grammar
 from ..command.units import MIB
 from ..gpus import owners
