@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-fast lint lint-python bench
+.PHONY: setup test test-fast lint lint-python docs bench
 
 # System packages: Chromium for the browser tests, Node and npm to build the front ends (the panel's
 # bundle and the JupyterLab extension; `pip install -e` runs `npm run build`, and copies the built
@@ -39,7 +39,7 @@ setup:
 	@# The npm packages into ./node_modules, configurable-http-proxy among them (JupyterHub's proxy, for
 	@# tests/test_jupyterhub.py): pip's build of the front ends runs npm only when they are not built yet.
 	@if command -v npm >/dev/null; then npm install --no-audit --no-fund --loglevel=error; fi
-	$(BIN)/pip install -q -e ".[cpu,test]"
+	$(BIN)/pip install -q -e ".[cpu,test,docs]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 
 # Static checks first: a finding fails the run before any test starts.
@@ -49,7 +49,12 @@ lint-python:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# The documentation (docs/, MyST Markdown) into build/docs: a warning (a broken link or reference, a
+# docstring autodoc cannot read) fails it. The magics' reference is generated from the grammar here.
+docs:
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs build/docs
+
+test: lint docs
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest --nbval example_notebooks tests
 
 test-fast:

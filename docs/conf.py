@@ -1,0 +1,41 @@
+"""Sphinx configuration: MyST Markdown pages, the magics' reference generated from the grammar.
+
+Built by `make docs` (sphinx-build -W --keep-going -n) into build/docs.
+"""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE / "_ext")]  # this checkout's package, then the extension
+
+project = "tfgpu_magic"
+author = "tfgpu_magic contributors"
+copyright = "tfgpu_magic contributors"
+release = version = __import__("tfgpu_magic").__version__  # this checkout's, from sys.path above
+
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.intersphinx", "magics_reference"]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "_ext"]
+myst_heading_anchors = 3  # [text](page.md#a-heading) links to a heading, as on GitHub
+myst_enable_extensions = ["colon_fence"]
+html_theme = "alabaster"
+html_static_path: list[str] = []
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"  # the docstrings say what each argument is; the internal types are not documented here
+intersphinx_mapping: dict[str, tuple[str, None]] = {}  # no network when building: nothing fetched
+
+# Types in signatures that these pages do not document (the kernel's internals, and the standard
+# library's, whose inventory would need the network): named, not linked.
+nitpick_ignore = [
+    ("py:class", "tfgpu_magic.kernel.session.Session"),
+    ("py:class", "tfgpu_magic.gpus.nvml.Nvml"),
+    ("py:class", "collections.abc.Callable"),
+    ("py:class", "collections.abc.Iterator"),
+    ("py:class", "collections.abc.Sequence"),
+    ("py:func", "read_parent_map"),
+    ("py:class", "Sample"),
+    ("py:class", "SimulatedGpu"),  # gpus/simulated.py: one simulated GPU, a dataclass of readings  # kernel/monitor.py: one reading of the sampler, named in Sampler's docstring  # gpus/process_tree.py, named in HostKernelsNvml's docstring
+]
