@@ -24,18 +24,20 @@ html_theme = "alabaster"
 html_static_path: list[str] = []
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "none"  # the docstrings say what each argument is; the internal types are not documented here
+# Signatures without types: the docstrings say what each argument is, and most annotations name the
+# package's internal classes, which these pages do not document.
+autodoc_typehints = "none"
 intersphinx_mapping: dict[str, tuple[str, None]] = {}  # no network when building: nothing fetched
 
-# Types in signatures that these pages do not document (the kernel's internals, and the standard
-# library's, whose inventory would need the network): named, not linked.
+# Names in the documented docstrings that these pages do not document (the kernel's internals, and
+# the standard library's, whose inventory would need the network): shown, not linked.
 nitpick_ignore = [
     ("py:class", "tfgpu_magic.kernel.session.Session"),
     ("py:class", "tfgpu_magic.gpus.nvml.Nvml"),
     ("py:class", "collections.abc.Callable"),
     ("py:class", "collections.abc.Iterator"),
     ("py:class", "collections.abc.Sequence"),
-    ("py:func", "read_parent_map"),
-    ("py:class", "Sample"),
-    ("py:class", "SimulatedGpu"),  # gpus/simulated.py: one simulated GPU, a dataclass of readings  # kernel/monitor.py: one reading of the sampler, named in Sampler's docstring  # gpus/process_tree.py, named in HostKernelsNvml's docstring
+    ("py:func", "read_parent_map"),  # gpus/process_tree.py, in HostKernelsNvml's docstring
+    ("py:class", "Sample"),  # kernel/monitor.py: one reading of the sampler, in Sampler's docstring
+    ("py:class", "SimulatedGpu"),  # gpus/simulated.py: one simulated GPU, in SimulatedNvml's docstring
 ]
