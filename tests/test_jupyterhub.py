@@ -204,14 +204,16 @@ def python_for_users(base: Path) -> tuple[list[str], str]:
 
 # -- the hub ----------------------------------------------------------------------------------------
 def readme_hub_config() -> str:
-    """The README's ``# jupyterhub_config.py`` block: the hub's configuration starts with it."""
-    from support.markdown import blocks
+    """The docs' ``# jupyterhub_config.py`` block (docs/administration.md), as pasted: the hub's
+    configuration starts with it."""
+    from support.markdown import all_blocks
 
-    (block,) = [b for b in blocks("python") if b.code.startswith("# jupyterhub_config.py\n")]
+    (block,) = [b for b in all_blocks("python") if b.code.startswith("# jupyterhub_config.py\n")]
     return block.code
 
 
-# The test's own lines, after the README's: its ports, login, folders, and this checkout's command.
+# The test's own lines, after the docs' block: its ports, login, folders, and this checkout's command;
+# the two lines the docs ask the reader to fill in (allowed_users, the proxy's path) with the test's.
 CONFIG = """\
 # tests/test_jupyterhub.py
 TMP = {tmp!r}
@@ -238,7 +240,7 @@ c.JupyterHub.load_roles = [{{
     "services": ["tfgpu-test"],
 }}]
 
-# (The spawner class and the default URL are the README's.)
+# (The spawner class and the default URL are the docs' block's.)
 c.Spawner.cmd = {cmd!r}
 c.Spawner.args = {args!r}
 c.Spawner.notebook_dir = TMP + "/users/{{username}}/notebooks"

@@ -8,7 +8,7 @@ The Jupyter server's environment is this checkout's (``PYTHONPATH``), with no ``
 variable from the caller's shell, its Jupyter and IPython folders under the throwaway folder,
 and the extension enabled by the very file the wheel ships.
 
-The Prometheus configurations are the README's: :func:`readme_scrape_configs` reads its
+The Prometheus configurations are the documentation's (docs/administration.md): :func:`readme_scrape_configs` reads its
 ```yaml blocks, and the callers change only the target address, the token file and the
 interval.
 """
@@ -34,7 +34,6 @@ from typing import Any, ClassVar
 
 from .paths import ROOT
 
-README = ROOT / "README.md"
 DASHBOARD = ROOT / "jupyter-config" / "grafana" / "tfgpu-dashboard.json"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 SIMULATED = "tfgpu_magic.simulated:kernels_server"
@@ -225,13 +224,15 @@ class JupyterServer:
 
 # -- Prometheus -------------------------------------------------------------------------------
 def readme_scrape_configs() -> dict[str, dict[str, Any]]:
-    """The README's Prometheus scrape configurations (its ```yaml blocks), by job name."""
+    """The documentation's Prometheus scrape configurations (the ```yaml blocks of the README and
+    docs/; they are in docs/administration.md), by job name."""
     import yaml
 
-    text = README.read_text(encoding="utf-8")
+    from .markdown import all_blocks
+
     jobs: dict[str, dict[str, Any]] = {}
-    for block in re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M):
-        for job in yaml.safe_load(block).get("scrape_configs", []):
+    for block in all_blocks("yaml"):
+        for job in yaml.safe_load(block.code).get("scrape_configs", []):
             jobs[job["job_name"]] = job
     return jobs
 

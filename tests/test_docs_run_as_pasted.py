@@ -1,4 +1,4 @@
-"""Every code block of the README runs as pasted (issue 16).
+"""Every code block of the README and of the pages under docs/ runs as pasted (issues 16 and 29).
 
 - A ```python block is one notebook cell, run in a fresh kernel on the simulated server
   (``kernels_server``, the README's own recipe) after a first cell that sets that server up (and
@@ -10,6 +10,11 @@
 - A ```text block is output, not code.  An untagged block fails: choose one.
 - A ```yaml block is a Prometheus configuration: it must parse, and tests/test_prometheus.py
   runs its scrape jobs against a real Prometheus and Jupyter servers (YAML_RUN_BY).
+- A MyST directive (```{toctree}, ```{eval-rst}) is Sphinx's: `make docs` builds it, warnings as
+  errors.  Any other is untagged.
+
+The README's command table is what ``python -m tfgpu_magic.command.reference`` prints from the
+grammar, and the Layout names what exists.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from support.markdown import Block, blocks
+from support.markdown import README, Block, all_blocks, pages
 from support.paths import ROOT
 from support.processes import START_UP_PREFIXES, run_in_fresh_kernel
 
@@ -34,7 +39,7 @@ EXPECTED_FAILURES = {
     "%%gpu on 1": "UsageError: GPU 1 is not visible to TensorFlow",
 }
 
-# What the README says must come before a block, run as earlier cells (the block's first line -> cells).
+# What the page says must come before a block, run as earlier cells (the block's first line -> cells).
 EARLIER_CELLS = {
     "%%gpu on 1": ["import tensorflow as tf"],  # "TensorFlow must be imported in an earlier cell"
 }
@@ -48,19 +53,24 @@ RUN_HERE = {  # bash lines this file runs (with the venv's bin first on PATH)
 RUN_BY = {  # bash lines another test runs, and which
     "make setup": ".ci/run (CI runs the README's two commands in a fresh clone)",
     "make test": ".ci/run",
-    "make test-fast": "tests/test_readme.py::test_make_test_fast_selects_no_slow_browser_or_gpu_test (its selection)",
+    "make test-fast": "tests/test_docs_run_as_pasted.py::test_make_test_fast_selects_no_slow_browser_or_gpu_test (its selection)",
+    ".venv/bin/python -m tfgpu_magic.command.reference --write README.md": "tests/test_docs_run_as_pasted.py::test_the_readme_command_table_is_the_generators (on a copy of the README)",
+    "python -m build": "tests/test_packaging.py (python -m build: the sdist, and the wheel made from it)",
+    "jupyterhub -f jupyterhub_config.py": "tests/test_jupyterhub.py (a real hub, with the docs' block and the test's own lines after it)",
     ".venv/bin/jupyter lab": "tests/test_browser.py, tests/test_extension_browser.py (jupyter lab in Chromium)",
     ".venv/bin/jupyter notebook": "tests/test_extension_browser.py (Notebook 7 in Chromium)",
     "jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server": "tests/test_extension_browser.py (the GPU panel on kernels_server)",
     'pip install ".[cpu]"': "make setup (pip install -e .[cpu,test])",
     "pip install .": "tests/test_install.py::test_the_wheel_installs_both_extensions_without_npm_or_a_build",
-    'pip install -e ".[cpu,test]"': "make setup; tests/test_install.py::test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place",
+    'pip install -e ".[cpu,test,docs]"': "make setup; tests/test_install.py::test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place",
     "pip wheel --no-deps . -w dist": "tests/test_install.py (pip wheel --no-deps)",
 }
 NOT_RUN = {  # bash lines no test runs, and why
     'pip install ".[gpu]"': "tensorflow[and-cuda] brings several GB of CUDA libraries; the install without it is tested",
     'pip install "dist/tfgpu_magic-0.1.0-py3-none-any.whl[gpu]"': "the same; the wheel without the extra is tested",
+    "npm install -g configurable-http-proxy": "installs into the system's Node prefix; tests/test_jupyterhub.py runs the same npm package from node_modules (make setup's npm install)",
 }
+DIRECTIVES = ("{toctree}", "{eval-rst}")  # MyST's, built by `make docs`
 
 
 def commands(block: Block) -> list[str]:
@@ -70,8 +80,18 @@ def commands(block: Block) -> list[str]:
 
 
 def test_every_block_says_what_it_is():
-    untagged = [b.name for b in blocks() if b.language not in ("python", "bash", "text", "yaml")]
+    untagged = [
+        b.name for b in all_blocks() if b.language not in ("python", "bash", "text", "yaml", *DIRECTIVES)
+    ]
     assert untagged == [], "tag each block python, bash, yaml (Prometheus) or text (output)"
+
+
+def test_the_pages_are_the_readme_and_docs():
+    """What the checks below read: a page moved out of docs/ would be read by none of them."""
+    names = [page.relative_to(ROOT).as_posix() for page in pages()]
+    assert (
+        names[0] == "README.md" and "docs/administration.md" in names and "docs/reference/magics.md" in names
+    )
 
 
 # The jobs of the ```yaml blocks (Prometheus scrape configurations) -> the test that runs them.
@@ -84,16 +104,16 @@ YAML_RUN_BY = {
 def test_every_yaml_block_is_a_scrape_configuration_a_named_test_runs():
     import yaml
 
-    jobs = [job["job_name"] for b in blocks("yaml") for job in yaml.safe_load(b.code)["scrape_configs"]]
+    jobs = [job["job_name"] for b in all_blocks("yaml") for job in yaml.safe_load(b.code)["scrape_configs"]]
     assert sorted(jobs) == sorted(YAML_RUN_BY), "a new job needs a test that runs it; a stale entry goes"
 
 
 def test_every_bash_line_is_run_here_or_by_a_named_test():
-    lines = [line for block in blocks("bash") for line in commands(block)]
+    lines = [line for block in all_blocks("bash") for line in commands(block)]
     unaccounted = [line for line in lines if line not in {**RUN_HERE, **RUN_BY, **NOT_RUN}]
     assert unaccounted == []
     stale = [line for line in {**RUN_HERE, **RUN_BY, **NOT_RUN} if line not in lines]
-    assert stale == [], "listed here but no longer in the README"
+    assert stale == [], "listed here but no longer in the README or docs/"
 
 
 @pytest.mark.slow
@@ -122,7 +142,7 @@ SIMULATED_SERVER = (
 
 
 def notebook_blocks() -> list[Block]:
-    return [b for b in blocks("python") if not CONFIG_FILE.match(b.code)]
+    return [b for b in all_blocks("python") if not CONFIG_FILE.match(b.code)]
 
 
 def _failure_text(outputs: list[dict]) -> str | None:
@@ -171,7 +191,7 @@ def _load_config(block: Block, tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    "block", [b for b in blocks("python") if CONFIG_FILE.match(b.code)], ids=lambda b: b.name
+    "block", [b for b in all_blocks("python") if CONFIG_FILE.match(b.code)], ids=lambda b: b.name
 )
 def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
     name, config = _load_config(block, tmp_path)
@@ -186,9 +206,16 @@ def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
         name == "jupyterhub_config.py"
     ):  # tests/test_jupyterhub.py runs it in a real hub; here, each setting exists
         from jupyterhub.app import JupyterHub
+        from jupyterhub.auth import Authenticator
+        from jupyterhub.proxy import ConfigurableHTTPProxy
         from jupyterhub.spawner import LocalProcessSpawner
 
-        configurables = {"JupyterHub": JupyterHub, "Spawner": LocalProcessSpawner}
+        configurables = {
+            "JupyterHub": JupyterHub,
+            "Spawner": LocalProcessSpawner,
+            "Authenticator": Authenticator,
+            "ConfigurableHTTPProxy": ConfigurableHTTPProxy,
+        }
         for section, values in config.items():
             built = configurables[section](config=config)
             assert set(values) <= set(built.trait_names(config=True)), f"{section}: no such setting"
@@ -206,3 +233,111 @@ def test_each_configuration_block_loads_and_applies(block, tmp_path, shell):
     magics = GpuMagics(shell, session=Session(nvml=Nvml(lib=shared_server()), env={}), config=config)
     magics.apply_defaults()
     assert magics.session.requested.describe() == list(config.GpuMagics.defaults)  # each default applied
+
+
+# -- the JupyterHub block, as a new user meets it (issue 29) ---------------------------------------
+def _hub_block() -> Block:
+    (block,) = [b for b in all_blocks("python") if b.code.startswith("# jupyterhub_config.py\n")]
+    return block
+
+
+def test_the_hub_block_lets_its_users_log_in(tmp_path):
+    """JupyterHub 5 lets nobody in without an allow setting ("User '...' not allowed" at the login):
+    the block's users pass JupyterHub's own check, and someone else does not (unless it allows all)."""
+    import asyncio
+    import inspect
+
+    from jupyterhub.auth import PAMAuthenticator  # the default authenticator
+
+    _, config = _load_config(_hub_block(), tmp_path)
+    authenticator = PAMAuthenticator(config=config)
+
+    def allowed(name: str) -> bool:
+        answer = authenticator.check_allowed(name, None)
+        return asyncio.run(answer) if inspect.isawaitable(answer) else answer
+
+    users = sorted(authenticator.allowed_users) or ["anyone"]
+    assert authenticator.allow_all or authenticator.allowed_users, "the block lets nobody log in"
+    assert all(allowed(name) for name in users), users
+    assert authenticator.allow_all or not allowed("not-" + users[0])
+
+
+def test_the_hub_block_names_the_proxy_the_page_installs(tmp_path):
+    """The hub stops at start with `Failed to find proxy ['configurable-http-proxy']` when the proxy is
+    not on PATH: the page that holds the block says how to put it there, and the block names the
+    command that npm package installs (the `bin` of the package make setup installs)."""
+    block = _hub_block()
+    _, config = _load_config(block, tmp_path)
+    command = config.ConfigurableHTTPProxy.command
+    package = json.loads((ROOT / "node_modules" / "configurable-http-proxy" / "package.json").read_text())
+    assert command == [next(iter(package["bin"]))]
+    page_lines = [line for b in all_blocks("bash") if b.page == block.page for line in commands(b)]
+    assert f"npm install -g {package['name']}" in page_lines
+
+
+# -- what is generated or named: the command table, the layout ----------------------------------------
+@pytest.mark.slow
+def test_the_readme_command_table_is_the_generators(tmp_path):
+    """The README's table is what the documented command writes from grammar.TABLE (run here on a copy)."""
+    from tfgpu_magic.command.reference import REGENERATE
+
+    copy = tmp_path / "README.md"
+    copy.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(START_UP_PREFIXES)}
+    env["PYTHONPATH"] = str(ROOT)
+    argv = [sys.executable, "-m", "tfgpu_magic.command.reference", "--write", str(copy)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert copy.read_text(encoding="utf-8") == README.read_text(encoding="utf-8"), (
+        f"the README's command table is not what the grammar says: run `{REGENERATE}`"
+    )
+
+
+def test_the_readme_command_table_has_every_manual_line():
+    """In process: every line of `%gpu?` is a row of the README's table, and nothing else is."""
+    from tfgpu_magic.command import grammar
+    from tfgpu_magic.command.reference import BEGIN, END, REGENERATE
+
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    forms = [re.match(r"\| `(.*?)` \|", row).group(1).replace("\\|", "|") for row in rows]
+    expected = [form for verb in grammar.TABLE for form, _ in verb.manual]
+    assert forms == expected, f"run `{REGENERATE}`"
+
+
+LAYOUT_PAGE = ROOT / "docs" / "development.md"
+
+
+def _layout_entries(text: str) -> list[str]:
+    """The paths a Layout block names: an entry is a line's first word at an indentation of 0, 2 or 4
+    (a folder ends with `/`; `a.py, b.py` names several); deeper lines are descriptions."""
+    (block,) = [m for m in re.findall(r"^## Layout\n\n```text\n(.*?)^```", text, re.S | re.M)]
+    entries, parents = [], {}
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        if indent not in (0, 2, 4) or not line.strip():
+            continue
+        names = re.match(r"((?:[\w.\-/]+,\s)*[\w.\-/]+)", line.strip()).group(1).split(", ")
+        base = parents.get(indent - 2, "") if indent else ""
+        for name in names:
+            entries.append(base + name)
+        if names[-1].endswith("/"):
+            parents[indent] = base + names[-1]
+    return entries
+
+
+@pytest.mark.parametrize("page", [README, LAYOUT_PAGE], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_layout_names_only_what_exists(page):
+    entries = _layout_entries(page.read_text(encoding="utf-8"))
+    assert entries, "no Layout block"
+    missing = [entry for entry in entries if not (ROOT / entry).exists()]
+    assert missing == []
+
+
+def test_the_full_layout_names_every_module_of_the_package():
+    named = set(_layout_entries(LAYOUT_PAGE.read_text(encoding="utf-8")))
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tfgpu_magic").rglob("*.py")}
+    # a layer's __init__.py is its folder's entry (frameworks/__init__.py, which holds code, is named too)
+    modules = {m for m in modules if m.count("/") == 1 or not m.endswith("/__init__.py")}
+    assert sorted(modules - named) == [], f"name each module in {LAYOUT_PAGE.relative_to(ROOT)}'s Layout"
