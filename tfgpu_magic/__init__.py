@@ -1,4 +1,4 @@
-"""tfgpu_magic: TensorFlow GPU settings, memory and sharing from inside a Jupyter notebook.
+"""tfgpu_magic: GPU settings, memory and sharing for TensorFlow, PyTorch and JAX from inside a Jupyter notebook.
 
 Load with ``%load_ext tfgpu_magic``.  Importing the package imports neither TensorFlow nor
 pynvml (nor IPython, nor jupyter_server): those load when a command needs them.  The Jupyter
