@@ -20,6 +20,7 @@ root_doc = "index"
 exclude_patterns = ["_build", "_ext"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links to a heading, as on GitHub
 myst_enable_extensions = ["colon_fence"]
+smartquotes = False  # `--sidebar` in running text stays two hyphens, as typed (Sphinx would make it a dash)
 html_theme = "alabaster"
 html_static_path: list[str] = []
 

@@ -96,3 +96,31 @@ def test_every_link_of_the_readme_reaches_a_file_and_its_heading():
         elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
             broken.append(target)
     assert broken == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_built_reference_says_each_form_and_line_as_typed(tmp_path):
+    """Sphinx's own build (as `make docs`): every form, every manual line and `%gpu?` come
+    out as the grammar has them (no dash for `--`, no quote made curly)."""
+    import os
+    import subprocess
+
+    from support.processes import START_UP_PREFIXES
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(START_UP_PREFIXES)}
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    argv = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html"]
+    done = subprocess.run(
+        [*argv, str(ROOT / "docs"), str(tmp_path)], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import html
+
+    page = (tmp_path / "reference" / "magics.html").read_text(encoding="utf-8")
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))  # the text a reader sees
+    flat = " ".join(shown.split())
+    for verb in grammar.TABLE:
+        assert all(form in flat for form in verb.forms), verb.name
+        assert all(" ".join(f"{form}: {text}".split()) in flat for form, text in verb.manual), verb.name
+    assert all(line in shown for line in grammar.manual().splitlines())  # %gpu? verbatim
