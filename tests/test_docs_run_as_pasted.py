@@ -60,7 +60,7 @@ RUN_BY = {  # bash lines another test runs, and which
     ".venv/bin/jupyter lab": "tests/test_browser.py, tests/test_extension_browser.py (jupyter lab in Chromium)",
     ".venv/bin/jupyter notebook": "tests/test_extension_browser.py (Notebook 7 in Chromium)",
     "jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server": "tests/test_extension_browser.py (the GPU panel on kernels_server)",
-    'pip install ".[cpu]"': "make setup (pip install -e .[cpu,test])",
+    'pip install ".[cpu]"': "make setup (pip install -e .[cpu,test,docs])",
     "pip install .": "tests/test_install.py::test_the_wheel_installs_both_extensions_without_npm_or_a_build",
     'pip install -e ".[cpu,test,docs]"': "make setup; tests/test_install.py::test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place",
     "pip wheel --no-deps . -w dist": "tests/test_install.py (pip wheel --no-deps)",
