@@ -33,7 +33,7 @@ def test_the_reference_has_every_form_and_what_tab_offers():
 def test_the_table_is_rewritten_between_its_markers_only():
     old = f"before\n{reference.BEGIN}\n| stale |\n{reference.END}\nafter\n"
     new = reference.replace_table(old)
-    assert new == f"before\n{reference.BEGIN}\n{reference.command_table()}{reference.END}\nafter\n"
+    assert new == f"before\n{reference.BEGIN}\n\n{reference.command_table()}\n{reference.END}\nafter\n"
     assert reference.replace_table(new) == new
 
 

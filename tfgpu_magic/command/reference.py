@@ -66,7 +66,7 @@ def replace_table(text: str) -> str:
         )
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{command_table()}{END}{tail}"
+    return f"{head}{BEGIN}\n\n{command_table()}\n{END}{tail}"  # blank lines: the table is a block of its own
 
 
 def main(argv: list[str] | None = None) -> int:
