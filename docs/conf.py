@@ -30,15 +30,16 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "none"
 intersphinx_mapping: dict[str, tuple[str, None]] = {}  # no network when building: nothing fetched
 
-# Names in the documented docstrings that these pages do not document (the kernel's internals, and
-# the standard library's, whose inventory would need the network): shown, not linked.
+# Names in the documented docstrings and signatures that these pages do not document (the layers'
+# internals): shown, not linked.
 nitpick_ignore = [
     ("py:class", "tfgpu_magic.kernel.session.Session"),
-    ("py:class", "tfgpu_magic.gpus.nvml.Nvml"),
-    ("py:class", "collections.abc.Callable"),
-    ("py:class", "collections.abc.Iterator"),
-    ("py:class", "collections.abc.Sequence"),
     ("py:func", "read_parent_map"),  # gpus/process_tree.py, in HostKernelsNvml's docstring
-    ("py:class", "Sample"),  # kernel/monitor.py: one reading of the sampler, in Sampler's docstring
-    ("py:class", "SimulatedGpu"),  # gpus/simulated.py: one simulated GPU, in SimulatedNvml's docstring
+    ("py:func", "is_ipython_kernel"),  # gpus/simulated.py, in HostKernelsNvml's docstring
+    ("py:func", "choosing"),  # gpus/claims.py (what %gpu use auto holds), in claim's and holder's docstrings
+    ("py:data", "MAX_NOTES"),  # gpus/claims.py, in holders' docstring
+    # SimulatedGpu's dataclass fields, annotated as strings (`from __future__ import annotations`):
+    # Sphinx 9 cuts `tuple[int, int]` and `dict[str, BaseException]` at the comma into these names.
+    ("py:class", "'tuple[int"),
+    ("py:class", "'dict[str"),
 ]

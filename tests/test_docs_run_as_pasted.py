@@ -341,3 +341,21 @@ def test_the_full_layout_names_every_module_of_the_package():
     # a layer's __init__.py is its folder's entry (frameworks/__init__.py, which holds code, is named too)
     modules = {m for m in modules if m.count("/") == 1 or not m.endswith("/__init__.py")}
     assert sorted(modules - named) == [], f"name each module in {LAYOUT_PAGE.relative_to(ROOT)}'s Layout"
+
+
+@pytest.mark.parametrize("module", ["simulated", "monitor", "keras", "claims"])
+def test_the_python_reference_documents_every_public_name(module):
+    """docs/reference/python.md names each object a public module lists in ``__all__`` (autodoc then
+    reads its docstring), and nothing it does not list.  ``__all__`` is read from the source:
+    importing tfgpu_magic.keras would import TensorFlow into this process."""
+    import ast
+
+    tree = ast.parse((ROOT / "tfgpu_magic" / f"{module}.py").read_text(encoding="utf-8"))
+    (listed,) = [
+        node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "__all__"
+    ]
+    public = ast.literal_eval(listed)
+    page = (ROOT / "docs" / "reference" / "python.md").read_text(encoding="utf-8")
+    section = page.split(f".. currentmodule:: tfgpu_magic.{module}\n")[1].split("```")[0]
+    documented = re.findall(r"^\.\. auto(?:class|function|data):: (\w+)", section, re.M)
+    assert documented == list(public)
