@@ -1,8 +1,10 @@
 """The psutil process table remembers owners between refreshes, and never answers wrongly from memory.
 
 Real child processes (sleepers this test starts and ends) stand for the GPU processes; where
-the operating system cannot be made to do something (reuse a pid, refuse a read to root), the
-table's identity read or psutil is monkeypatched.  No timing assertions.
+the operating system cannot be made to do something (reuse a pid, exec another program, refuse a
+read to root, make a process young), the table is given a ``/proc`` reader the test controls
+(:class:`ShownProc`: the real ``/proc`` with some of its files replaced), and off ``/proc`` psutil
+is monkeypatched.  No timing assertions.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import getpass
 import os
 import pwd
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -22,6 +26,7 @@ import pytest
 from tfgpu_magic.gpus import owners
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.owners import EXITED, ProcessDetails, PsutilProcessTable
+from tfgpu_magic.gpus.process_table import PROC, parse_stat
 from tfgpu_magic.gpus.simulated import busy_server
 from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.session import Session
@@ -56,22 +61,90 @@ def children():
         proc.wait(timeout=10)
 
 
-def fresh_table(**options) -> PsutilProcessTable:
+class ShownProc:
+    """The real ``/proc`` as a :class:`~tfgpu_magic.gpus.process_table.ProcReader`, every read
+    recorded, with the files a test replaces (bytes, or an error to raise) and its boot clock."""
+
+    def __init__(self) -> None:
+        self.files: dict[tuple[int, str], bytes | BaseException] = {}
+        self.reads: list[tuple[int, str]] = []
+        self.boot_s: float | None = None  # seconds since boot, None: the real clock
+        self.before_read: Callable[[int, str], None] | None = None
+
+    def pids(self) -> set[int]:
+        return PROC.pids()
+
+    def read(self, pid: int, name: str, limit: int) -> bytes:
+        if self.before_read is not None:
+            self.before_read(pid, name)
+        self.reads.append((pid, name))
+        shown = self.files.get((pid, name))
+        if isinstance(shown, BaseException):
+            raise shown
+        return PROC.read(pid, name, limit) if shown is None else shown[:limit]
+
+    def since_boot_s(self) -> float:
+        return PROC.since_boot_s() if self.boot_s is None else self.boot_s
+
+    def ticks_per_s(self) -> int:
+        return PROC.ticks_per_s()
+
+    # what the table read: identities (stat), uncached look-ups (status, then cmdline)
+    def identities(self) -> list[int]:
+        return [pid for pid, name in self.reads if name == "stat"]
+
+    def lookups(self) -> list[int]:
+        return [pid for pid, name in self.reads if name == "status"]
+
+    def forget_reads(self) -> None:
+        self.reads.clear()
+
+    def start_of(self, pid: int) -> int:
+        stat = parse_stat(PROC.read(pid, "stat", 4096))
+        assert stat is not None
+        return stat.start
+
+    def show(self, pid: int, start: int, name: bytes, uid: int, command: bytes) -> None:
+        """Another process behind ``pid``: its start time, name, real uid and command line."""
+        self.files[(pid, "stat")] = stat_line(pid, name, start)
+        self.files[(pid, "status")] = b"Name:\t%s\nState:\tS (sleeping)\nUid:\t%d\t%d\t%d\t%d\n" % (
+            name,
+            *[uid] * 4,
+        )
+        self.files[(pid, "cmdline")] = command.replace(b" ", b"\0") + b"\0"
+
+    def make_young(self, pid: int, age_s: float) -> None:
+        """The boot clock set so that process ``pid`` started ``age_s`` ago."""
+        self.boot_s = self.start_of(pid) / self.ticks_per_s() + age_s
+
+
+def stat_line(pid: int, name: bytes, start: int, state: bytes = b"S") -> bytes:
+    """A ``/proc/<pid>/stat`` line: state, parent 1, start time ``start`` (field 22), zeros elsewhere."""
+    return b"%d (%s) %s 1 %s %d %s\n" % (
+        pid,
+        name,
+        state,
+        b" ".join([b"0"] * 17),
+        start,
+        b" ".join([b"0"] * 30),
+    )
+
+
+@pytest.fixture
+def shown() -> ShownProc:
+    if not LINUX_PROC:
+        pytest.skip("shows the table processes through /proc (Linux)")
+    return ShownProc()
+
+
+def fresh_table(proc: ShownProc | None = None, **options) -> PsutilProcessTable:
     """A table that remembers even the sleepers started a moment ago (see the start-up test below)."""
-    return PsutilProcessTable(min_age_s=0, **options)
+    options.setdefault("min_age_s", 0)
+    return PsutilProcessTable(**options) if proc is None else PsutilProcessTable(proc=proc, **options)
 
 
-def counting_reads(table: PsutilProcessTable, monkeypatch) -> list[int]:
-    """Record every uncached look-up the table makes (by pid)."""
-    reads: list[int] = []
-    real = table._read
-
-    def read(pid: int) -> ProcessDetails:
-        reads.append(pid)
-        return real(pid)
-
-    monkeypatch.setattr(table, "_read", read)
-    return reads
+ROOT_NAME = pwd.getpwuid(0).pw_name
+SOMEONE_ELSES_JOB = ProcessDetails(ROOT_NAME, "python someone_elses_job.py", True)
 
 
 def state_of(pid: int) -> str:
@@ -81,66 +154,55 @@ def state_of(pid: int) -> str:
 
 
 # -- answers come from memory only for the same process -------------------------------------------
-def test_a_live_process_is_read_once_then_remembered(children, monkeypatch):
+def test_a_live_process_is_read_once_then_remembered(children, shown):
     (child,) = children(1, "remembered")
-    table = fresh_table()
-    reads = counting_reads(table, monkeypatch)
+    table = fresh_table(shown)
     first = table.lookup(child.pid)
     assert (first.user, first.alive, first.note) == (ME, True, None)
     assert "remembered-0" in first.command
     for _ in range(3):
         assert table.lookup(child.pid) == first
-    assert reads == [child.pid]
+    assert shown.lookups() == [child.pid]
     assert table.cache_size() == 1
 
 
-def test_a_reused_pid_gets_the_new_processes_owner_and_command(children, monkeypatch):
+@pytest.mark.skipif(not LINUX_PROC, reason="shows the table another process through /proc")
+def test_a_reused_pid_gets_the_new_processes_owner_and_command(children, shown):
     (child,) = children(1, "old")
-    table = fresh_table()
+    table = fresh_table(shown)
     old = table.lookup(child.pid)
     assert old.user == ME and "old-0" in old.command
-    real_identity = table._identity(child.pid)
-    if LINUX_PROC:
-        start, name = real_identity
-        reused = (start + b"1", name)  # the same pid, started later: a new process
-    else:
-        reused = real_identity + 1.0
-    new = ProcessDetails("newcomer", "python someone_elses_job.py", True)
-    reads: list[int] = []
-    monkeypatch.setattr(table, "_identity", lambda pid: reused if pid == child.pid else real_identity)
-    monkeypatch.setattr(table, "_read", lambda pid: reads.append(pid) or new)
-    assert table.lookup(child.pid) == new
-    assert table.lookup(child.pid) == new  # and the new answer is the one remembered
-    assert reads == [child.pid]
+    # the same pid, started later, root's: a new process
+    shown.show(child.pid, shown.start_of(child.pid) + 1, b"python", 0, b"python someone_elses_job.py")
+    shown.forget_reads()
+    assert table.lookup(child.pid) == SOMEONE_ELSES_JOB
+    assert table.lookup(child.pid) == SOMEONE_ELSES_JOB  # and the new answer is the one remembered
+    assert shown.lookups() == [child.pid]
 
 
 @pytest.mark.skipif(not LINUX_PROC, reason="the process name is part of the identity only with /proc")
-def test_a_process_that_execs_another_program_is_read_again(children, monkeypatch):
+def test_a_process_that_execs_another_program_is_read_again(children, shown):
     (child,) = children(1, "before-exec")
-    table = fresh_table()
+    table = fresh_table(shown)
     assert "before-exec" in table.lookup(child.pid).command
-    start, _name = table._identity(child.pid)
-    after = ProcessDetails(ME, "bash run.sh", True)
-    monkeypatch.setattr(table, "_identity", lambda pid: (start, b"bash"))  # same start time, new program
-    monkeypatch.setattr(table, "_read", lambda pid: after)
-    assert table.lookup(child.pid) == after
+    shown.show(child.pid, shown.start_of(child.pid), b"bash", os.getuid(), b"bash run.sh")  # same start
+    assert table.lookup(child.pid) == ProcessDetails(ME, "bash run.sh", True)
 
 
-def test_a_process_still_starting_is_read_every_time_until_it_is_a_second_old(children, monkeypatch):
+@pytest.mark.skipif(not LINUX_PROC, reason="sets the clock of /proc's start times")
+def test_a_process_still_starting_is_read_every_time_until_it_is_a_second_old(children, shown):
     (child,) = children(1, "young")
-    table = PsutilProcessTable()  # the default: remember processes a second old or older
-    assert 0 <= table._age_s(table._identity(child.pid)) < 30
-    assert table._age_s(table._identity(os.getpid())) >= 0
-    reads = counting_reads(table, monkeypatch)
-    monkeypatch.setattr(table, "_age_s", lambda identity: 0.2)  # as if fork or exec just happened
+    assert 0 <= PROC.since_boot_s() - shown.start_of(child.pid) / PROC.ticks_per_s() < 30
+    table = PsutilProcessTable(proc=shown)  # the default: remember processes a second old or older
+    shown.make_young(child.pid, 0.2)  # as if fork or exec just happened
     table.lookup(child.pid), table.lookup(child.pid)
-    assert reads == [child.pid, child.pid] and table.cache_size() == 0
-    monkeypatch.setattr(table, "_age_s", lambda identity: owners.MIN_AGE_S)
+    assert shown.lookups() == [child.pid, child.pid] and table.cache_size() == 0
+    shown.make_young(child.pid, owners.MIN_AGE_S)
     table.lookup(child.pid), table.lookup(child.pid)
-    assert reads == [child.pid] * 3 and table.cache_size() == 1
+    assert shown.lookups() == [child.pid] * 3 and table.cache_size() == 1
 
 
-def test_an_exited_process_is_reported_exited_and_forgotten(children, monkeypatch):
+def test_an_exited_process_is_reported_exited_and_forgotten(children):
     (child,) = children(1, "exits")
     table = fresh_table()
     assert table.lookup(child.pid).alive and table.cache_size() == 1
@@ -164,47 +226,52 @@ def test_a_zombie_is_reported_exited_not_from_memory(children):
     assert table.cache_size() == 0
 
 
-# -- failures stay notes, asked again next time -------------------------------------------------
-def test_access_denied_is_a_note_and_never_remembered(children, monkeypatch):
-    (child,) = children(1, "secret")
-    table = fresh_table()
-    reads = counting_reads(table, monkeypatch)
-
-    def refuse(*args):
-        raise psutil.AccessDenied(child.pid)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(table, "_user_of", refuse)  # psutil refuses the owner (uids, username)
-        for _ in range(2):
-            denied = table.lookup(child.pid)
-            assert (denied.user, denied.alive) == (None, True)
-            assert denied.note == "owned by a user whose details this account may not read"
-    with monkeypatch.context() as patch:
-        patch.setattr(psutil.Process, "cmdline", refuse)  # the owner is read, the command refused:
-        patch.setattr(
-            owners, "_read_cmdline", refuse
-        )  # by psutil, or by the table's own bounded read (Linux)
-        half = table.lookup(child.pid)
-        assert (half.user, half.command, half.note) == (
-            ME,
-            None,
-            "owned by a user whose details this account may not read",
-        )
+@pytest.mark.skipif(not LINUX_PROC, reason="shows the table a zombie through /proc")
+def test_a_process_that_becomes_a_zombie_while_it_is_read_is_exited(children, shown):
+    (child,) = children(1, "dying")
+    table = fresh_table(shown)
+    status = re.sub(rb"\nState:\t\S", b"\nState:\tZ", PROC.read(child.pid, "status", 8192))
+    assert b"\nState:\tZ" in status
+    shown.files[(child.pid, "status")] = status  # its stat, read first, still says it runs
+    assert table.lookup(child.pid) == EXITED
     assert table.cache_size() == 0
+
+
+# -- failures stay notes, asked again next time -------------------------------------------------
+@pytest.mark.skipif(not LINUX_PROC, reason="refuses reads of /proc")
+def test_access_denied_is_a_note_and_never_remembered(children, shown):
+    (child,) = children(1, "secret")
+    table = fresh_table(shown)
+    refused = PermissionError(13, "Permission denied")
+    shown.files[(child.pid, "status")] = refused  # the owner refused (hidepid=1 refuses every file)
+    for _ in range(2):
+        denied = table.lookup(child.pid)
+        assert (denied.user, denied.alive) == (None, True)
+        assert denied.note == "owned by a user whose details this account may not read"
+    del shown.files[(child.pid, "status")]
+    shown.files[(child.pid, "cmdline")] = refused  # the owner is read, the command refused
+    half = table.lookup(child.pid)
+    assert (half.user, half.command, half.note) == (
+        ME,
+        None,
+        "owned by a user whose details this account may not read",
+    )
+    assert table.cache_size() == 0
+    del shown.files[(child.pid, "cmdline")]
     allowed = table.lookup(child.pid)  # the refusal ends: read now, not the old note
     assert (allowed.user, allowed.note) == (ME, None) and "secret-0" in allowed.command
     assert table.lookup(child.pid) == allowed
-    assert reads == [child.pid] * 4
+    assert shown.lookups() == [child.pid] * 4
 
 
-def test_an_unreadable_identity_is_never_cached(children, monkeypatch):
+@pytest.mark.skipif(not LINUX_PROC, reason="refuses reads of /proc")
+def test_an_unreadable_identity_is_never_cached(children, shown):
     (child,) = children(1, "hidden")
-    table = fresh_table()
-    reads = counting_reads(table, monkeypatch)
-    monkeypatch.setattr(table, "_identity", lambda pid: owners._UNKNOWN)  # hidepid, no /proc, ...
+    table = fresh_table(shown)
+    shown.files[(child.pid, "stat")] = PermissionError(13, "Permission denied")  # hidepid, ...
     for _ in range(2):
         assert table.lookup(child.pid).user == ME
-    assert reads == [child.pid, child.pid] and table.cache_size() == 0
+    assert shown.lookups() == [child.pid, child.pid] and table.cache_size() == 0
 
 
 # -- user names --------------------------------------------------------------------------------
@@ -247,19 +314,18 @@ def test_a_uid_without_a_name_shows_its_number_and_is_asked_again_later(monkeypa
 
 
 # -- bounded, shared, thread-safe --------------------------------------------------------------
-def test_the_cache_is_bounded_least_recently_looked_up_first(children, monkeypatch):
+def test_the_cache_is_bounded_least_recently_looked_up_first(children, shown):
     procs = children(5, "bounded")
-    table = fresh_table(max_processes=3)
-    reads = counting_reads(table, monkeypatch)
+    table = fresh_table(shown, max_processes=3)
     for p in procs:
         table.lookup(p.pid)
     assert table.cache_size() == 3
-    reads.clear()
+    shown.forget_reads()
     for p in procs[2:]:  # the three most recent are remembered
         table.lookup(p.pid)
-    assert reads == []
+    assert shown.lookups() == []
     table.lookup(procs[0].pid)  # forgotten: read again, and the least recent of the rest goes
-    assert reads == [procs[0].pid] and table.cache_size() == 3
+    assert shown.lookups() == [procs[0].pid] and table.cache_size() == 3
 
 
 def test_threads_looking_up_at_once_get_consistent_answers(children):
@@ -305,21 +371,27 @@ def real_pid_server(pids: list[int], gone: int):
     return server
 
 
-def test_status_refreshes_share_the_psutil_cache(children, monkeypatch):
+def shared_table(monkeypatch, shown: ShownProc, **options) -> PsutilProcessTable:
+    """The process-wide table replaced, for this test, by one that reads ``shown``."""
+    table = fresh_table(shown, user_names=owners._USER_NAMES, **options)
+    monkeypatch.setattr(owners, "_SHARED", table)
+    assert owners.shared_psutil_table() is table
+    return table
+
+
+def test_status_refreshes_share_the_psutil_cache(children, monkeypatch, shown):
     procs = children(6, "status")
     gone = children(1, "gone")[0]
     gone.kill()
     gone.wait(timeout=10)
     server = real_pid_server([p.pid for p in procs], gone.pid)
     session = Session(nvml=Nvml(lib=server), env={})
-    shared = owners.shared_psutil_table()
-    monkeypatch.setattr(shared, "_min_age_s", 0)  # the sleepers are young
-    reads = counting_reads(shared, monkeypatch)
+    shared_table(monkeypatch, shown)  # remembers young processes: the sleepers are young
     first = status.build_report(session)
-    assert reads  # the first refresh reads the new processes
-    reads.clear()
+    assert shown.lookups()  # the first refresh reads the new processes
+    shown.forget_reads()
     second = status.build_report(session)
-    assert reads == []  # the second: all from the shared table
+    assert shown.lookups() == []  # the second: all from the shared table
     assert second["gpus"] == first["gpus"]
     rows = {p["pid"]: p for g in second["gpus"] for p in g["processes"]}
     assert all(
@@ -339,10 +411,11 @@ def test_a_process_name_with_spaces_and_parentheses_is_parsed(children):
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        identity = owners._stat_identity(proc.pid)
-        assert identity[1] == b"a) b (c"
-        assert int(identity[0]) == int(owners._stat_identity(proc.pid)[0])
-        assert fresh_table().lookup(proc.pid).alive
+        stat = parse_stat(PROC.read(proc.pid, "stat", 4096))
+        assert stat is not None and stat.name == b"a) b (c" and stat.state in (b"S", b"R")
+        assert stat.ppid == os.getpid() and 0 < stat.start <= PROC.since_boot_s() * PROC.ticks_per_s()
+        found = fresh_table().lookup(proc.pid)
+        assert found.alive and found.user == ME and "prctl(15" in found.command
     finally:
         proc.kill()
         proc.wait(timeout=10)
@@ -371,11 +444,20 @@ class _OddProcess:
         return getattr(self._real, name)
 
 
-@pytest.mark.parametrize(
-    "error", ODD_ERRORS, ids=lambda e: type(e).__name__ + str(getattr(e, "errno", "") or "")
-)
+def assert_a_note_on_that_process_only(details: ProcessDetails, table: PsutilProcessTable) -> None:
+    assert details.alive and details.note, details
+    assert "\x1b" not in details.note and "\n" not in details.note
+    other = table.lookup(os.getpid())  # one odd process does not spoil the others
+    assert other.user is not None and other.note is None
+
+
+ERROR_IDS = {"ids": lambda e: type(e).__name__ + str(getattr(e, "errno", "") or "")}
+
+
+@pytest.mark.parametrize("error", ODD_ERRORS, **ERROR_IDS)
 @pytest.mark.parametrize("where", ["Process", "cmdline", "uids", "oneshot"])
 def test_an_error_psutil_does_not_translate_is_a_note_on_that_process(children, monkeypatch, where, error):
+    """Where there is no /proc (macOS, Windows, the BSDs: ``proc=None``), psutil reads everything."""
     [child] = children(1)
     real_process = psutil.Process
 
@@ -386,20 +468,20 @@ def test_an_error_psutil_does_not_translate_is_a_note_on_that_process(children, 
         return _OddProcess(proc, where, error) if pid == child.pid else proc
 
     monkeypatch.setattr(psutil, "Process", odd_process)
-    if where == "cmdline":  # on Linux the table reads /proc/PID/cmdline itself (a bounded read), not psutil
-        real_read = owners._read_cmdline
+    table = PsutilProcessTable(min_age_s=0, proc=None)
+    assert_a_note_on_that_process_only(table.lookup(child.pid), table)
 
-        def odd_read(pid):
-            if pid == child.pid:
-                raise error
-            return real_read(pid)
 
-        monkeypatch.setattr(owners, "_read_cmdline", odd_read)
-    details = fresh_table().lookup(child.pid)
-    assert details.alive and details.note, details
-    assert "\x1b" not in details.note and "\n" not in details.note
-    other = fresh_table().lookup(os.getpid())  # one odd process does not spoil the others
-    assert other.user is not None and other.note is None
+@pytest.mark.skipif(not LINUX_PROC, reason="makes reads of /proc fail")
+@pytest.mark.parametrize("error", ODD_ERRORS, **ERROR_IDS)
+@pytest.mark.parametrize("where", ["status", "cmdline"])
+def test_an_odd_error_reading_proc_is_a_note_on_that_process(children, shown, where, error):
+    [child] = children(1)
+    shown.files[(child.pid, where)] = error
+    table = fresh_table(shown)
+    details = table.lookup(child.pid)
+    assert_a_note_on_that_process_only(details, table)
+    assert (details.user is None) == (where == "status") and details.command is None
 
 
 # -- an unchanged listing is answered without reading /proc (issue: 37% of a warm refresh) -----------
@@ -411,153 +493,122 @@ class FakeClock:
         return self.now
 
 
-def counting_identities(table: PsutilProcessTable, monkeypatch) -> list[int]:
-    """Record every identity read (one small read of /proc/<pid>/stat on Linux) by pid."""
-    reads: list[int] = []
-    real = table._identity
-
-    def identity(pid: int) -> object:
-        reads.append(pid)
-        return real(pid)
-
-    monkeypatch.setattr(table, "_identity", identity)
-    return reads
-
-
 @pytest.fixture
-def listing_table(monkeypatch):
-    """A fresh table on a fake clock, with its identity reads and uncached look-ups counted."""
+def listing_table(shown):
+    """A fresh table on a fake clock, reading ``shown`` (its identity reads and look-ups counted)."""
     clock = FakeClock()
-    table = fresh_table(clock=clock)
-    return table, clock, counting_identities(table, monkeypatch), counting_reads(table, monkeypatch)
+    return fresh_table(shown, clock=clock), clock
 
 
-def test_an_unchanged_listing_is_answered_from_memory_without_reading_proc(children, listing_table):
-    table, _clock, identities, reads = listing_table
+def test_an_unchanged_listing_is_answered_from_memory_without_reading_proc(children, shown, listing_table):
+    table, _clock = listing_table
     pids = [p.pid for p in children(3, "listed")]
     first = table.lookup_listing(("gpu", 0), pids)
     assert [d.user for d in first] == [ME] * 3 and all(
         f"listed-{i}" in d.command for i, d in enumerate(first)
     )
-    assert reads == pids and set(identities) == set(pids)
-    identities.clear(), reads.clear()
+    assert shown.lookups() == pids and set(shown.identities()) == set(pids)
+    shown.forget_reads()
     for _ in range(3):
         assert table.lookup_listing(("gpu", 0), list(reversed(pids))) == list(
             reversed(first)
         )  # order: NVML's
-    assert identities == [] and reads == []
+    assert shown.reads == []  # no file of /proc opened
 
 
-@pytest.mark.skipif(not LINUX_PROC, reason="counts the reads of /proc/<pid>/stat")
-def test_a_warm_unchanged_listing_opens_no_proc_file(children, monkeypatch):
-    table = fresh_table(clock=FakeClock())
-    pids = [p.pid for p in children(2, "opened")]
-    table.lookup_listing(0, pids)
-    opened: list[int] = []
-    real = owners._read_stat
-    monkeypatch.setattr(owners, "_read_stat", lambda pid: opened.append(pid) or real(pid))
-    table.lookup_listing(0, pids)
-    assert opened == []
-    table.lookup_listing(0, pids[:1])  # changed: read again
-    assert opened == pids[:1]
-
-
-def test_a_changed_listing_is_validated(children, listing_table):
-    table, _clock, identities, reads = listing_table
+def test_a_changed_listing_is_validated(children, shown, listing_table):
+    table, _clock = listing_table
     a, b, c = (p.pid for p in children(3, "changing"))
     table.lookup_listing(0, [a, b])
-    identities.clear(), reads.clear()
+    shown.forget_reads()
     table.lookup_listing(0, [a, b, c])  # a pid added: every pid's identity read, only the new one looked up
-    assert sorted(identities) == sorted([a, b, c, c]) and reads == [c]  # c: before and after its look-up
-    identities.clear(), reads.clear()
+    assert sorted(shown.identities()) == sorted([a, b, c, c]) and shown.lookups() == [
+        c
+    ]  # c: before and after its look-up
+    shown.forget_reads()
     table.lookup_listing(0, [a, c])  # a pid gone
-    assert sorted(identities) == sorted([a, c]) and reads == []
-    identities.clear()
+    assert sorted(shown.identities()) == sorted([a, c]) and shown.lookups() == []
+    shown.forget_reads()
     table.lookup_listing(0, [a, c])  # unchanged again
-    assert identities == []
+    assert shown.identities() == []
 
 
-def test_each_listing_is_compared_with_its_own_last(children, listing_table):
-    table, _clock, identities, _reads = listing_table
+def test_each_listing_is_compared_with_its_own_last(children, shown, listing_table):
+    table, _clock = listing_table
     pids = [p.pid for p in children(2, "keys")]
     table.lookup_listing(("gpu", 0, "GPU-a"), pids)
-    identities.clear()
+    shown.forget_reads()
     table.lookup_listing(("gpu", 1, "GPU-b"), pids)  # the same pids, first seen on this GPU: validated
-    assert sorted(identities) == sorted(pids)
-    identities.clear()
+    assert sorted(shown.identities()) == sorted(pids)
+    shown.forget_reads()
     table.lookup_listing(("gpu", 0, "GPU-a"), pids), table.lookup_listing(("gpu", 1, "GPU-b"), pids)
-    assert identities == []
+    assert shown.identities() == []
 
 
-def test_an_unchanged_listing_is_validated_again_once_the_bound_passes(children, listing_table):
-    table, clock, identities, reads = listing_table
+def test_an_unchanged_listing_is_validated_again_once_the_bound_passes(children, shown, listing_table):
+    table, clock = listing_table
     pids = [p.pid for p in children(2, "bound")]
     table.lookup_listing(0, pids)
-    identities.clear(), reads.clear()
+    shown.forget_reads()
     clock.now += owners.LISTING_TRUST_S - 0.5
     table.lookup_listing(0, pids)
-    assert identities == []
+    assert shown.identities() == []
     clock.now += 0.5  # LISTING_TRUST_S since the last read
     table.lookup_listing(0, pids)
-    assert sorted(identities) == sorted(pids) and reads == []  # the same processes: read, not looked up
-    identities.clear()
+    assert (
+        sorted(shown.identities()) == sorted(pids) and shown.lookups() == []
+    )  # the same processes: read, not looked up
+    shown.forget_reads()
     clock.now += owners.LISTING_TRUST_S - 0.5  # trusted again, counted from this last read
     table.lookup_listing(0, pids)
-    assert identities == []
+    assert shown.identities() == []
 
 
-def reused_identity(table: PsutilProcessTable, pid: int) -> object:
-    """``pid``'s identity as if a new process had taken the pid."""
-    real = table._identity(pid)
-    if LINUX_PROC:
-        return (real[0] + b"1", real[1])
-    return real + 1.0
+def show_someone_elses_job(shown: ShownProc, pid: int) -> None:
+    """``pid`` taken by a new process: a later start time, root's, another command line."""
+    shown.show(pid, shown.start_of(pid) + 1, b"python", 0, b"python someone_elses_job.py")
 
 
-def test_a_reused_pid_in_a_changed_listing_is_read_again(children, listing_table, monkeypatch):
-    table, _clock, _identities, _reads = listing_table
+def test_a_reused_pid_in_a_changed_listing_is_read_again(children, shown, listing_table):
+    table, _clock = listing_table
     old, other = (p.pid for p in children(2, "reused"))
     assert table.lookup_listing(0, [old])[0].user == ME
-    reused = reused_identity(table, old)
-    real = table._identity
-    new = ProcessDetails("newcomer", "python someone_elses_job.py", True)
-    monkeypatch.setattr(table, "_identity", lambda pid: reused if pid == old else real(pid))
-    monkeypatch.setattr(table, "_read", lambda pid: new if pid == old else ProcessDetails(ME, "other", True))
-    assert table.lookup_listing(0, [old, other])[0] == new  # the listing changed: the new process is seen
+    show_someone_elses_job(shown, old)
+    found = table.lookup_listing(0, [old, other])  # the listing changed: the new process is seen
+    assert found[0] == SOMEONE_ELSES_JOB and found[1].user == ME
 
 
-def test_a_reused_pid_in_an_unchanged_listing_is_trusted_at_most_the_bound(
-    children, listing_table, monkeypatch
-):
+def test_a_reused_pid_in_an_unchanged_listing_is_trusted_at_most_the_bound(children, shown, listing_table):
     """The accepted risk, bounded: exit, pid reuse and a new GPU context between two refreshes."""
-    table, clock, _identities, _reads = listing_table
+    table, clock = listing_table
     (pid,) = (p.pid for p in children(1, "bounded-risk"))
     first = table.lookup_listing(0, [pid])[0]
-    reused = reused_identity(table, pid)
-    new = ProcessDetails("newcomer", "python someone_elses_job.py", True)
-    monkeypatch.setattr(table, "_identity", lambda p: reused)
-    monkeypatch.setattr(table, "_read", lambda p: new)
+    show_someone_elses_job(shown, pid)
     assert table.lookup_listing(0, [pid]) == [first]
     clock.now += owners.LISTING_TRUST_S
-    assert table.lookup_listing(0, [pid]) == [new]
-    assert table.lookup(pid) == new  # a single look-up always reads the identity
+    assert table.lookup_listing(0, [pid]) == [SOMEONE_ELSES_JOB]
+    shown.files[(pid, "stat")] = stat_line(pid, b"python", shown.start_of(pid) + 2)  # a third process
+    assert table.lookup(pid) == SOMEONE_ELSES_JOB  # a single look-up always reads the identity
+    assert shown.lookups()[-1] == pid  # and read the new process's details
 
 
-def test_an_exited_process_in_an_unchanged_listing_is_reported_exited_every_time(children, listing_table):
-    table, _clock, identities, _reads = listing_table
+def test_an_exited_process_in_an_unchanged_listing_is_reported_exited_every_time(
+    children, shown, listing_table
+):
+    table, _clock = listing_table
     alive, gone = children(2, "exiting")
     gone.kill()
     gone.wait(timeout=10)
     pids = [alive.pid, gone.pid]
     for _ in range(3):
-        identities.clear()
+        shown.forget_reads()
         found = table.lookup_listing(0, pids)
         assert found[0].alive and found[1] == EXITED
-    assert identities == [gone.pid]  # never remembered: read every time
+    assert shown.identities() == [gone.pid]  # never remembered: read every time
 
 
-def test_a_process_that_exits_is_seen_once_its_listing_changes(children, listing_table):
-    table, _clock, _identities, _reads = listing_table
+def test_a_process_that_exits_is_seen_once_its_listing_changes(children, shown, listing_table):
+    table, _clock = listing_table
     stays, leaves = children(2, "leaves")
     table.lookup_listing(0, [stays.pid, leaves.pid])
     leaves.kill()
@@ -568,37 +619,32 @@ def test_a_process_that_exits_is_seen_once_its_listing_changes(children, listing
     assert table.cache_size() == 1
 
 
-def test_a_process_never_remembered_is_looked_up_in_an_unchanged_listing(
-    children, listing_table, monkeypatch
-):
-    table, _clock, _identities, reads = listing_table
-    (child,) = children(1, "young-listed")
-    monkeypatch.setattr(table, "_min_age_s", 30.0)  # still starting: never remembered
+def test_a_process_never_remembered_is_looked_up_in_an_unchanged_listing(children, shown):
+    table = fresh_table(shown, clock=FakeClock(), min_age_s=30.0)
+    (child,) = children(1, "young-listed")  # still starting: never remembered
     for _ in range(3):
         assert table.lookup_listing(0, [child.pid])[0].user == ME
-    assert reads == [child.pid] * 3 and table.cache_size() == 0
+    assert shown.lookups() == [child.pid] * 3 and table.cache_size() == 0
 
 
-def test_a_listing_stored_by_another_thread_meanwhile_is_not_trusted(children, listing_table, monkeypatch):
-    table, _clock, identities, _reads = listing_table
+def test_a_listing_stored_by_another_thread_meanwhile_is_not_trusted(children, shown, listing_table):
+    table, _clock = listing_table
     a, b = (p.pid for p in children(2, "racing"))
     table.lookup_listing(0, [a, b])
-    counted = table._identity
     raced: list[bool] = []
 
-    def identity(pid: int) -> object:  # while this call validates [a], another thread lists [a, b]
-        if not raced:
+    def race(pid: int, name: str) -> None:  # while this call validates [a], another thread lists [a, b]
+        if name == "stat" and not raced:
             raced.append(True)
             table.lookup_listing(0, [a, b])
-        return counted(pid)
 
-    monkeypatch.setattr(table, "_identity", identity)
+    shown.before_read = race
     table.lookup_listing(0, [a])
     assert raced
-    monkeypatch.setattr(table, "_identity", counted)
-    identities.clear()
+    shown.before_read = None
+    shown.forget_reads()
     table.lookup_listing(0, [a])  # which of the two listings is newer is unknown: validated
-    assert identities == [a]
+    assert shown.identities() == [a]
 
 
 def test_threads_listing_at_once_get_consistent_answers(children):
@@ -643,25 +689,22 @@ def test_tables_without_lookup_listing_are_asked_per_pid():
     assert owners.lookup_listing(table, 0, [5, 6]) and table.asked == [5, 6, 5, 6]
 
 
-def test_warm_status_refreshes_read_proc_only_for_what_is_never_remembered(children, monkeypatch):
+def test_warm_status_refreshes_read_proc_only_for_what_is_never_remembered(children, monkeypatch, shown):
     procs = children(6, "warm")
     gone = children(1, "warm-gone")[0]
     gone.kill()
     gone.wait(timeout=10)
     server = real_pid_server([p.pid for p in procs], gone.pid)
     session = Session(nvml=Nvml(lib=server), env={})
-    shared = owners.shared_psutil_table()
-    monkeypatch.setattr(shared, "_min_age_s", 0)  # the sleepers are young
-    monkeypatch.setattr(shared, "_clock", FakeClock())  # no real time passes between the refreshes
+    shared_table(monkeypatch, shown, clock=FakeClock())  # no real time passes between the refreshes
     first = status.build_report(session)
-    identities = counting_identities(shared, monkeypatch)
-    reads = counting_reads(shared, monkeypatch)
+    shown.forget_reads()
     second = status.build_report(session)
     assert second["gpus"] == first["gpus"]
     rows = [p for g in second["gpus"] for p in g["processes"]]
     exited = sorted(p["pid"] for p in rows if not p["alive"])  # gone, and the busy server's made-up pids
     assert gone.pid in exited and len(exited) < len(rows)
-    assert sorted(identities) == exited and reads == []  # only what is never remembered is read again
+    assert sorted(shown.identities()) == exited and shown.lookups() == []  # only what is never remembered
 
 
 def test_the_forked_child_can_list_though_a_thread_held_the_lock_at_fork():

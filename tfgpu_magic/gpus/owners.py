@@ -1,11 +1,13 @@
 """Who owns a process: user names and command lines from the operating system.
 
 NVML lists the processes on a GPU by pid only; a :class:`ProcessTable` says whose they are
-(psutil on a real machine, the simulated server's own table in tests and ``tfgpu --demo``).
-Every failure becomes a missing field and a note.  psutil is not touched at import.
+(``/proc`` on Linux and psutil elsewhere on a real machine, the simulated server's own table in
+tests and ``tfgpu --demo``).  Every failure becomes a missing field and a note.  psutil is not
+touched at import.
 
-The psutil table remembers what it found, because the endpoint and ``%gpu`` refresh the same
-inventory again and again: a process's owner and command are kept while its pid *and start
+The psutil table (:class:`PsutilProcessTable`: on Linux it reads ``/proc`` through a
+:class:`~tfgpu_magic.gpus.process_table.ProcReader`, as psutil would; psutil elsewhere) remembers
+what it found, because the endpoint and ``%gpu`` refresh the same inventory again and again: a process's owner and command are kept while its pid *and start
 time* stay the same (checked with one small read of ``/proc/<pid>/stat`` on Linux, psutil's
 create time elsewhere), and user names per uid.  A pid reused by a new process, an exited or
 zombie process, and any failure are never answered from the cache, with one bounded exception:
@@ -37,16 +39,22 @@ is or whether it runs, so what it holds is unknown, never "exited" and never 0. 
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..safe_text import bounded, safe
 from .nvml import Nvml
+from .process_table import PROC, STATUS_BYTES, ProcReader, Stat, parse_stat, parse_status
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = [
     "CMDLINE_READ_BYTES",
@@ -160,48 +168,42 @@ class _UserNames:
 _USER_NAMES = _UserNames()  # the process-wide uid -> name cache
 
 
-# What identifies a process beyond its pid: (start time, name) from /proc, or psutil's create time.
-_GONE = object()  # the pid has no live process (exited, or a zombie)
-_HIDDEN = object()  # /proc does not show the pid, and it hides other users' processes (hidepid)
-_UNKNOWN = object()  # cannot tell (not allowed to read, no /proc and no psutil): never cached
+# What identifies a process beyond its pid: (start time, name) from /proc, or psutil's create time;
+# or, instead, why there is none.
+class _NoIdentity(enum.Enum):
+    GONE = "gone"  # the pid has no live process (exited, or a zombie)
+    HIDDEN = "hidden"  # /proc does not show the pid, and it hides other users' processes (hidepid)
+    UNKNOWN = "unknown"  # cannot tell (not allowed to read, no /proc and no psutil): never cached
 
 
-def _read_stat(pid: int) -> Any:
-    """The fields of ``/proc/<pid>/stat`` after the name, and the name: ``(fields, comm)`` (Linux).
+_GONE, _HIDDEN, _UNKNOWN = _NoIdentity.GONE, _NoIdentity.HIDDEN, _NoIdentity.UNKNOWN
+Identity = tuple[int, bytes] | float | _NoIdentity  # (start ticks, name) on Linux; create time elsewhere
 
-    One open and read of a small file, about 4 µs.  ``_GONE`` for an exited process or a zombie,
-    ``_UNKNOWN`` when it cannot be read or parsed.  ``fields[0]`` is field 3 of proc(5), the state.
+
+def _read_stat(pid: int, proc: ProcReader = PROC) -> Stat | _NoIdentity:
+    """``/proc/<pid>/stat``, parsed (Linux): one open and read of a small file, about 4 µs.
+
+    ``_GONE`` for an exited process or a zombie (``_HIDDEN`` for a pid /proc hides), ``_UNKNOWN``
+    when it cannot be read or parsed.
     """
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    except (FileNotFoundError, ProcessLookupError):
+        data = proc.read(pid, "stat", 2048)
+    except (FileNotFoundError, ProcessLookupError):  # exited (also between open and read), or hidden
         return _HIDDEN if _hides_others() else _GONE
-    except OSError:  # hidepid, or /proc misbehaving: let psutil say what it can
+    except OSError:  # hidepid, or /proc misbehaving: let the details read say what it can
         return _UNKNOWN
-    try:
-        data = os.read(fd, 2048)
-    except ProcessLookupError:  # exited between open and read
+    stat = parse_stat(data)
+    if stat is None:  # not the format we know
+        return _UNKNOWN
+    if stat.state in (b"Z", b"X", b"x"):  # zombie or dead
         return _GONE
-    except OSError:
-        return _UNKNOWN
-    finally:
-        os.close(fd)
-    close = data.rfind(b")")  # the name may hold spaces and parentheses: it ends at the last ')'
-    fields = data[close + 2 :].split(None, 20) if close > 0 else []
-    if len(fields) < 20:  # not the format we know
-        return _UNKNOWN
-    if fields[0] in (b"Z", b"X", b"x"):  # zombie or dead
-        return _GONE
-    return fields, data[data.find(b"(") + 1 : close]
+    return stat
 
 
-def _stat_identity(pid: int) -> object:
+def _stat_identity(pid: int, proc: ProcReader = PROC) -> Identity:
     """(start time in clock ticks since boot, process name) from ``/proc/<pid>/stat``; a zombie is gone."""
-    stat = _read_stat(pid)
-    if stat is _GONE or stat is _UNKNOWN or stat is _HIDDEN:
-        return stat
-    fields, comm = stat
-    return (fields[19], comm)  # field 22, starttime; field 2, comm
+    stat = _read_stat(pid, proc)
+    return stat if isinstance(stat, _NoIdentity) else (stat.start, stat.name)
 
 
 def parent_of(pid: int) -> int | None:
@@ -209,8 +211,8 @@ def parent_of(pid: int) -> int | None:
     stat = _read_stat(pid) if _HAS_PROC else _UNKNOWN
     if stat is _GONE or stat is _HIDDEN:
         return None
-    if stat is not _UNKNOWN:
-        return int(stat[0][1])  # field 4, ppid
+    if isinstance(stat, Stat):
+        return stat.ppid
     try:
         import psutil
     except ImportError:
@@ -239,25 +241,9 @@ def _hides_others() -> bool:
     return found
 
 
-def _read_at_most(path: str, limit: int) -> bytes:
-    """At most ``limit`` bytes of ``path``, in as many reads as it takes (a /proc file's reads are
-    short); the cost is bounded by ``limit``, whatever the file holds.  Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = b""
-        while len(data) < limit:
-            chunk = os.read(fd, limit - len(data))
-            if not chunk:
-                break
-            data += chunk
-        return data
-    finally:
-        os.close(fd)
-
-
 def _mountinfo() -> list[str]:
     try:
-        data = _read_at_most("/proc/self/mountinfo", _MOUNTINFO_BYTES)
+        data = PROC.read(os.getpid(), "mountinfo", _MOUNTINFO_BYTES)
     except OSError:
         return []
     return data.decode(errors="replace").splitlines()
@@ -284,35 +270,29 @@ def _absent() -> ProcessDetails:
     return HIDDEN if _hides_others() else EXITED
 
 
-def _stat_age_s(identity: Any) -> float:
-    """Seconds since the process of a ``_stat_identity`` started (the same clock as the kernel's)."""
-    return time.clock_gettime(_BOOT_CLOCK) - int(identity[0]) / _TICKS_PER_S
-
-
-_BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", getattr(time, "CLOCK_MONOTONIC", 1))
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _psutil_identity(pid: int) -> object:
+def _psutil_identity(pid: int) -> Identity:
     """psutil's create time (macOS, Windows, the BSDs)."""
     try:
         import psutil
     except ImportError:
         return _UNKNOWN
     try:
-        return psutil.Process(pid).create_time()
+        return float(psutil.Process(pid).create_time())
     except psutil.NoSuchProcess:  # ZombieProcess is a NoSuchProcess
         return _GONE
     except Exception:  # AccessDenied, or anything odd: not known, so not cached
         return _UNKNOWN
 
 
-def _psutil_age_s(identity: Any) -> float:
-    return time.time() - float(identity)
+_DEFAULT_PROC: ProcReader | None = PROC if _HAS_PROC else None
 
 
 class PsutilProcessTable:
-    """Owners and commands from psutil, remembered per process.  Every failure becomes a missing field and a note.
+    """Owners and commands, remembered per process.  Every failure becomes a missing field and a note.
+
+    On Linux they are read from ``proc`` (the real ``/proc`` unless a test gives its own reader):
+    the real uid of ``status``, and at most ``CMDLINE_READ_BYTES`` of ``cmdline``; with
+    ``proc=None`` (macOS, Windows, the BSDs) psutil reads them.
 
     A lookup first reads the pid's identity (start time, and on Linux its name, which changes
     when it execs another program); a remembered answer is used only when the identity is the
@@ -332,8 +312,10 @@ class PsutilProcessTable:
         min_age_s: float = MIN_AGE_S,
         listing_trust_s: float = LISTING_TRUST_S,
         clock: Callable[[], float] = time.monotonic,
+        proc: ProcReader | None = _DEFAULT_PROC,
     ) -> None:
         self._max = max(1, max_processes)
+        self._proc = proc  # None: no /proc (macOS, Windows, the BSDs), psutil reads everything
         self._names = user_names or _UserNames()
         self._min_age_s = min_age_s
         self._trust_s = listing_trust_s
@@ -343,10 +325,6 @@ class PsutilProcessTable:
         self._known: OrderedDict[int, tuple[object, ProcessDetails, float]] = OrderedDict()
         # listing key -> (its last pids,): a new tuple at each store, so `is` tells another thread's store
         self._listings: dict[Hashable, tuple[frozenset[int]]] = {}
-        if _HAS_PROC:
-            self._identity, self._age_s = _stat_identity, _stat_age_s
-        else:
-            self._identity, self._age_s = _psutil_identity, _psutil_age_s
 
     def lookup(self, pid: int) -> ProcessDetails:
         identity = self._identity(pid)
@@ -408,13 +386,24 @@ class PsutilProcessTable:
     def current_user(self) -> str | None:
         return self._names.name(os.getuid())
 
-    def _worth_keeping(self, identity: object, details: ProcessDetails) -> bool:
+    def _identity(self, pid: int) -> Identity:
+        """What tells this pid's process from a later one with the same pid (see :data:`Identity`)."""
+        return _psutil_identity(pid) if self._proc is None else _stat_identity(pid, self._proc)
+
+    def _worth_keeping(self, identity: Identity, details: ProcessDetails) -> bool:
         """A complete answer (alive, owner and command read, no note) about a process past its start."""
-        if identity is _UNKNOWN or not details.alive or details.note is not None:
+        if isinstance(identity, _NoIdentity) or not details.alive or details.note is not None:
             return False
         if details.user is None or details.command is None:
             return False
         return self._min_age_s <= 0 or self._age_s(identity) >= self._min_age_s
+
+    def _age_s(self, identity: tuple[int, bytes] | float) -> float:
+        """Seconds since the process started, on the clock its identity was read with."""
+        if isinstance(identity, tuple):
+            proc = self._proc or PROC
+            return proc.since_boot_s() - identity[0] / proc.ticks_per_s()
+        return time.time() - identity
 
     def cache_size(self) -> int:
         """How many processes are remembered."""
@@ -425,19 +414,23 @@ class PsutilProcessTable:
             self._known.pop(pid, None)
 
     def _read(self, pid: int) -> ProcessDetails:
-        """The uncached look-up: psutil, or /proc where psutil is missing."""
+        """The uncached look-up: /proc where there is one, else psutil."""
+        if self._proc is not None:
+            return _proc_lookup(pid, self._names, self._proc)
         try:
             import psutil  # not at import: `import tfgpu_magic` stays light
         except ImportError:  # a declared dependency, but a bare GPU box may lack it
-            return _proc_lookup(pid, self._names)
+            return ProcessDetails(None, None, True, "neither psutil nor /proc is here to say whose it is")
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 user, user_note = _guarded_read(lambda: self._user_of(proc), psutil)
-                command, command_note = _guarded_read(lambda: _command_of(proc, psutil), psutil)
+                command, command_note = _guarded_read(
+                    lambda: bounded(" ".join(proc.cmdline()), MAX_COMMAND_CHARS) or proc.name(), psutil
+                )
         except psutil.ZombieProcess:
             return EXITED
-        except (psutil.NoSuchProcess, ProcessLookupError):  # not in /proc: exited, or hidden (hidepid)
+        except (psutil.NoSuchProcess, ProcessLookupError):  # exited, or hidden
             return _absent()
         except (
             Exception
@@ -445,37 +438,49 @@ class PsutilProcessTable:
             return ProcessDetails(None, None, True, _unreadable(err, psutil))
         if user_note == "exited" or command_note == "exited":
             return _absent()
-        note = user_note or command_note
-        return ProcessDetails(user, command, True, note)
+        return ProcessDetails(user, command, True, user_note or command_note)
 
-    def _user_of(self, proc: Any) -> str:
+    def _user_of(self, proc: psutil.Process) -> str:
         if hasattr(proc, "uids"):  # POSIX: the real uid, as psutil's username() reads it, named once per uid
             return self._names.name(proc.uids().real)
-        return proc.username()  # Windows
+        return str(proc.username())  # Windows
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # a lock held by another thread at fork is never released here
         self._names._after_fork()
 
 
-def _proc_lookup(pid: int, names: _UserNames | None = None) -> ProcessDetails:
-    """Owner and command from /proc, for machines without psutil (Linux only)."""
+def _proc_lookup(pid: int, names: _UserNames | None = None, proc: ProcReader = PROC) -> ProcessDetails:
+    """Owner and command from /proc (Linux), as psutil reads them: the real uid of ``status``, named,
+    and ``cmdline`` (at most ``CMDLINE_READ_BYTES`` read), else the name (a kernel thread has no
+    command line).  Each failure is a note on the process."""
     try:
-        uid = os.stat(f"/proc/{pid}").st_uid
-    except FileNotFoundError:
+        status = parse_status(proc.read(pid, "status", STATUS_BYTES))
+    except (FileNotFoundError, ProcessLookupError):  # exited, or hidden (hidepid)
         return _absent()
-    except OSError:
-        return ProcessDetails(None, None, True, "psutil is not installed and /proc cannot be read")
+    except Exception as err:  # not allowed to read (hidepid=1), or /proc misbehaving
+        return ProcessDetails(None, None, True, _unreadable(err))
+    if status.state in (b"Z", b"X", b"x"):  # exited since its identity was read: a zombie
+        return EXITED
+    if status.uids is None:
+        user, user_note = None, "its owner cannot be read (no Uid line in /proc)"
+    else:
+        uid = status.uids[0]
+        user, user_note = _guarded_read(lambda: (names or _USER_NAMES).name(uid))
     try:
-        command = _cmdline_text(*_read_cmdline(pid))
-    except OSError:
-        command = None
-    return ProcessDetails((names or _USER_NAMES).name(uid), command, True)
+        command = _cmdline_text(*_read_cmdline(pid, proc))
+    except (FileNotFoundError, ProcessLookupError):
+        return _absent()
+    except Exception as err:
+        return ProcessDetails(user, None, True, user_note or _unreadable(err))
+    if command is None and status.name is not None:
+        command = os.fsdecode(status.name) or None
+    return ProcessDetails(user, command, True, user_note)
 
 
-def _read_cmdline(pid: int) -> tuple[bytes, bool]:
+def _read_cmdline(pid: int, proc: ProcReader = PROC) -> tuple[bytes, bool]:
     """At most ``CMDLINE_READ_BYTES`` of ``/proc/<pid>/cmdline``, and whether it holds more."""
-    data = _read_at_most(f"/proc/{pid}/cmdline", CMDLINE_READ_BYTES + 1)  # one byte past says "more"
+    data = proc.read(pid, "cmdline", CMDLINE_READ_BYTES + 1)  # one byte past says "more"
     return data[:CMDLINE_READ_BYTES], len(data) > CMDLINE_READ_BYTES
 
 
@@ -487,32 +492,21 @@ def _cmdline_text(data: bytes, more: bool) -> str | None:
     return bounded(text, MAX_COMMAND_CHARS, cut=more) if text else None
 
 
-def _command_of(proc: Any, psutil: Any) -> str:
-    """A process's command line, read with a bounded cost on Linux; its name when it has none (a kernel thread)."""
-    if not _HAS_PROC:
-        return bounded(" ".join(proc.cmdline()), MAX_COMMAND_CHARS) or proc.name()
-    try:
-        command = _cmdline_text(*_read_cmdline(proc.pid))
-    except (FileNotFoundError, ProcessLookupError):
-        raise psutil.NoSuchProcess(proc.pid) from None
-    except PermissionError:
-        raise psutil.AccessDenied(proc.pid) from None
-    return command or proc.name()
-
-
-def _guarded_read(read: Callable[[], Any], psutil: Any) -> tuple[str | None, str | None]:
+def _guarded_read(read: Callable[[], str], psutil: ModuleType | None = None) -> tuple[str | None, str | None]:
+    """``read()``, or None and a note saying why not: one process's odd failure is a note on that
+    process, never a traceback."""
     try:
         return str(read()), None
-    except psutil.NoSuchProcess:
-        return None, "exited"
-    except KeyError:  # uid with no name: psutil cannot map it
-        return None, "owner has no user name on this machine"
-    except Exception as err:  # one process's odd failure is a note on that process, never a traceback
+    except Exception as err:
+        if psutil is not None and isinstance(err, psutil.NoSuchProcess):
+            return None, "exited"
+        if isinstance(err, KeyError):  # uid with no name: psutil cannot map it
+            return None, "owner has no user name on this machine"
         return None, _unreadable(err, psutil)
 
 
-def _unreadable(err: Exception, psutil: Any) -> str:
-    if isinstance(err, (psutil.AccessDenied, PermissionError)):
+def _unreadable(err: Exception, psutil: ModuleType | None = None) -> str:
+    if isinstance(err, PermissionError) or (psutil is not None and isinstance(err, psutil.AccessDenied)):
         return "owned by a user whose details this account may not read"
     reason = getattr(err, "strerror", None) or type(err).__name__
     return f"its details cannot be read ({safe(str(reason)[:60])})"

@@ -4,16 +4,144 @@ A process is named by its pid and its start time (field 22 of ``/proc/<pid>/stat
 since boot): a pid is reused, the pair is not.  Its uids come from ``/proc/<pid>/status`` (the
 directory's owner is root for a process that changed uid, so it is not used).  Linux only; no
 psutil, so the claim directory can be read in a few milliseconds.
+
+Every read goes through a :class:`ProcReader` (the real ``/proc`` unless one is given), the one
+place the process tables (this module's, and :class:`~tfgpu_magic.gpus.owners.PsutilProcessTable`)
+touch ``/proc``: a test passes its own to show them a process that exited, was reused, or refuses
+to be read.  What the files say is parsed here (:func:`parse_stat`, :func:`parse_status`), whoever read them.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["Process", "ProcessTable", "own_start"]
+__all__ = [
+    "PROC",
+    "Proc",
+    "ProcReader",
+    "Process",
+    "ProcessTable",
+    "Stat",
+    "Status",
+    "own_start",
+    "parse_stat",
+    "parse_status",
+]
 
-_PROC = "/proc"
+STAT_BYTES = 4096  # /proc/<pid>/stat: a few hundred bytes (the name is at most 16)
+STATUS_BYTES = 8192  # /proc/<pid>/status: about 1.5 KiB
+
+
+class ProcReader(Protocol):
+    """The reads of ``/proc`` the process tables make."""
+
+    def pids(self) -> set[int]:
+        """The pids ``/proc`` lists.  Raises OSError."""
+        ...
+
+    def read(self, pid: int, name: str, limit: int) -> bytes:
+        """At most ``limit`` bytes of ``/proc/<pid>/<name>``.  Raises OSError: FileNotFoundError or
+        ProcessLookupError when there is no such process (or ``/proc`` hides it)."""
+        ...
+
+    def since_boot_s(self) -> float:
+        """Seconds since boot: the clock of the start times in ``stat``."""
+        ...
+
+    def ticks_per_s(self) -> int:
+        """The unit of the start times in ``stat`` (``SC_CLK_TCK``)."""
+        ...
+
+
+_BOOT_CLOCK: int = getattr(time, "CLOCK_BOOTTIME", getattr(time, "CLOCK_MONOTONIC", 1))
+
+
+class Proc:
+    """The real ``/proc`` (or a ``proc`` file system mounted at ``root``)."""
+
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = root
+
+    def pids(self) -> set[int]:
+        return {int(name) for name in os.listdir(self.root) if name.isascii() and name.isdigit()}
+
+    def read(self, pid: int, name: str, limit: int) -> bytes:
+        # O_NOFOLLOW: a file of /proc/<pid>/ is never a link; reads until the end or the limit (a
+        # /proc file's reads may be short), so the cost is bounded whatever the file holds.
+        fd = os.open(f"{self.root}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            data = b""
+            while len(data) < limit:
+                chunk = os.read(fd, limit - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            return data
+        finally:
+            os.close(fd)
+
+    def since_boot_s(self) -> float:
+        return time.clock_gettime(_BOOT_CLOCK)
+
+    def ticks_per_s(self) -> int:
+        return os.sysconf("SC_CLK_TCK")
+
+
+PROC = Proc()
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of ``/proc/<pid>/stat`` the tables use."""
+
+    state: bytes  # field 3: R, S, D, Z (zombie), X (dead), ...
+    ppid: int  # field 4
+    start: int  # field 22: clock ticks since boot
+    name: bytes  # field 2, "comm" (at most 15 bytes, any bytes but NUL)
+
+
+def parse_stat(data: bytes) -> Stat | None:
+    """``/proc/<pid>/stat``'s fields; None for what is not that format."""
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so it ends at the last ')'.
+    opening, close = data.find(b"("), data.rfind(b")")
+    if opening < 0 or close < opening:
+        return None
+    fields = data[close + 1 :].split(None, 20)
+    if len(fields) < 20:
+        return None
+    try:
+        return Stat(fields[0], int(fields[1]), int(fields[19]), data[opening + 1 : close])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Status:
+    """The lines of ``/proc/<pid>/status`` the tables use; None where a line is missing or odd."""
+
+    name: bytes | None  # "Name:" (comm, escaped by the kernel)
+    state: bytes | None  # the letter of "State:"
+    uids: tuple[int, ...] | None  # "Uid:": real, effective, saved, file system
+
+
+def parse_status(data: bytes) -> Status:
+    name = state = None
+    uids: tuple[int, ...] | None = None
+    for line in data.splitlines():
+        key, _, value = line.partition(b":")
+        if key == b"Name":
+            name = value.strip()
+        elif key == b"State":
+            state = value.split()[0] if value.split() else None
+        elif key == b"Uid":
+            try:
+                uids = tuple(int(u) for u in value.split()[:4]) or None
+            except ValueError:
+                uids = None
+    return Status(name, state, uids)
 
 
 @dataclass(frozen=True)
@@ -23,53 +151,26 @@ class Process:
     uids: tuple[int, ...]  # real, effective, saved, file system
 
 
-def _read(path: str, limit: int = 4096) -> bytes | None:
+def _stat(proc: ProcReader, pid: int) -> Stat | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return parse_stat(proc.read(pid, "stat", STAT_BYTES))
     except OSError:
         return None
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
-def _start(pid: int) -> int | None:
-    text = _read(f"{_PROC}/{pid}/stat")
-    if not text:
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
-    fields = text[text.rfind(b")") + 1 :].split()
-    try:
-        return int(fields[19])  # field 22 of the whole line
-    except (IndexError, ValueError):
-        return None
-
-
-def _uids(pid: int) -> tuple[int, ...] | None:
-    text = _read(f"{_PROC}/{pid}/status", 8192)
-    for line in (text or b"").splitlines():
-        if line.startswith(b"Uid:"):
-            try:
-                return tuple(int(u) for u in line.split()[1:5])
-            except ValueError:
-                return None
-    return None
-
-
-def own_start() -> int:
+def own_start(proc: ProcReader = PROC) -> int:
     """This process's start time; 0 where ``/proc`` cannot tell (then no claim ever matches it)."""
-    return _start(os.getpid()) or 0
+    stat = _stat(proc, os.getpid())
+    return 0 if stat is None else stat.start
 
 
 class ProcessTable:
     """One look at the running processes; each pid's details are read once, when first asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, proc: ProcReader = PROC) -> None:
+        self._proc = proc
         try:
-            self._pids = {int(name) for name in os.listdir(_PROC) if name.isascii() and name.isdigit()}
+            self._pids = proc.pids()
         except OSError:
             self._pids = set()
         self._seen: dict[int, Process | None] = {}
@@ -85,9 +186,15 @@ class ProcessTable:
         if pid not in self._pids:
             return None
         if pid not in self._seen:
-            start, uids = _start(pid), _uids(pid)
-            self._seen[pid] = Process(pid, start, uids) if start is not None and uids else None
+            stat, uids = _stat(self._proc, pid), self._uids(pid)
+            self._seen[pid] = Process(pid, stat.start, uids) if stat is not None and uids else None
         return self._seen[pid]
+
+    def _uids(self, pid: int) -> tuple[int, ...] | None:
+        try:
+            return parse_status(self._proc.read(pid, "status", STATUS_BYTES)).uids
+        except OSError:
+            return None
 
     def is_alive(self, pid: int, start: int, uid: int) -> bool | None:
         """Whether process ``pid`` started at ``start`` runs now as ``uid``; None when /proc cannot say."""
