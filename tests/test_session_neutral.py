@@ -15,7 +15,16 @@ import pytest
 from tfgpu_magic.command import grammar
 from tfgpu_magic.command.plan import Plan, Resolution
 from tfgpu_magic.frameworks import adapters
-from tfgpu_magic.frameworks.base import Change, DeviceMemory, Framework, FreeReport, Host, Refusal, Stage
+from tfgpu_magic.frameworks.base import (
+    Change,
+    DeviceMemory,
+    Framework,
+    FreeReport,
+    Host,
+    Refusal,
+    ReportView,
+    Stage,
+)
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.kernel.session import Session, SessionError
 from tfgpu_magic.simulated import shared_server
@@ -46,6 +55,16 @@ class Made(WriteSideDefaults):
 
     def on_import(self, module: Any) -> None:
         self._called("on_import")
+
+    # Reporting's questions without a default (every adapter answers them for `%gpu status`)
+    def report(self, view: ReportView) -> dict[str, Any]:
+        return {"stage": self._stage.name.lower()}
+
+    def status_lines(self, entry: dict[str, Any]) -> list[str]:
+        return [f"{self.name}: {entry['stage']}"]
+
+    def scope_hint(self) -> tuple[str, str]:
+        return "madeup.device", "`import madeup`"
 
     def takes(self, command: Any) -> bool:
         return True

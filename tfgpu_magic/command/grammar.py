@@ -16,6 +16,7 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, TypeVar, overload
 
 __all__ = [
     "CELL_FORMS",
@@ -71,6 +72,8 @@ class Percent:
 
 
 Size = int | Percent  # an int is MiB
+Everything = Literal["all", "none"]  # `use all`, `use none`
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class Auto:
 # -- commands -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Use:
-    gpus: tuple[int, ...] | str | Auto  # NVML indices, "all", "none", or Auto
+    gpus: tuple[int, ...] | Everything | Auto  # NVML indices, "all", "none", or Auto
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,10 @@ _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b?|%)?", re.IGNORECASE | r
 _UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
+@overload
+def parse_size(text: str, verb: str = ..., *, percent: Literal[False]) -> int: ...
+@overload
+def parse_size(text: str, verb: str = ..., percent: bool = ...) -> Size: ...
 def parse_size(text: str, verb: str = "limit", percent: bool = True) -> Size:
     """``4096`` (MiB), ``512M``, ``4G``, ``1.5GiB``, ``50%`` -> MiB as int, or :class:`Percent`.
 
@@ -229,6 +236,10 @@ def parse_size(text: str, verb: str = "limit", percent: bool = True) -> Size:
         raise _fail(verb, str(refused)) from None
 
 
+@overload
+def _size(text: str, percent: Literal[False]) -> int: ...
+@overload
+def _size(text: str, percent: bool) -> Size: ...
 def _size(text: str, percent: bool) -> Size:
     match = _SIZE.fullmatch(text.strip())
     if not match:
@@ -272,6 +283,10 @@ def parse_duration(text: str, verb: str) -> float:
     return seconds
 
 
+@overload
+def _size_list(text: str, verb: str, percent: Literal[False]) -> tuple[int, ...]: ...
+@overload
+def _size_list(text: str, verb: str, percent: bool = ...) -> tuple[Size, ...]: ...
 def _size_list(text: str, verb: str, percent: bool = True) -> tuple[Size, ...]:
     parts = text.split(",")
     if any(not p.strip() for p in parts):
@@ -301,6 +316,14 @@ def _options(
             raise _fail(verb, f"{token} needs a value")
         found[name] = convert(value)
     return found
+
+
+def _given(found: dict[str, object], name: str, kind: type[T]) -> T | None:
+    """Option ``name`` as its converter made it (a ``kind``); None when it was not given."""
+    value = found.get(name)
+    if value is None or isinstance(value, kind):
+        return value
+    raise TypeError(f"--{name} converted to {type(value).__name__}, not {kind.__name__}")  # a bug
 
 
 def _no_more(verb: str, tokens: list[str]) -> None:
@@ -335,7 +358,7 @@ def _use(tokens: list[str]) -> Use:
     first, rest = tokens[0].lower(), tokens[1:]
     if first in ("all", "none"):
         _no_more("use", rest)
-        return Use(first)
+        return Use("all" if first == "all" else "none")
     if first == "auto" or first.startswith("auto:"):
         return Use(_auto(first, rest))
     _no_more("use", rest)
@@ -359,7 +382,7 @@ def _auto(first: str, rest: list[str]) -> Auto:
         if count > MAX_GPUS:
             raise _fail("use", f"{_shown(first)}: auto:N asks for at most {MAX_GPUS} GPUs")
     opts = _options("use", rest, _AUTO_OPTIONS)
-    return Auto(count, opts.get("min-free"), opts.get("wait"))  # type: ignore[arg-type]
+    return Auto(count, _given(opts, "min-free", int), _given(opts, "wait", float))
 
 
 def _on_off(verb: str, tokens: list[str]) -> bool:
@@ -447,10 +470,11 @@ def _monitor(tokens: list[str]) -> Monitor:
         _no_more("monitor", tokens[1:])
         return Monitor(off=True)
     opts = _options("monitor", tokens, _MONITOR_OPTIONS)
-    given = opts.get("interval")
+    given = _given(opts, "interval", float)
     # No --interval: the panel joins the running sampler at its interval; 0.5 s bounds the window.
-    interval = 0.5 if given is None else float(given)  # type: ignore[arg-type]
-    window = float(opts.get("window", 300.0))  # type: ignore[arg-type]
+    interval = 0.5 if given is None else given
+    window = _given(opts, "window", float)
+    window = 300.0 if window is None else window
     if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
         raise _fail("monitor", f"--interval must be {MIN_INTERVAL_S:g} s to {MAX_INTERVAL_S:g} s")
     if not (MIN_WINDOW_S <= window <= MAX_WINDOW_S and interval * MIN_SAMPLES_SHOWN <= window):
@@ -743,7 +767,10 @@ def parse(line: str) -> Command:
     verb = _LINE_VERBS.get(word)
     if verb is None:
         raise GrammarError(f"unknown subcommand {_shown(tokens[0])}; {usage()}")
-    return verb.parse(tokens[1:])  # type: ignore[return-value]
+    command = verb.parse(tokens[1:])
+    if not isinstance(command, Command):  # a line verb's parser returns its command: a bug otherwise
+        raise TypeError(f"%gpu {word} parsed to {type(command).__name__}, not a command")
+    return command
 
 
 def _first_verb(line: str) -> str | None:
@@ -752,12 +779,12 @@ def _first_verb(line: str) -> str | None:
     return words[0].lower() if words and words[0].lower() in _LINE_VERBS else None
 
 
-def parse_cell(line: str) -> dict[str, object]:
+def parse_cell(line: str) -> dict[str, int]:
     """The words of a ``%%gpu`` line, in any order, each once: ``{"budget": bytes, "on": gpu}``."""
     tokens = split_line(line)
     if not tokens:
         raise GrammarError(f"`%%gpu` needs `budget SIZE` or `on GPU`; {cell_usage()}")
-    found: dict[str, object] = {}
+    found: dict[str, int] = {}
     while tokens:
         word, tokens = tokens[0].lower(), tokens[1:]
         verb = _CELL_VERBS.get(word)
@@ -765,7 +792,10 @@ def parse_cell(line: str) -> dict[str, object]:
             raise GrammarError(f"unknown cell subcommand {_shown(word)}; {cell_usage()}")
         if word in found:
             raise GrammarError(f"`{word}` given twice; {cell_usage()}")
-        found[word] = verb.parse(tokens[:1])  # each word takes one value
+        value = verb.parse(tokens[:1])  # each word takes one value
+        if not isinstance(value, int):  # a cell word's parser returns a number: a bug otherwise
+            raise TypeError(f"%%gpu {word} parsed to {type(value).__name__}, not a number")
+        found[word] = value
         tokens = tokens[1:]
     return found
 

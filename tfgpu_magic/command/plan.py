@@ -36,7 +36,9 @@ class PlanError(ValueError):
     """A request that contradicts itself or the machine; the message says how to resolve it."""
 
 
-Visible = tuple[int, ...] | str | None  # nvidia-smi indices, "all", "none", or None (not asked)
+Visible = (
+    tuple[int, ...] | grammar.Everything | None
+)  # nvidia-smi indices, "all", "none", or None (not asked)
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ def _visible(plan: Plan, facts: MachineFacts) -> tuple[int, ...] | None:
             if facts.allocated is not None
             else (None if facts.count is None else tuple(range(facts.count)))
         )
-    if plan.visible == "all":
+    if not isinstance(plan.visible, tuple):  # "all"
         return (
             allowed
             if facts.cuda_found is None or allowed is None

@@ -119,8 +119,15 @@ class Host(Protocol):
     """The kernel's side of a setting, as an adapter sees it (the machine implements it): the
     environment its framework reads at start-up, and CUDA's numbering."""
 
-    env: Mapping[str, str]
-    inherited: Mapping[str, str | None]  # the managed variables as the kernel inherited them
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The kernel's environment (read here; set through ``set_env``)."""
+        ...
+
+    @property
+    def inherited(self) -> Mapping[str, str | None]:
+        """The managed variables as the kernel inherited them."""
+        ...
 
     def set_env(self, name: str, value: str | None) -> None:
         """Set (None: remove) a variable the framework reads, remembering it was set for it."""
@@ -220,16 +227,113 @@ class PeakWindow(Protocol):
     def close(self) -> None: ...
 
 
+class Reporting(Protocol):
+    """What ``%gpu status``, the out-of-memory explanation and ``%%gpu on`` ask of each adapter.
+
+    Every method is handed a :class:`ReportView` (or the adapter's own report entry), never the
+    session: the kernel loops over its adapters and names none of them.
+    """
+
+    key: str
+    name: str
+
+    def report(self, view: ReportView) -> dict[str, Any]:
+        """Its entry under ``frameworks`` in ``%gpu status --json`` (keys are added, never renamed)."""
+        ...
+
+    def report_keys(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Top-level keys of the report it has always had (scripts read them there); {} for most."""
+        ...
+
+    def status_lines(self, entry: dict[str, Any]) -> list[str]:
+        """Its lines of ``%gpu status`` (text and card alike): ``"Name:       value"`` then
+        ``"  continuation"`` lines; none while it is not imported."""
+        ...
+
+    def in_force_lines(self, view: ReportView) -> list[str] | None:
+        """What it runs with for ``In force``; None where the environment it will read says it
+        (said once for every framework)."""
+        ...
+
+    def in_force_notes(self, view: ReportView) -> list[str]:
+        """Lines of ``In force`` after the GPU settings (a precision policy)."""
+        ...
+
+    def listed_gpus(self, view: ReportView) -> list[int] | None:
+        """nvidia-smi indices it listed and uses (None: it has not listed them itself)."""
+        ...
+
+    def gpu_shares(self, view: ReportView) -> dict[int, GpuShare]:
+        """Its part of each GPU (by nvidia-smi index) it knows of."""
+        ...
+
+    def gpu_keys(self, share: GpuShare | None) -> dict[str, Any]:
+        """Its own keys in every GPU's entry of the report (kept for scripts; new adapters have none)."""
+        ...
+
+    def started_gpus(self, view: ReportView) -> tuple[int, ...] | None:
+        """nvidia-smi indices it started with where it can no longer change them; None: it can."""
+        ...
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        """Whether ``error``, of its ``oom_error_type()``, is about memory (JAX's covers every failure)."""
+        ...
+
+    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts | None:
+        """What its out-of-memory ``error`` says (None: not an error of its own)."""
+        ...
+
+    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
+        """For ``%%gpu on``: the GPUs it sees (nvidia-smi numbers; None: none it could run on,
+        not imported or not started) and, when ``gpu`` is among them, its scope for a cell there."""
+        ...
+
+    def scope_hint(self) -> tuple[str, str]:
+        """Its scope for a ``%%gpu on`` cell, and what makes it usable: ("tf.device", "`import tensorflow as tf`")."""
+        ...
+
+    def in_use(self) -> bool:
+        """Whether the notebook uses it (imported; JAX: started, as TensorFlow imports jax itself)."""
+        ...
+
+    def attach(self) -> None:
+        """Take the framework from ``sys.modules`` when the caller knows its import has finished."""
+        ...
+
+    def device_label(self, device: str, view: ReportView) -> str:
+        """One of its devices as ``%gpu`` names it: ``GPU 1 (PyTorch cuda:0)``, nvidia-smi's number first."""
+        ...
+
+    def measurement_problem(self, view: ReportView) -> str | None:
+        """Why a cell's peak cannot be measured on it although it started (None: it can, or it has not started)."""
+        ...
+
+    def keep_statistics(self, view: ReportView, alone: bool) -> str | None:
+        """Before a measured cell: make its allocator keep statistics if it can; what it did, to say
+        (None: nothing).  ``alone``: no other framework is in use."""
+        ...
+
+
 @runtime_checkable
-class Framework(Protocol):
+class Framework(Reporting, Protocol):
     """What the kernel asks of each framework's adapter.  An adapter never imports its
     framework: ``on_import`` hands it the module once the user's import has finished."""
 
     key: str  # "tensorflow", "pytorch", "jax": its key in `%gpu status --json` and `Session.applied`
     name: str  # as shown: "TensorFlow", "PyTorch", "JAX"
     module: str  # what the user imports: "tensorflow", "torch", "jax"
-    start_variables: tuple[str, ...]  # the environment variables it reads as it starts (CUDA's aside)
-    managed_variables: tuple[str, ...]  # those tfgpu_magic may set for it
+
+    # (read-only: an adapter's own tuple type, of its length, is one of these)
+    @property
+    def start_variables(self) -> tuple[str, ...]:
+        """The environment variables it reads as it starts (CUDA's aside)."""
+        ...
+
+    @property
+    def managed_variables(self) -> tuple[str, ...]:
+        """Those tfgpu_magic may set for it."""
+        ...
+
     environ: Mapping[str, str]  # where it reads them (the machine's environment)
     cuda_record: CudaRecord | None  # the kernel's one record of CUDA's start
     takes_effect: str  # when a setting reaches it once imported: "when it starts CUDA", ...
@@ -320,7 +424,10 @@ class Framework(Protocol):
     def oom_error_type(self) -> type | None: ...
 
     # -- figures for the panel and the trace --
-    charted_figures: tuple[ChartedFigure, ...]  # what the panel draws of device_memory(), in order
+    @property
+    def charted_figures(self) -> tuple[ChartedFigure, ...]:
+        """What the panel draws of device_memory(), in order."""
+        ...
 
     def figures_absent(self) -> str | None:
         """Imported or started, why this build keeps no allocator figures to chart (a short phrase,
@@ -481,7 +588,8 @@ class ReportView:
     where an adapter says a reading that failed (a note, never a broken ``%gpu``)."""
 
     cuda_map: tuple[int, ...] = ()  # CUDA device k -> nvidia-smi index, as CUDA numbered them
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the kernel's environment now
+    # The kernel's environment now: the live one (keep_statistics may set a variable there).
+    env: MutableMapping[str, str] = dataclasses.field(default_factory=dict)
     cuda_env: Mapping[str, str | None] = dataclasses.field(
         default_factory=dict
     )  # as CUDA read them (or will)
@@ -529,93 +637,6 @@ def environment_line(label: str, env: Mapping[str, str | None]) -> list[str]:
     return [f"{label}: " + ", ".join(shown)] if shown else []
 
 
-class Reporting(Protocol):
-    """What ``%gpu status``, the out-of-memory explanation and ``%%gpu on`` ask of each adapter.
-
-    Every method is handed a :class:`ReportView` (or the adapter's own report entry), never the
-    session: the kernel loops over its adapters and names none of them.
-    """
-
-    key: str
-    name: str
-
-    def report(self, view: ReportView) -> dict[str, Any]:
-        """Its entry under ``frameworks`` in ``%gpu status --json`` (keys are added, never renamed)."""
-        ...
-
-    def report_keys(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Top-level keys of the report it has always had (scripts read them there); {} for most."""
-        ...
-
-    def status_lines(self, entry: dict[str, Any]) -> list[str]:
-        """Its lines of ``%gpu status`` (text and card alike): ``"Name:       value"`` then
-        ``"  continuation"`` lines; none while it is not imported."""
-        ...
-
-    def in_force(self, view: ReportView) -> list[str] | None:
-        """What it runs with for ``In force``; None where the environment it will read says it
-        (said once for every framework)."""
-        ...
-
-    def in_force_notes(self, view: ReportView) -> list[str]:
-        """Lines of ``In force`` after the GPU settings (a precision policy)."""
-        ...
-
-    def listed_gpus(self, view: ReportView) -> list[int] | None:
-        """nvidia-smi indices it listed and uses (None: it has not listed them itself)."""
-        ...
-
-    def gpu_shares(self, view: ReportView) -> dict[int, GpuShare]:
-        """Its part of each GPU (by nvidia-smi index) it knows of."""
-        ...
-
-    def gpu_keys(self, share: GpuShare | None) -> dict[str, Any]:
-        """Its own keys in every GPU's entry of the report (kept for scripts; new adapters have none)."""
-        ...
-
-    def started_gpus(self, view: ReportView) -> tuple[int, ...] | None:
-        """nvidia-smi indices it started with where it can no longer change them; None: it can."""
-        ...
-
-    def is_out_of_memory(self, error: BaseException) -> bool:
-        """Whether ``error``, of its ``oom_error_type()``, is about memory (JAX's covers every failure)."""
-        ...
-
-    def oom_facts(self, error: BaseException, view: ReportView) -> OomFacts | None:
-        """What its out-of-memory ``error`` says (None: not an error of its own)."""
-        ...
-
-    def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
-        """For ``%%gpu on``: the GPUs it sees (nvidia-smi numbers; None: none it could run on,
-        not imported or not started) and, when ``gpu`` is among them, its scope for a cell there."""
-        ...
-
-    def scope_hint(self) -> tuple[str, str]:
-        """Its scope for a ``%%gpu on`` cell, and what makes it usable: ("tf.device", "`import tensorflow as tf`")."""
-        ...
-
-    def in_use(self) -> bool:
-        """Whether the notebook uses it (imported; JAX: started, as TensorFlow imports jax itself)."""
-        ...
-
-    def attach(self) -> None:
-        """Take the framework from ``sys.modules`` when the caller knows its import has finished."""
-        ...
-
-    def device_label(self, device: str, view: ReportView) -> str:
-        """One of its devices as ``%gpu`` names it: ``GPU 1 (PyTorch cuda:0)``, nvidia-smi's number first."""
-        ...
-
-    def measurement_problem(self, view: ReportView) -> str | None:
-        """Why a cell's peak cannot be measured on it although it started (None: it can, or it has not started)."""
-        ...
-
-    def keep_statistics(self, view: ReportView, alone: bool) -> str | None:
-        """Before a measured cell: make its allocator keep statistics if it can; what it did, to say
-        (None: nothing).  ``alone``: no other framework is in use."""
-        ...
-
-
 class ReportingDefaults:
     """:class:`Reporting`'s answers for a framework with nothing of its own to say there: no
     top-level keys, no ``In force`` lines, no listing, no per-GPU part, nothing frozen, no
@@ -651,21 +672,21 @@ class ReportingDefaults:
     def gpu_scope(self, gpu: int, view: ReportView) -> tuple[list[int] | None, Any]:
         return None, None
 
-    def in_use(self) -> bool:
-        return self.stage() is not Stage.NOT_IMPORTED  # type: ignore[attr-defined]
+    def in_use(self: Framework) -> bool:
+        return self.stage() is not Stage.NOT_IMPORTED
 
-    def attach(self) -> None:
+    def attach(self: Framework) -> None:
         """Take the framework from ``sys.modules`` when the caller knows its import has finished
         (code on the user's thread after the import, without ``%load_ext``)."""
         import sys
 
-        module = sys.modules.get(self.module)  # type: ignore[attr-defined]
-        if module is not None and self.stage() is Stage.NOT_IMPORTED:  # type: ignore[attr-defined]
-            self.on_import(module)  # type: ignore[attr-defined]
+        module = sys.modules.get(self.module)
+        if module is not None and self.stage() is Stage.NOT_IMPORTED:
+            self.on_import(module)
 
-    def device_label(self, device: str, view: ReportView) -> str:
+    def device_label(self: Framework, device: str, view: ReportView) -> str:
         """``GPU 1 (PyTorch cuda:0)`` for its CUDA device ``cuda:0`` (or ``gpu:0``); its name alone unmapped."""
-        named = f"{self.name} {device}"  # type: ignore[attr-defined]
+        named = f"{self.name} {device}"
         try:
             return f"GPU {view.cuda_map[int(device.rsplit(':', 1)[1])]} ({named})"
         except (IndexError, ValueError):
@@ -678,15 +699,15 @@ class ReportingDefaults:
         return None
 
     # The trace, for a framework whose allocator keeps its figures whatever the environment.
-    def trace_label(self, device: str, gpu: int | None) -> str:
+    def trace_label(self: Framework, device: str, gpu: int | None) -> str:
         """``GPU 1 (PyTorch cuda:0)``: nvidia-smi's number first, its own name after."""
-        name = self.name  # type: ignore[attr-defined]
+        name = self.name
         return f"{name} {device}" if gpu is None else f"GPU {gpu} ({name} {device})"
 
-    def trace_absent(self) -> str | None:
+    def trace_absent(self: Framework) -> str | None:
         """Started without figures (the panel's note says why): nothing of it to trace."""
-        why = self.figures_absent()  # type: ignore[attr-defined]
-        return None if why is None else f"{self.name}: no allocator figures {why}; nothing of it to trace"  # type: ignore[attr-defined]
+        why = self.figures_absent()
+        return None if why is None else f"{self.name}: no allocator figures {why}; nothing of it to trace"
 
     def trace_ready(
         self, env: MutableMapping[str, str], visible: Callable[[], list[int] | None]

@@ -13,6 +13,7 @@ JAX itself read, not a copy of its rules.  After the start, nothing changes JAX'
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -281,10 +282,10 @@ class Jax(ReportingDefaults):
             wanted = ALLOCATOR_NAMES[command.name] or "default"
             return start.allocator != wanted, f"the {start.allocator} allocator"
         if isinstance(command, grammar.Limit):
-            wanted = fraction_for(resolution)
+            fraction = fraction_for(resolution)
             now = start.memory_fraction
             in_effect = JAX_DEFAULT_FRACTION if now is None else now
-            same = abs((JAX_DEFAULT_FRACTION if wanted is None else float(wanted)) - in_effect) < 1e-3
+            same = abs((JAX_DEFAULT_FRACTION if fraction is None else float(fraction)) - in_effect) < 1e-3
             shown = "its default memory fraction (0.75)" if now is None else f"a memory fraction of {now:g}"
             return not same, shown
         value = start.cuda_visible_devices
@@ -738,7 +739,7 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) 
                 except Exception:  # recording must never break JAX
                     pass
 
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    functools.update_wrapper(wrapper, original, assigned=(), updated=())  # __wrapped__ only
     setattr(owner, name, wrapper)
 
 
@@ -746,16 +747,32 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) 
 FRACTION_STEP = 0.0001  # the fractions given to JAX are multiples of this
 
 
+@dataclass(frozen=True)
+class _Cap:
+    index: int  # nvidia-smi's
+    cap_mib: int
+    total_mib: int
+
+
+def _caps(resolution: Resolution) -> list[_Cap]:
+    """The GPUs with a cap and a known total."""
+    return [
+        _Cap(g.index, g.cap_mib, g.total_mib)
+        for g in resolution.gpus
+        if g.cap_mib is not None and g.total_mib
+    ]
+
+
 def fraction_for(resolution: Resolution) -> str | None:
     """JAX's one memory fraction for the request's caps (rounded down: JAX never exceeds a cap);
     None without a cap, or where the caps are different fractions (see limit_problem)."""
     limits = resolution.plan.limits or ()
-    capped = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    capped = _caps(resolution)
     if len(limits) == 1 and isinstance(limits[0], grammar.Percent):  # JAX's fraction exactly, above the step,
         percent = limits[0].value  # unless the kernel's limit was divided (its part is then a smaller one)
-        if all(g.cap_mib == max(1, int(g.total_mib * percent / 100)) for g in capped):  # type: ignore[operator]
+        if all(g.cap_mib == max(1, int(g.total_mib * percent / 100)) for g in capped):
             return f"{max(percent / 100, FRACTION_STEP):g}"
-    fractions = [g.cap_mib / g.total_mib for g in capped]  # type: ignore[operator]
+    fractions = [g.cap_mib / g.total_mib for g in capped]
     # Sizes in MiB: the same share of two GPUs can differ in the fourth decimal, no more.
     if not fractions or max(fractions) - min(fractions) > 0.001:
         return None
@@ -766,7 +783,7 @@ def fraction_for(resolution: Resolution) -> str | None:
 
 def rounded_up_note(resolution: Resolution) -> str | None:
     """The note for caps below JAX's smallest fraction step (which JAX gets instead), or None."""
-    caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    caps = _caps(resolution)
     fraction = fraction_for(resolution)
     if not caps or fraction is None or any(g.cap_mib / g.total_mib >= FRACTION_STEP for g in caps):
         return None
@@ -778,7 +795,7 @@ def rounded_up_note(resolution: Resolution) -> str | None:
 
 def limit_problem(resolution: Resolution) -> str | None:
     """Why JAX cannot be given these caps: it takes one fraction of total memory for all its GPUs."""
-    caps = [g for g in resolution.gpus if g.cap_mib is not None and g.total_mib]
+    caps = _caps(resolution)
     if not caps or fraction_for(resolution) is not None:
         return None
     shown = ", ".join(f"{g.cap_mib / g.total_mib:.0%} of GPU {g.index}" for g in caps)

@@ -551,9 +551,9 @@ class PyTorch(ReportingDefaults):
         memory = self.device_memory().get(device)
         figures = "no figures (CUDA has not started)"
         if memory is not None:
-            figures = (
-                f"{format_size(memory.in_use_bytes)} in use, {format_size(memory.reserved_bytes)} reserved"
-            )
+            figures = f"{format_size(memory.in_use_bytes)} in use"
+            if memory.reserved_bytes is not None:  # PyTorch's reading has it; DeviceMemory's may not
+                figures += f", {format_size(memory.reserved_bytes)} reserved"
         gpu = view.cuda_map[cuda_index] if cuda_index < len(view.cuda_map) else None
         if gpu is None:
             limit = "unknown (the GPU could not be mapped to nvidia-smi's numbering)"

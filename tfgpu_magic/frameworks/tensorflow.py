@@ -16,6 +16,7 @@ what the environment says now.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import re
@@ -621,9 +622,10 @@ class TensorFlow:
     def clear_session(self) -> bool:
         """Keras ``clear_session`` (if Keras is imported) and ``gc.collect``; True if Keras was cleared."""
         keras = sys.modules.get("keras")
-        cleared = keras is not None and hasattr(keras, "utils")
-        if cleared:
+        cleared = False
+        if keras is not None and hasattr(keras, "utils"):
             keras.utils.clear_session()
+            cleared = True
         gc.collect()
         return cleared
 
@@ -985,7 +987,7 @@ class TensorFlow:
         env = view.env
         if env.get(CPU_STATS_ENV, "").lower() == "true":
             return None
-        env[CPU_STATS_ENV] = "true"  # type: ignore[index]  # the kernel's environment (the process's)
+        env[CPU_STATS_ENV] = "true"  # the kernel's environment (the process's)
         return (
             f"no GPU will be visible, so {CPU_STATS_ENV}=true is now set for {self.name}'s CPU allocator "
             "to keep the statistics a budget needs"
@@ -1089,7 +1091,7 @@ def _one_shot(owner: Any, name: str, note: Callable[[], None], done: Callable[[A
             if done(self) and owner.__dict__.get(name) is wrapper:
                 setattr(owner, name, original)
 
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    functools.update_wrapper(wrapper, original, assigned=(), updated=())  # __wrapped__ only
     setattr(owner, name, wrapper)
 
 
@@ -1104,7 +1106,7 @@ def _watch_device_lib(tf: TensorFlow) -> None:
             return original(*args, **kwargs)
 
         if getattr(original, "__name__", "") == "list_local_devices" and not hasattr(original, "__wrapped__"):
-            list_local_devices.__wrapped__ = original  # type: ignore[attr-defined]
+            functools.update_wrapper(list_local_devices, original, assigned=(), updated=())  # __wrapped__
             module.list_local_devices = list_local_devices
 
     run_after_import("tensorflow.python.client.device_lib", wrap)

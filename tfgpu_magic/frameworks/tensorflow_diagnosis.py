@@ -46,9 +46,9 @@ class NoGpuDiagnosis:
         """One of ``cpu_build``, ``driver_too_old``, ``cuda_libraries_missing``, ``unknown``."""
         if self.cuda_build is False:
             return "cpu_build"
-        if self.cuda_build and _major(self.built_cuda) and _major(self.driver_cuda):
-            if _major(self.built_cuda) > _major(self.driver_cuda):  # type: ignore[operator]
-                return "driver_too_old"
+        built, driver = _major(self.built_cuda), _major(self.driver_cuda)
+        if self.cuda_build and built and driver and built > driver:
+            return "driver_too_old"
         if self.cuda_build and self.missing_wheels:
             return "cuda_libraries_missing"
         return "unknown"

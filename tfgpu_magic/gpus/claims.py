@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 from ..safe_text import safe
 from .process_table import ProcessTable, own_start
@@ -216,6 +216,10 @@ def _unsafe(info: os.stat_result, directory: str) -> str | None:
     return None
 
 
+@overload
+def _open_dir(directory: str, create: Literal[True], notes: list[str] | None = None) -> int: ...
+@overload
+def _open_dir(directory: str, create: bool, notes: list[str] | None = None) -> int | None: ...
 def _open_dir(directory: str, create: bool, notes: list[str] | None = None) -> int | None:
     """A descriptor on the claim directory, checked; every later step works relative to it.
 
@@ -475,7 +479,7 @@ def _stale_new_files(dfd: int, names: list[str], uid: int, table: ProcessTable) 
     return stale
 
 
-def _ours_alive(table: ProcessTable, match: re.Match, uid: int) -> bool:
+def _ours_alive(table: ProcessTable, match: re.Match[str], uid: int) -> bool:
     return table.is_alive(int(match["pid"]), int(match["start"]), uid) is not False
 
 
@@ -744,7 +748,9 @@ def _entry(
     return _Entry(name, Holder(pid, _user(named), since, False, uid=named), ctime)
 
 
-def _probe(dfd: int, name: str, info: os.stat_result, safe: str, shown: str, notes: list[str]):
+def _probe(
+    dfd: int, name: str, info: os.stat_result, safe: str, shown: str, notes: list[str]
+) -> Literal["free"] | tuple[float, float] | None:
     """ "free" if nobody holds ``name``'s lock, (ctime, mtime) if someone does, None to skip it."""
     try:
         fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=dfd)

@@ -204,7 +204,7 @@ class Nvml:
         self._count = 0
         self.count_note: str | None = None  # why the device count was capped, if it was
         self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total"|"pci"|"cc": value}
-        self._system: dict[str, Any] = {}  # facts of the driver itself: {"cuda_driver": "12.8"}
+        self._system: dict[str, str | None] = {}  # facts of the driver itself: {"cuda_driver": "12.8"}
 
     # -- start and stop -------------------------------------------------------------------
     def _ensure_started(self) -> Any:
@@ -343,7 +343,7 @@ class Nvml:
         return self._fact(index, "total", MEMORY, _total_bytes)
 
     def _fact(self, index: int, key: str, reading: str, read: Callable[[Any, Any], T]) -> T | None:
-        value = self._static.get(index, {}).get(key)
+        value: T | None = self._static.get(index, {}).get(key)  # what `read` found before, or None
         if value is not None:
             return value
         lib = self._ensure_started()
@@ -527,7 +527,7 @@ class Nvml:
         except Exception as err:
             raise self._failed(index, reading, err) from err
 
-    def _failed(self, index: int, reading: str, err: Exception) -> Exception:
+    def _failed(self, index: int, reading: str, err: Exception) -> GpuLost | ReadingFailed:
         lib = self._lib
         nvml_error = _is_nvml_error(lib, err)
         reason = _reason(err, nvml_error)
@@ -643,8 +643,9 @@ def _reason(err: BaseException, nvml_error: bool) -> str:
     return f"{name}: {text}" if text else name
 
 
-def _code(err: Exception) -> int | None:
-    return getattr(err, "value", None)
+def _code(err: BaseException) -> int | None:
+    code = getattr(err, "value", None)  # pynvml's NVMLError.value
+    return code if isinstance(code, int) else None
 
 
 def _lost_codes(lib: Any) -> tuple[int, ...]:

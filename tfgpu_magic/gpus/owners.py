@@ -462,6 +462,8 @@ def _proc_lookup(pid: int, names: _UserNames | None = None, proc: ProcReader = P
         return ProcessDetails(None, None, True, _unreadable(err))
     if status.state in (b"Z", b"X", b"x"):  # exited since its identity was read: a zombie
         return EXITED
+    user: str | None
+    user_note: str | None
     if status.uids is None:
         user, user_note = None, "its owner cannot be read (no Uid line in /proc)"
     else:

@@ -54,7 +54,7 @@ class CellCommand:
 def parse_cell_line(line: str) -> CellCommand:
     """``budget 2G``, ``on 1``, or both, in any order; raises GrammarError naming the forms."""
     found = grammar.parse_cell(line)
-    return CellCommand(found.get("budget"), found.get("on"))  # type: ignore[arg-type]
+    return CellCommand(found.get("budget"), found.get("on"))
 
 
 # -- running --------------------------------------------------------------------------------------

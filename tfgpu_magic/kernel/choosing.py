@@ -169,11 +169,12 @@ def _try_once(
             held_before = claims.held()
             taken: list[GpuInfo] = []
             for gpu in look.ready:
-                if len(taken) < auto.count and claims.claim(gpu.uuid):  # _why_not: the uuid is known
+                # _why_not: a ready GPU's uuid is known
+                if len(taken) < auto.count and gpu.uuid is not None and claims.claim(gpu.uuid):
                     taken.append(gpu)
             if len(taken) < auto.count:  # a process outside the protocol holds the lock file
                 for gpu in taken:
-                    if gpu.uuid not in held_before:
+                    if gpu.uuid is not None and gpu.uuid not in held_before:
                         claims.release(gpu.uuid)
                 return None, look
             return (tuple(sorted(g.index for g in taken)), _reason(auto, taken, look)), look

@@ -201,7 +201,10 @@ class Machine:
             return self.unmanaged_value("CUDA_VISIBLE_DEVICES") if plan.visible is None else None
         if plan.visible == "all" and resolution.visible is None:
             return allocation.raw  # the allocation as the environment wrote it
-        gpus = resolution.visible if resolution.visible is not None else tuple(sorted(plan.visible))  # type: ignore[arg-type]
+        if resolution.visible is not None:
+            gpus = resolution.visible
+        else:  # unresolved: the GPUs as asked ("all" and "none" are resolved, or returned above)
+            gpus = tuple(sorted(plan.visible)) if isinstance(plan.visible, tuple) else ()
         if allocation.restricted and allocation.gpus is not None:
             return allocation.env_value(gpus)
         return numbering.visible_env_value(gpus)
@@ -230,7 +233,8 @@ class Machine:
         totals = self.totals_mib()
         for index in {m.gpu for m in allocation.mig}:  # a MIG instance's memory, not its GPU's
             sizes = [m.total_bytes for m in allocation.instances_on(index)]
-            totals[index] = None if None in sizes else min(sizes) // MIB  # type: ignore[type-var]
+            known = [size for size in sizes if size is not None]
+            totals[index] = None if len(known) < len(sizes) else min(known) // MIB
         return MachineFacts(
             count=count,
             totals_mib=totals,

@@ -189,7 +189,9 @@ def use(session: Session, command: Any, progress: Any = print) -> str:
 def _planned(session: Session, command: Any) -> Any:
     """The command as the session planned it (``use auto`` became GPU numbers)."""
     if isinstance(command, grammar.Use) and isinstance(command.gpus, grammar.Auto):
-        return grammar.Use(session.requested.visible)  # type: ignore[arg-type]
+        visible = session.requested.visible
+        if visible is not None:  # the GPUs `use auto` chose
+            return grammar.Use(visible)
     return command
 
 

@@ -183,9 +183,8 @@ class _Stored:
     def pack(cls, sample: Sample, previous: _Stored | None) -> _Stored:
         devices = sample.devices
         layout = tuple(map(_layout_of, devices))
-        errors: tuple | None = tuple(d.error for d in devices)
-        if not any(errors):
-            errors = None
+        found = tuple(d.error for d in devices)
+        errors: tuple[str | None, ...] | None = found if any(found) else None
         status = sample.status
         figures, figures_at = (sample.series, sample.figure_notes), sample.figures_read_at
         if previous is not None:  # share what did not change (equal strings, one copy)
@@ -210,10 +209,10 @@ class _Stored:
         devices = []
         at = 0
         for i, (key, label, charted) in enumerate(self.layout):
-            readings, figures = values[at : at + n], values[at + n : at + n + len(charted)]
+            readings, values_charted = values[at : at + n], values[at + n : at + n + len(charted)]
             at += n + len(charted)
             figures = tuple(
-                (framework, name, v) for (framework, name), v in zip(charted, figures, strict=False)
+                (framework, name, v) for (framework, name), v in zip(charted, values_charted, strict=False)
             )
             devices.append(
                 DeviceSample(
@@ -482,6 +481,7 @@ class Sampler:
     ) -> DeviceSample:
         key, label = self._names.get(index) or self._name(index)
         older = _wire_fields(figures, wire)
+        note: str | None
         try:
             memory = self.nvml.memory(index)
         except GpuLost as err:
@@ -528,10 +528,13 @@ class Sampler:
             self._listings.pop(index, None)
             return None, f"GPU {index}: process list failed ({err})"
         held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
-        if any(b is None for b in held):
+        known = [b for b in held if b is not None]
+        mine: int | None
+        note: str | None
+        if len(known) < len(held):
             mine, note = None, f"GPU {index}: NVML cannot say how much this kernel holds"
         else:
-            mine, note = sum(held), None  # not listed: this kernel holds nothing there, a true 0
+            mine, note = sum(known), None  # not listed: this kernel holds nothing there, a true 0
         self._listings[index] = (now, used, mine, note)
         return mine, note
 
@@ -598,6 +601,7 @@ def _elsewhere(device: Any, wire: Mapping[tuple[str, str], str]) -> DeviceSample
     return DeviceSample(
         key=f"{device.framework}:{device.device}",
         label=device.label,
+        error=None,  # (named: the wire fields below are numbers)
         figures=figures,
         **_wire_fields(figures, wire),
     )

@@ -17,6 +17,7 @@ import sys
 import weakref
 from typing import Any
 
+from ..frameworks.base import Framework
 from ..frameworks.import_hooks import run_after_import
 
 __all__ = ["install"]
@@ -33,9 +34,11 @@ def install(shell: Any, session: Any) -> None:
         if framework.oom_error_type() is not None:
             _hook(shell, session, framework)
         else:
-            run_after_import(
-                framework.module, lambda module, framework=framework: _hook_quietly(shell, session, framework)
-            )
+
+            def hook_later(module: Any, framework: Framework = framework) -> None:
+                _hook_quietly(shell, session, framework)
+
+            run_after_import(framework.module, hook_later)
 
 
 def _hook_quietly(shell: Any, session: Any, framework: Any) -> None:

@@ -216,7 +216,7 @@ class Session:
         # Said at once from the import hook; found later (by `%gpu`), recorded for its report.
         failed = self._hook_failed if lister is not None else self.hook_errors.append
         if plan.visible == "none":
-            if can_apply:
+            if lister is not None and can_apply:
                 self._give(lister, accepted)  # it hides what CUDA showed: the request holds
                 return
             failed(
@@ -229,7 +229,7 @@ class Session:
         except SessionError as err:
             failed(f"could not apply {what}: {err}")
             return
-        if can_apply and now.visible is not None and now.visible != found:
+        if lister is not None and can_apply and now.visible is not None and now.visible != found:
             self._give(lister, now)  # CUDA showed GPUs outside the allocation: the framework hides them
         if now == accepted:
             return
@@ -747,9 +747,9 @@ def _either(names: list[str], last: str = "or") -> str:
 
 
 def _describe_command(command: Any) -> str:
-    if isinstance(command, grammar.Use):
-        plan = Plan(visible=command.gpus)  # type: ignore[arg-type]
-    else:
+    if isinstance(command, grammar.Use) and not isinstance(command.gpus, grammar.Auto):
+        plan = Plan(visible=command.gpus)
+    else:  # (`use auto` is described once it chose GPU numbers)
         plan = Plan().with_command(command)
     described = plan.describe()
     if described:

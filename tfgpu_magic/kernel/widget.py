@@ -114,7 +114,8 @@ def batch(
         for key, row in rows.items():
             device = present.get(key)
             row.append(_ABSENT if device is None else _series_of(device))
-    columns = {  # one list per series: the rows transposed
+    # per device: one list per series (the rows transposed), and "frameworks": its figures' columns
+    columns: dict[str, dict[str, object]] = {
         key: dict(zip(SERIES, map(list, zip(*row, strict=False)), strict=False))
         if row
         else {s: [] for s in SERIES}
@@ -210,7 +211,9 @@ class MemoryPanel(anywidget.AnyWidget):
     )  # seconds per sample
     window = traitlets.Float(300.0, min=5.0, max=MAX_WINDOW_S).tag(sync=True)  # seconds shown
     min_interval = traitlets.Float(MIN_INTERVAL_S, read_only=True).tag(sync=True)
-    devices = traitlets.List().tag(sync=True)  # [{key, label, gpu}], in chart order
+    devices: traitlets.List[dict[str, Any]] = traitlets.List().tag(
+        sync=True
+    )  # [{key, label, gpu}], in chart order
     running = traitlets.Bool(False).tag(sync=True)  # False once stopped: no more points come
     note = traitlets.Unicode("").tag(sync=True)  # shown in the state line: the shared interval
 
@@ -240,12 +243,13 @@ class MemoryPanel(anywidget.AnyWidget):
         self._pending: list[Sample] = []  # samples for the next message (_sent is the last), oldest first
         self._message_s = float("-inf")  # sample time of the last message sent
         previous = _running_interval(hub)
-        self._sampler: Sampler | None = hub.join(self, make, window)
+        sampler = hub.join(self, make, window)
+        self._sampler: Sampler | None = sampler
         self._join_interval(interval, previous)
-        recent = self._sampler.latest()
+        recent = sampler.latest()
         if recent is not None:
             self._describe_devices(recent)
-        self._sampler.subscribe(self._on_sample)
+        sampler.subscribe(self._on_sample)
         self.running = True
         self.on_msg(self._on_message)
         if self.comm is not None:  # the front end closed the model: release it here too
@@ -263,7 +267,7 @@ class MemoryPanel(anywidget.AnyWidget):
             and sample.series == sent.series
             and sample.figure_notes == sent.figure_notes
         )
-        if same and 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
+        if same and sent is not None and 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
             self._unsent = sample  # nothing new to show; a change or a heartbeat may carry it later
         else:
             self._describe_devices(sample)
@@ -343,15 +347,16 @@ class MemoryPanel(anywidget.AnyWidget):
     def _join_interval(self, interval: float | None, previous: float | None) -> None:
         """Without an interval, take the one in force; with one, it serves every panel (and say so)."""
         explicit = interval is not None
-        if not explicit:
-            interval = DEFAULT_INTERVAL_S if previous is None else previous
-        self.interval = interval
+        chosen = interval if interval is not None else DEFAULT_INTERVAL_S if previous is None else previous
+        self.interval = chosen
         if explicit or previous is None:  # no panel runs: a sampler taken back may hold an old interval
-            self._share_interval(interval)
-        self.note = _interval_note(previous, interval, explicit)
+            self._share_interval(chosen)
+        self.note = _interval_note(previous, chosen, explicit)
 
     def _share_interval(self, seconds: float) -> None:
         """One sampler serves every panel, so every panel's control shows its interval."""
+        if self._sampler is None or self._hub is None:  # stopped: it follows no sampler
+            return
         self._sampler.interval = seconds
         for panel in self._hub.members():
             if panel is not self and getattr(panel, "interval", seconds) != seconds:
@@ -359,7 +364,8 @@ class MemoryPanel(anywidget.AnyWidget):
                 panel.interval = seconds  # its observer finds the sampler already set
 
     def _on_window(self, change: dict) -> None:
-        self._hub.set_window(self, change["new"])
+        if self._hub is not None:
+            self._hub.set_window(self, change["new"])
 
     # -- lifecycle --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -377,7 +383,8 @@ class MemoryPanel(anywidget.AnyWidget):
             pending.append(unsent)
         if pending:
             self.send(batch(pending))
-        self._hub.leave(self, shown=True)
+        if self._hub is not None:
+            self._hub.leave(self, shown=True)
         self.running = False
 
     def close(self) -> None:

@@ -72,7 +72,7 @@ class CullPolicy:
         held = kernel.get("total_gpu_memory_bytes")
         if held is None or held < max(self.min_memory_bytes, 1):
             return None
-        if self.free_below_bytes is not None and not self._short(kernel, free_by_gpu):
+        if self.free_below_bytes is not None and not self._short(kernel, free_by_gpu, self.free_below_bytes):
             return None
         last_activity = parse_iso_utc(kernel.get("last_activity"))
         if last_activity is None:
@@ -80,11 +80,11 @@ class CullPolicy:
         due = last_activity + self.after_s
         return due if due <= LAST_DUE_S else None  # past any date: never
 
-    def _short(self, kernel: Mapping[str, Any], free_by_gpu: Mapping[str, int | None]) -> bool:
-        """Whether a GPU the kernel holds memory on has less free than the threshold (unknown: no)."""
+    def _short(self, kernel: Mapping[str, Any], free_by_gpu: Mapping[str, int | None], below: int) -> bool:
+        """Whether a GPU the kernel holds memory on has less free than ``below`` (unknown: no)."""
         for gpu, held in (kernel.get("gpu_memory_bytes") or {}).items():
             free = free_by_gpu.get(gpu)
-            if held and free is not None and free < self.free_below_bytes:  # type: ignore[operator]
+            if held and free is not None and free < below:
                 return True
         return False
 
@@ -126,7 +126,7 @@ def epoch(moment: datetime | None) -> float | None:
 
 
 def _iso(seconds: float) -> str:
-    return iso_utc(datetime.fromtimestamp(seconds, tz=timezone.utc))  # type: ignore[return-value]
+    return iso_utc(datetime.fromtimestamp(seconds, tz=timezone.utc))
 
 
 class StaleReading(Exception):

@@ -542,14 +542,15 @@ class MetricsHandler(PrometheusMetricsHandler):
     difference: tfgpu's per-kernel series (a kernel's id and notebook path) are served only to a
     login that may read kernels, the status endpoint's permission.  Everything else is as before."""
 
+    # jupyter_server's get is synchronous; tornado awaits a handler's coroutine just the same.
     @allow_unauthenticated
-    async def get(self) -> None:
+    async def get(self) -> None:  # type: ignore[override]
         allowed = False
         if self.settings.get("authenticate_prometheus", True) and self.logged_in:
             try:
                 allowed = bool(
                     await ensure_async(
-                        self.authorizer.is_authorized(self, self.current_user, "read", "kernels")  # type: ignore[arg-type]
+                        self.authorizer.is_authorized(self, self.current_user, "read", "kernels")
                     )
                 )
             except Exception:  # an authorizer that fails says no

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, overload
 
 from ..gpus import holdings, owners
 from ..gpus.nvml import GpuInfo, GpuLost, Nvml, NvmlUnavailable, ReadingFailed
@@ -76,6 +76,10 @@ class KernelDescription:
     pid: int | None = None  # the kernel's local process; None for a remote (gateway) kernel
 
 
+@overload
+def iso_utc(moment: datetime) -> str: ...
+@overload
+def iso_utc(moment: datetime | None) -> str | None: ...
 def iso_utc(moment: datetime | None) -> str | None:
     """``2026-11-22T10:00:00.000000Z``: always microseconds, so every reply has one format."""
     if moment is None:
