@@ -48,6 +48,7 @@ lint: lint-python
 lint-python:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The documentation (docs/, MyST Markdown) into build/docs: a warning (a broken link or reference, a
 # docstring autodoc cannot read) fails it. The magics' reference is generated from the grammar here.

@@ -404,7 +404,7 @@ class SimulatedNvml:
             listed += [_record(p, instance) for p in instance.processes if p.kind == kind]
         return listed
 
-    def _physical(self, handle: Any) -> int:
+    def _physical(self, handle: int | SimulatedMigHandle) -> int:
         if isinstance(handle, SimulatedMigHandle):
             self._check()
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # MIG queries take the GPU's handle
@@ -609,7 +609,9 @@ class LiveKernelsNvml(SimulatedNvml):
         return live
 
     # -- the readings that include the kernels ----------------------------------------------
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> SimpleNamespace:
+        if version is not None:  # as a binding without version 2 answers: Nvml reads version 1
+            raise TypeError("the live kernels are added to version 1's reading only")
         info = super().nvmlDeviceGetMemoryInfo(handle)  # faults and lost GPUs first
         extra = sum(p.used_mib or 0 for p in self.live_processes().get(handle, [])) * MIB
         used = min(info.used + extra, info.total)
@@ -619,7 +621,7 @@ class LiveKernelsNvml(SimulatedNvml):
         listed = super()._processes(handle, kind)
         if kind == "compute":
             listed += [
-                SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_mib * MIB)
+                SimpleNamespace(pid=p.pid, usedGpuMemory=None if p.used_mib is None else p.used_mib * MIB)
                 for p in self.live_processes().get(handle, [])
             ]
         return listed
