@@ -93,6 +93,10 @@ def test_valid_forms(line, command):
         ("free now", f"unexpected 'now'; {grammar.usage('free')}"),
         ("status --xml", f"unexpected '--xml'; {grammar.usage('status')}"),
         ("monitor --interval 0.01", f"--interval must be 0.1 s to 60 s; {grammar.usage('monitor')}"),
+        (
+            "monitor --window 0",  # a zero window is refused, not taken for "no --window"
+            f"--window must be 5 s to 24 h and hold at least 10 samples; {grammar.usage('monitor')}",
+        ),
         ("use 'unclosed", 'cannot read "use \'unclosed" (No closing quotation); ' + USE),
         ("'unclosed", 'cannot read "\'unclosed" (No closing quotation); ' + grammar.usage()),
         ("limit 4G\\", f"cannot read 'limit 4G\\\\' (No escaped character); {LIMIT}"),

@@ -26,7 +26,7 @@ import pytest
 from tfgpu_magic.gpus import owners
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.owners import EXITED, ProcessDetails, PsutilProcessTable
-from tfgpu_magic.gpus.process_table import PROC, parse_stat
+from tfgpu_magic.gpus.process_table import PROC, Stat, Status, parse_stat, parse_status
 from tfgpu_magic.gpus.simulated import busy_server
 from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.session import Session
@@ -607,7 +607,7 @@ def test_an_exited_process_in_an_unchanged_listing_is_reported_exited_every_time
     assert shown.identities() == [gone.pid]  # never remembered: read every time
 
 
-def test_a_process_that_exits_is_seen_once_its_listing_changes(children, shown, listing_table):
+def test_a_process_that_exits_is_seen_once_its_listing_changes(children, listing_table):
     table, _clock = listing_table
     stays, leaves = children(2, "leaves")
     table.lookup_listing(0, [stays.pid, leaves.pid])
@@ -732,3 +732,27 @@ def run_in_threads(work, count: int) -> None:
         t.start()
     for t in threads:
         t.join(timeout=60)
+
+
+# -- what /proc says, parsed in one place --------------------------------------------------------------
+def test_stat_and_status_lines_that_are_not_the_format_read_as_unknown():
+    assert parse_stat(stat_line(7, b"x) (y", 1234, b"Z")) == Stat(b"Z", 1, 1234, b"x) (y")
+    assert parse_stat(b"7 (python) S 1 2 3") is None  # fields missing
+    assert parse_stat(stat_line(7, b"python", 1234).replace(b" 1234 ", b" 12x4 ")) is None
+    assert parse_stat(b"7 python S " + b"0 " * 30) is None  # no name in parentheses
+    assert parse_status(b"Name:\tpython\nState:\tS (sleeping)\nUid:\t1\t2\t3\t4\n") == Status(
+        b"python", b"S", (1, 2, 3, 4)
+    )
+    assert parse_status(b"Uid:\t1\tx\t3\t4\nState:\n") == Status(None, None, None)
+    assert parse_status(b"") == Status(None, None, None)
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="shows the table a /proc file it cannot parse")
+def test_a_stat_file_that_cannot_be_parsed_is_never_cached(children, shown):
+    (child,) = children(1, "odd-stat")
+    table = fresh_table(shown)
+    shown.files[(child.pid, "stat")] = b"not a stat line"
+    for _ in range(2):
+        found = table.lookup(child.pid)
+        assert found.alive and found.user == ME and "odd-stat-0" in found.command
+    assert shown.lookups() == [child.pid] * 2 and table.cache_size() == 0
