@@ -7,10 +7,11 @@ touched at import.
 
 The psutil table (:class:`PsutilProcessTable`: on Linux it reads ``/proc`` through a
 :class:`~tfgpu_magic.gpus.process_table.ProcReader`, as psutil would; psutil elsewhere) remembers
-what it found, because the endpoint and ``%gpu`` refresh the same inventory again and again: a process's owner and command are kept while its pid *and start
-time* stay the same (checked with one small read of ``/proc/<pid>/stat`` on Linux, psutil's
-create time elsewhere), and user names per uid.  A pid reused by a new process, an exited or
-zombie process, and any failure are never answered from the cache, with one bounded exception:
+what it found, because the endpoint and ``%gpu`` refresh the same inventory again and again: a
+process's owner and command are kept while its pid *and start time* stay the same (checked
+with one small read of ``/proc/<pid>/stat`` on Linux, psutil's create time elsewhere), and user
+names per uid.  A pid reused by a new process, an exited or zombie process, and any failure are
+never answered from the cache, with one bounded exception:
 
 A refresh looks up a whole listing at once (:func:`lookup_listing`: the pids NVML lists on one
 GPU or MIG instance).  When a listing is the same set of pids as the last listing of that GPU
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..safe_text import bounded, safe
 from .nvml import Nvml
-from .process_table import PROC, STATUS_BYTES, ProcReader, Stat, parse_stat, parse_status
+from .process_table import PROC, STAT_BYTES, STATUS_BYTES, ProcReader, Stat, parse_stat, parse_status
 
 if TYPE_CHECKING:
     import psutil
@@ -187,7 +188,7 @@ def _read_stat(pid: int, proc: ProcReader = PROC) -> Stat | _NoIdentity:
     when it cannot be read or parsed.
     """
     try:
-        data = proc.read(pid, "stat", 2048)
+        data = proc.read(pid, "stat", STAT_BYTES)
     except (FileNotFoundError, ProcessLookupError):  # exited (also between open and read), or hidden
         return _HIDDEN if _hides_others() else _GONE
     except OSError:  # hidepid, or /proc misbehaving: let the details read say what it can
