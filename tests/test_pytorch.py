@@ -74,6 +74,7 @@ def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
     assert r["status_keys"] == sorted(
         [
             "allocation",
+            "defaults",
             "display",
             "frameworks",
             "gpus",
