@@ -37,9 +37,12 @@ def unload_ipython_extension(ipython: Any) -> None:
     """Nothing to undo that would be safe: settings already given to TensorFlow stay."""
 
 
-def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    """Jupyter server's entry point: the extension's module, imported only by the server."""
-    return [{"module": "tfgpu_magic.server.extension"}]
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """Jupyter server's entry point: the extension's module and its ``ExtensionApp``, imported only
+    when the server calls this (importing the package imports no part of the server)."""
+    from .server.extension import GpuStatusApp
+
+    return [{"module": "tfgpu_magic.server.extension", "app": GpuStatusApp}]
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

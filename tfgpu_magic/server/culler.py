@@ -295,11 +295,13 @@ class Culler:
         else:
             self._log.debug("tfgpu_magic: shutting down kernel %s failed again: %s", kernel_id, _reason(err))
 
-    def stop(self) -> None:
-        """Stop waiting for shutdowns past their timeout (the server is stopping)."""
-        for task in self._shutting_down.values():
+    def stop(self) -> list[asyncio.Future[Any]]:
+        """Stop waiting for shutdowns past their timeout (the server is stopping); returns them, cancelled."""
+        tasks = list(self._shutting_down.values())
+        for task in tasks:
             task.cancel()
         self._shutting_down.clear()
+        return tasks
 
     async def _log_memory_after(self, before: Mapping[str, Any], culled: list[Mapping[str, Any]]) -> None:
         """What the driver reads now: memory came back only if this shows it."""

@@ -1,8 +1,9 @@
 """The Jupyter server extension: ``GET {base_url}tfgpu/api/status``, who holds what on the GPUs, per kernel.
 
 Enabled on install (``etc/jupyter/jupyter_server_config.d/tfgpu_magic.json``); the entry point
-``tfgpu_magic._jupyter_server_extension_points`` only names this module, so importing the
-package never imports jupyter_server.  The reply is :func:`tfgpu_magic.server.kernel_inventory.inventory`'s
+``tfgpu_magic._jupyter_server_extension_points`` names this module and :class:`GpuStatusApp`, a
+jupyter_server ``ExtensionApp`` whose ``stop_extension`` stops the culler, the metrics' refresh and
+the readings under way when the server stops (importing the package never imports jupyter_server).  The reply is :func:`tfgpu_magic.server.kernel_inventory.inventory`'s
 (the contract with the JupyterLab extension, ``version`` 1), always with status 200: no
 driver, a lost GPU or a failed reading are data in it, never an error page.
 
@@ -28,6 +29,8 @@ Configuration (traitlets, section ``TfgpuMagic``)::
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import copy
 import importlib
 import logging
@@ -44,6 +47,7 @@ import tornado.web
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from jupyter_server.base.handlers import APIHandler, PrometheusMetricsHandler
+from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import ensure_async, url_path_join
 from traitlets import Callable as CallableTrait
 from traitlets import Float, TraitError, Unicode, Union, validate
@@ -63,6 +67,8 @@ from .kernel_inventory import KernelDescription
 
 __all__ = [
     "ROUTE",
+    "GpuStatusApp",
+    "KernelEnvironment",
     "MetricsHandler",
     "Reading",
     "SharedRefresh",
@@ -301,6 +307,13 @@ class SharedRefresh(Generic[T]):
         assert self._in_flight is not None
         return await asyncio.shield(self._in_flight)
 
+    def stop(self) -> list[asyncio.Future[Any]]:
+        """Cancel the refresh under way (the server is stopping); returns it, to be waited out."""
+        if self._in_flight is None or self._in_flight.done():
+            return []
+        self._in_flight.cancel()
+        return [self._in_flight]
+
     def _start(self) -> None:
         self._in_flight_started = self._clock()
         self._in_flight = asyncio.ensure_future(self._run(self._in_flight_started))
@@ -351,14 +364,23 @@ class StatusSource:
         self._device_read: asyncio.Future[dict[str, Any]] | None = None  # the driver's reading under way
         self._device_read_since = 0.0
         self._last_good: Reading | None = None
+        self.device: Any = None  # the device source's object (None: the real driver)
         try:
-            self._nvml = Nvml(lib=load_device_source(settings.device_source))
+            self.device = load_device_source(settings.device_source)
+            self._nvml = Nvml(lib=self.device)
             self._table = owners.process_table_for(self._nvml, os.getpid())
         except Exception as err:  # a wrong setting must not stop the server: the reply says it
             self._load_error = (
                 f"TfgpuMagic.device_source {settings.device_source!r} could not be loaded ({_reason(err)})"
             )
             self._log.error("tfgpu_magic: %s", self._load_error)
+
+    def stop(self) -> list[asyncio.Future[Any]]:
+        """Stop waiting for the driver's reading under way (its thread ends when the driver answers)."""
+        if self._device_read is None or self._device_read.done():
+            return []
+        self._device_read.cancel()
+        return [self._device_read]
 
     async def read(self) -> Reading:
         kernels, notes = await self._kernels()
@@ -564,31 +586,149 @@ class MetricsHandler(PrometheusMetricsHandler):
             metrics.PER_KERNEL_ALLOWED.reset(token)
 
 
+STOP_TIMEOUT_S = 5.0  # the most the extension's stop waits for its own tasks to end
+
+
+class KernelEnvironment:
+    """Variables for each kernel the server starts, from a device source that has some to give
+    (``kernel_environment()``: the simulated servers name themselves, so a kernel reads the same
+    one): added to the kernel's environment when the kernel manager starts it, and kept on restarts
+    (jupyter_client starts a restarted kernel with the same environment)."""
+
+    def __init__(self, manager: Any, variables: Callable[[], dict[str, str]]) -> None:
+        self._manager = manager
+        self._variables = variables
+        self._original: Any = None
+
+    def install(self) -> None:
+        manager, start = self._manager, self._manager.start_kernel
+        self._original = vars(manager).get("start_kernel")
+
+        async def start_kernel(*args: Any, **kwargs: Any) -> Any:
+            env = kwargs.get("env")
+            kwargs["env"] = {**(os.environ if env is None else env), **self._variables()}
+            return await ensure_async(start(*args, **kwargs))
+
+        manager.start_kernel = start_kernel
+
+    def uninstall(self) -> None:
+        if self._original is None:
+            vars(self._manager).pop("start_kernel", None)  # the class's own method again
+        else:
+            self._manager.start_kernel = self._original
+
+
 class _Extension:
     """What the extension started on one server, stopped by :meth:`stop` when the server stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
         self.callback: tornado.ioloop.PeriodicCallback | None = None
         self.culler: Culler | None = None
         self.watcher: ActivityWatcher | None = None
         self.metrics: metrics.GpuMetrics | None = None
+        self.source: StatusSource | None = None
+        self.status: SharedRefresh[Reading] | None = None
+        self.kernel_environment: KernelEnvironment | None = None
+        self.culling: asyncio.Future[Any] | None = None  # the culler's pass under way
+        self.stopped = False
 
-    def stop(self) -> None:
+    def cull(self) -> None:
+        """The periodic callback: one culler pass at a time, held here so that a stop can end it."""
+        if self.culler is not None and (self.culling is None or self.culling.done()):
+            self.culling = asyncio.ensure_future(self.culler.check())
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop the culler's passes, the metrics' refresh and the readings under way, and wait (at
+        most ``timeout``) until each task has ended, so none is left pending when the loop closes."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self.callback is not None:
             self.callback.stop()
+        pending: list[asyncio.Future[Any]] = []
+        if self.culling is not None and not self.culling.done():
+            self.culling.cancel()
+            pending.append(self.culling)
         if self.culler is not None:
-            self.culler.stop()
+            pending += self.culler.stop()
         if self.metrics is not None:
-            self.metrics.stop()
+            pending += self.metrics.stop()
+        if self.status is not None:
+            pending += self.status.stop()
+        if self.source is not None:
+            pending += self.source.stop()
         if self.watcher is not None:
             self.watcher.uninstall()
+        if self.kernel_environment is not None:
+            self.kernel_environment.uninstall()
+        if not pending:
+            return
+        done, left = await asyncio.wait(pending, timeout=timeout)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: a failure while stopping is not "never retrieved"
+        if left:
+            self.log.warning(
+                "tfgpu_magic: %d task(s) did not end within %s s of the server's stop",
+                len(left),
+                f"{timeout:g}",
+            )
+
+
+class GpuStatusApp(ExtensionApp):
+    """The server extension as jupyter_server's ``ExtensionApp``: loaded with the server (the status
+    endpoint, ``/metrics``, the culler), stopped with it (:meth:`stop_extension`, called by the
+    server's clean-up on SIGTERM, a confirmed Ctrl-C, ``/api/shutdown`` or a JupyterHub stop).
+
+    Its settings stay in the ``TfgpuMagic`` section (:class:`TfgpuMagic`, read by
+    :func:`load_settings`, which logs a wrong one instead of failing the server)."""
+
+    name = "tfgpu_magic"
+    load_other_extensions = True
+
+    def initialize_handlers(self) -> None:
+        serverapp = self.serverapp
+        assert serverapp is not None
+        self.started = _start(serverapp, self.handlers)
+        # A Ctrl-C without a terminal (a KeyboardInterrupt) stops jupyter_server's loop without its
+        # clean-up: the extension then stops at the interpreter's exit, on the loop left behind.
+        self._loop = serverapp.io_loop.asyncio_loop
+        atexit.register(self._stop_at_exit)
+
+    async def stop_extension(self) -> None:
+        atexit.unregister(self._stop_at_exit)
+        started = getattr(self, "started", None)
+        if started is not None:
+            await started.stop()
+
+    def _stop_at_exit(self) -> None:
+        loop = self._loop
+        if loop.is_closed() or loop.is_running():
+            return
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(self.stop_extension())
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    """Register the status handler under the server's base URL, the metrics, and the culler if asked."""
+    """The module's loader, for a server that names only this module (jupyter_server before
+    ExtensionApp, or a hand-written ``jpserver_extensions`` entry): the same extension, stopped with
+    the server's clean-up of its extensions."""
+    started = _start(serverapp, None)
+    cleanup = serverapp.cleanup_extensions
+
+    async def cleanup_extensions() -> None:
+        await started.stop()
+        await cleanup()
+
+    serverapp.cleanup_extensions = cleanup_extensions
+
+
+def _start(serverapp: Any, handlers: list[Any] | None) -> _Extension:
+    """Start the extension on ``serverapp``: the status handler and /metrics (added to ``handlers``,
+    which the ExtensionApp puts under the base URL, or added here when None), and the culler if asked."""
     settings, policy = load_settings(serverapp.config, serverapp.log)
-    serverapp.tfgpu_extension = started = _Extension()
-    _stop_with(serverapp, started)
+    serverapp.tfgpu_extension = started = _Extension(serverapp.log)
     if policy.enabled:
         try:
             watcher = ActivityWatcher(serverapp.kernel_manager, serverapp.log)
@@ -601,17 +741,22 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                 _reason(err),
             )
             policy = CullPolicy()
-    source = StatusSource(serverapp, settings, policy, started.watcher)
-    status: SharedRefresh[Reading] = SharedRefresh(source.read, settings.refresh_interval)
+    started.source = source = StatusSource(serverapp, settings, policy, started.watcher)
+    started.status = status = SharedRefresh(source.read, settings.refresh_interval)
+    variables = getattr(source.device, "kernel_environment", None)
+    if callable(variables):  # a simulated server: the kernels this server starts read it too
+        started.kernel_environment = KernelEnvironment(serverapp.kernel_manager, variables)
+        started.kernel_environment.install()
+    routes = [
+        (url_path_join(*ROUTE), StatusHandler, {"status": status}),
+        ("metrics", MetricsHandler),
+    ]
     base_url = serverapp.web_app.settings["base_url"]
+    if handlers is None:
+        serverapp.web_app.add_handlers(".*$", [(url_path_join(base_url, r[0]), *r[1:]) for r in routes])
+    else:
+        handlers.extend(routes)
     route = url_path_join(base_url, *ROUTE)
-    serverapp.web_app.add_handlers(
-        ".*$",
-        [
-            (route, StatusHandler, {"status": status}),
-            (url_path_join(base_url, "metrics"), MetricsHandler),
-        ],
-    )
     serverapp.log.info("tfgpu_magic: GPU status at %s (refresh every %s s)", route, settings.refresh_interval)
     # /metrics asks only for a login (none at all with authenticate_prometheus off), where the
     # status endpoint asks for the right to read kernels: per-kernel series only for a login
@@ -637,25 +782,12 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         serverapp.tfgpu_culler = started.culler = _culler(
             serverapp, policy, status, started.watcher, settings
         )
-        started.callback = tornado.ioloop.PeriodicCallback(
-            started.culler.check, settings.cull_interval * 1000
-        )
+        started.callback = tornado.ioloop.PeriodicCallback(started.cull, settings.cull_interval * 1000)
         started.callback.start()
         serverapp.log.info(
             "tfgpu_magic: culling kernels idle %s s while they hold GPU memory", policy.after_s
         )
-
-
-def _stop_with(serverapp: Any, started: _Extension) -> None:
-    """Stop what the extension started when the server cleans up its extensions (before its
-    kernels): jupyter_server has no unload hook for a module extension."""
-    cleanup = serverapp.cleanup_extensions
-
-    async def cleanup_extensions() -> None:
-        started.stop()
-        await cleanup()
-
-    serverapp.cleanup_extensions = cleanup_extensions
+    return started
 
 
 def _culler(

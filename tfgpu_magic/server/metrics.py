@@ -204,11 +204,13 @@ class GpuMetrics(Collector):
             return
         self._warmer = loop.create_task(self._warm())
 
-    def stop(self) -> None:
-        """Stop keeping the reading warm (the server is stopping)."""
+    def stop(self) -> list[asyncio.Future[Any]]:
+        """Stop keeping the reading warm (the server is stopping); returns the task cancelled, to be waited out."""
         self._last_scrape = None
-        if self._warmer is not None and not self._warmer.done():
-            self._warmer.cancel()
+        if self._warmer is None or self._warmer.done():
+            return []
+        self._warmer.cancel()
+        return [self._warmer]
 
     async def _warm(self) -> None:
         while self._last_scrape is not None and self._clock() - self._last_scrape < KEEP_WARM_S:
