@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from jupyter_server.auth import Authorizer
+from jupyter_server.extension.application import ExtensionApp
 from pytest_jupyter.jupyter_server import *  # noqa: F403  the fixtures: jp_serverapp, jp_fetch, ...
 from tornado.httpclient import HTTPClientError
 from traitlets.config.loader import DeferredConfigString
@@ -186,6 +187,58 @@ def test_a_kernel_reading_host_kernels_server_sees_what_the_panel_shows(
     assert in_kernel == on_panel == {str(pid % 2): HOST_KERNEL_MIB[pid % 4] * MIB}
 
 
+@pytest.mark.parametrize(
+    "device_source", ["tfgpu_magic.simulated:kernels_server", "tfgpu_magic.simulated:host_kernels_server"]
+)
+def test_a_kernel_of_a_server_on_a_simulated_server_reads_it_without_being_told(
+    jp_serverapp, get_status, start_session, run
+):
+    """Issue 29, 7: ``%load_ext tfgpu_magic; %gpu`` in a kernel of such a server reads the simulated
+    server the panel shows (the server names it in the kernel's environment), not "no driver"."""
+    start_session("a.ipynb")
+    kernel_id = start_session("b.ipynb")["kernel"]["id"]
+    code = (
+        "get_ipython().run_line_magic('load_ext', 'tfgpu_magic')\n"
+        "get_ipython().run_line_magic('gpu', 'status --json')\n"
+    )
+    report = json.loads(run(execute_in_kernel(jp_serverapp, kernel_id, code)))
+    status = get_status()
+    assert [g["name"] for g in report["gpus"]] == [g["name"] for g in status["gpus"]]
+    in_kernel = {
+        str(g["index"]): g["usage"]["this_kernel_bytes"]
+        for g in report["gpus"]
+        if g["usage"]["this_kernel_bytes"]
+    }
+    on_panel = {k["id"]: k for k in status["kernels"]}[kernel_id]["gpu_memory_bytes"]
+    assert in_kernel == on_panel and in_kernel
+    assert [g["memory_used_bytes"] for g in report["gpus"]] == [
+        g["memory_used_bytes"] for g in status["gpus"]
+    ]
+
+
+@pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
+def test_a_kernel_keeps_its_gpu_and_memory_when_another_stops(jp_serverapp, get_status, start_session, run):
+    """Issue 29, 7: stopping a kernel (as the culler does) gives its memory back and renumbers no
+    survivor, so the culler's log says what came back."""
+    from tfgpu_magic.server.culler import memory_change_lines
+
+    ids = [start_session(f"{name}.ipynb")["kernel"]["id"] for name in ("a", "b", "c")]
+    before = get_status()
+    held = {k["id"]: k["gpu_memory_bytes"] for k in before["kernels"]}
+    assert held == {ids[0]: {"0": 1 * GIB}, ids[1]: {"1": 2 * GIB}, ids[2]: {"0": 3 * GIB}}  # in start order
+    (first,) = [k for k in before["kernels"] if k["id"] == ids[0]]
+    run(jp_serverapp.kernel_manager.shutdown_kernel(ids[0]))
+    used_before = before["gpus"][0]["memory_used_bytes"]
+    deadline = time.monotonic() + 30  # a bound on the driver's reading catching up, not a timing
+    after = get_status()
+    while after["gpus"][0]["memory_used_bytes"] == used_before and time.monotonic() < deadline:
+        run(asyncio.sleep(0.2))
+        after = get_status()
+    assert {k["id"]: k["gpu_memory_bytes"] for k in after["kernels"]} == {i: held[i] for i in ids[1:]}
+    assert after["gpus"][0]["memory_used_bytes"] == before["gpus"][0]["memory_used_bytes"] - GIB
+    assert "(1,024 MiB back, the driver's reading)" in memory_change_lines(before, after, [first])[0]
+
+
 @pytest.mark.parametrize("device_source", ["tfgpu_magic.simulated:kernels_server"])
 def test_real_kernels_and_a_kernels_child_hold_the_memory_the_simulated_driver_gives_them(
     jp_serverapp, get_status, start_session, run
@@ -320,6 +373,32 @@ def test_a_driver_hung_from_the_start_is_unavailable_timed_out(hanging_config, h
     hanging.hang.set()
     reply = get_within(jp_fetch, run)
     assert not reply["driver"]["available"] and "timed out" in reply["driver"]["reason"]
+
+
+def pending_tasks_of_ours(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task]:
+    """The loop's unfinished tasks that run tfgpu_magic's code or a reading's thread."""
+    package = os.path.dirname(serverext.__file__).rsplit(os.sep, 1)[0]
+
+    def ours(task: asyncio.Task) -> bool:
+        coro = task.get_coro()
+        code = getattr(coro, "cr_code", None)
+        return coro.__qualname__ == "to_thread" or (code is not None and code.co_filename.startswith(package))
+
+    return [task for task in asyncio.all_tasks(loop) if not task.done() and ours(task)]
+
+
+def test_stopping_leaves_no_task_of_the_extension_pending(
+    hanging_config, hanging, jp_serverapp, jp_fetch, run, jp_asyncio_loop
+):
+    """Issue 29, 5: the server's clean-up of its extensions ends the metrics' keep-warm task and the
+    reading that hangs in its thread, so none is "destroyed but pending" when the loop closes."""
+    run(jp_fetch(*serverext.ROUTE))  # a good reading first
+    hanging.hang.set()
+    assert run(jp_fetch("metrics")).code == 200  # starts the keep-warm refresh, whose reading now hangs
+    run(asyncio.sleep(1.5))  # the refresh is under way (its reading will not answer)
+    assert pending_tasks_of_ours(jp_asyncio_loop)  # the test's premise: the extension has tasks under way
+    run(asyncio.wait_for(jp_serverapp.cleanup_extensions(), 30))
+    assert pending_tasks_of_ours(jp_asyncio_loop) == []
 
 
 @pytest.fixture
@@ -649,12 +728,13 @@ def test_a_cancelled_request_does_not_cancel_the_reading_others_wait_for(run):
 
 
 # -- packaging ----------------------------------------------------------------------------------
-def test_the_extension_is_declared_without_importing_the_server_and_enabled_by_the_shipped_config():
+def test_the_extension_is_declared_as_an_extension_app_and_enabled_by_the_shipped_config():
     probe = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, tfgpu_magic; points = tfgpu_magic._jupyter_server_extension_points(); "
+            "import sys, tfgpu_magic; assert 'jupyter_server' not in sys.modules; "
+            "points = tfgpu_magic._jupyter_server_extension_points(); "
             "print(points, sorted(m for m in ('jupyter_server', 'tornado', 'psutil', 'pynvml') if m in sys.modules))",
         ],
         capture_output=True,
@@ -662,7 +742,11 @@ def test_the_extension_is_declared_without_importing_the_server_and_enabled_by_t
         cwd=ROOT,
         timeout=60,
     )
-    assert probe.stdout.strip() == "[{'module': 'tfgpu_magic.server.extension'}] []", probe.stderr
+    assert probe.stdout.strip() == (
+        "[{'module': 'tfgpu_magic.server.extension', 'app': <class 'tfgpu_magic.server.extension.GpuStatusApp'>}] "
+        "['jupyter_server', 'tornado']"  # the server's own modules, imported only when the server asks
+    ), probe.stderr
+    assert issubclass(serverext.GpuStatusApp, ExtensionApp) and serverext.GpuStatusApp.name == "tfgpu_magic"
     with open(os.path.join(ROOT, "jupyter-config", "server-config", "tfgpu_magic.json")) as f:
         assert json.load(f) == {"ServerApp": {"jpserver_extensions": {"tfgpu_magic": True}}}
 

@@ -224,6 +224,21 @@ def test_another_users_kernel_is_another_users_process_and_mine_is_my_kernel(ker
         stop(theirs, below)
 
 
+def test_named_users_only_place_their_kernels_whatever_else_runs(kernels, monkeypatch):
+    """TFGPU_MAGIC_SIMULATED_USERS (a test's own rule): only those users' kernels hold memory, so a
+    reading does not depend on the other kernels of the machine (issue 29)."""
+    held, _ = kernels
+    me = owners.PsutilProcessTable().current_user()
+
+    def placed() -> set[int]:
+        return {p.pid for procs in host_kernels_server().live_processes().values() for p in procs}
+
+    monkeypatch.setenv(simulated.USERS_ENV, "tfgpu-no-such-user")
+    assert not placed() & set(held)  # these kernels are mine, not that user's
+    monkeypatch.setenv(simulated.USERS_ENV, f"tfgpu-no-such-user, {me}")
+    assert set(held) <= placed()
+
+
 def test_the_documented_name_is_there():
     import tfgpu_magic.simulated as documented
 

@@ -56,6 +56,7 @@ __all__ = [
     "SimulatedNvml",
     "SimulatedProcess",
     "busy_server",
+    "from_environment",
     "host_kernels_server",
     "is_ipython_kernel",
     "kernels_server",
@@ -555,11 +556,18 @@ class LiveKernelsNvml(SimulatedNvml):
 
     The rule, which tests, demos and the browser tests rely on: the direct children of the
     Jupyter server ``server_pid`` (default: this process) whose command line mentions ``kernel``
-    (``ipykernel_launcher``, a ``kernel-<id>.json`` connection file), sorted by pid, are kernels
-    0, 1, 2, ...; kernel
-    ``n`` holds ``(n + 1)`` GiB on GPU ``n % kernel_gpus``, and every process below it (its
+    (``ipykernel_launcher``, a ``kernel-<id>.json`` connection file) are kernels 0, 1, 2, ...;
+    kernel ``n`` holds ``(n + 1)`` GiB on GPU ``n % kernel_gpus``, and every process below it (its
     children, theirs, ...) holds 256 MiB on the same GPU.  They are compute processes; the
     GPU's used memory includes them.
+
+    A kernel's number is given once, when the Jupyter server starts it: the server extension
+    asks :meth:`kernel_environment` for the next kernel's variables, and the number travels in
+    the kernel's environment (``TFGPU_MAGIC_SIMULATED_KERNEL``), where every reader (the server,
+    the kernel itself, its siblings) reads it.  So a kernel keeps its GPU and its memory when
+    others stop (a culled kernel gives its memory back; no survivor is renumbered).  A kernel
+    without a number (one started by other means) takes the lowest number no live kernel holds,
+    in pid order.
 
     The fixed processes in ``gpus`` keep their simulated owners (``owner_of`` answers for their
     pids, alive or not); every other pid, the kernels included, gets its real owner and command
@@ -582,23 +590,46 @@ class LiveKernelsNvml(SimulatedNvml):
         self._scan_lock = threading.Lock()
         self._scanned_at: float | None = None
         self._live: dict[int, list[SimulatedProcess]] = {}
+        self._remembered: dict[int, tuple[object, Any]] = {}  # pid -> (identity, what was read of it)
+        self._next_number = 0  # the number :meth:`kernel_environment` gives the next kernel
+        self.source_name = "kernels_server"  # the factory a kernel calls to read the same server
+
+    def kernel_environment(self) -> dict[str, str]:
+        """The variables of the next kernel the Jupyter server starts: which simulated server to read
+        (:func:`from_environment`) and the kernel's number (see the class's rule), given once."""
+        number, self._next_number = self._next_number, self._next_number + 1
+        return {SOURCE_ENV: self.source_name, KERNEL_NUMBER_ENV: str(number)}
 
     def live_processes(self) -> dict[int, list[SimulatedProcess]]:
         """``{gpu index: [the kernels' processes on it]}`` under the rule above (rescanned when stale)."""
         with self._scan_lock:
             now = time.monotonic()
-            if self._scanned_at is None or now - self._scanned_at >= self.scan_ttl_s:
+            if self._scanned_at is None or now - self._scanned_at >= self.scan_ttl_s or self._one_exited():
                 self._live = self._scan()
                 self._scanned_at = now
             return self._live
 
+    def _one_exited(self) -> bool:
+        """Whether a process of the last scan has exited: its memory is free now, as the driver says
+        as soon as a process ends (a kernel just culled must not hold memory for another scan_ttl_s)."""
+        from .owners import _GONE, _stat_identity
+
+        return any(_stat_identity(p.pid) is _GONE for procs in self._live.values() for p in procs)
+
     def _scan(self) -> dict[int, list[SimulatedProcess]]:
         from .process_tree import children_of, descendants, read_parent_map
 
-        children = children_of(read_parent_map()[0])
+        parents = read_parent_map()[0]
+        children = children_of(parents)
         kernels = sorted(pid for pid in children.get(self.server_pid, []) if _is_kernel(pid))
+        self._forget_exited(parents)
+        given = {pid: self._remember(pid, _kernel_number) for pid in kernels}
+        taken = {n for n in given.values() if n is not None}
+        free = (n for n in range(len(kernels) + len(taken)) if n not in taken)
+        numbers = {pid: n if n is not None else next(free) for pid, n in given.items()}
         live: dict[int, list[SimulatedProcess]] = {}
-        for n, pid in enumerate(kernels):
+        for pid in kernels:
+            n = numbers[pid]
             held = live.setdefault(n % self.kernel_gpus, [])
             # Owners and commands of these come from psutil (owner_of), not from these records.
             held.append(SimulatedProcess(pid, (n + 1) * KERNEL_GIB_STEP, user="", command=""))
@@ -607,6 +638,24 @@ class LiveKernelsNvml(SimulatedNvml):
                 for child in descendants(pid, children)
             )
         return live
+
+    def _remember(self, pid: int, read: Any) -> Any:
+        """``read(pid)``, read once per process (remembered while it lives, by its start time)."""
+        from .owners import _GONE, _UNKNOWN, _stat_identity
+
+        identity = _stat_identity(pid)
+        if identity is _GONE:
+            return read(pid)
+        known = self._remembered.get(pid)
+        if known is not None and identity is not _UNKNOWN and known[0] == identity:
+            return known[1]
+        value = read(pid)
+        if identity is not _UNKNOWN:
+            self._remembered[pid] = (identity, value)
+        return value
+
+    def _forget_exited(self, parents: Any) -> None:
+        self._remembered = {pid: v for pid, v in self._remembered.items() if pid in parents}
 
     # -- the readings that include the kernels ----------------------------------------------
     def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> SimpleNamespace:
@@ -635,6 +684,18 @@ class LiveKernelsNvml(SimulatedNvml):
 
         details = PsutilProcessTable().lookup(pid)
         return SimpleNamespace(user=details.user, command=details.command) if details.alive else None
+
+
+def _kernel_number(pid: int) -> int | None:
+    """The number the Jupyter server gave the kernel (its environment), or None: not given, or not
+    readable (another user's process: only its owner and root may read its environment)."""
+    import psutil
+
+    try:
+        text = psutil.Process(pid).environ().get(KERNEL_NUMBER_ENV, "")
+    except psutil.Error:
+        return None
+    return int(text) if text.isdigit() and len(text) < 7 else None  # hostile text is no number
 
 
 def _is_kernel(pid: int) -> bool:
@@ -745,18 +806,34 @@ class HostKernelsNvml(LiveKernelsNvml):
     """
 
     def __init__(
-        self, gpus: list[SimulatedGpu], driver: bool = True, kernel_gpus: int = 2, scan_ttl_s: float = 0.5
+        self,
+        gpus: list[SimulatedGpu],
+        driver: bool = True,
+        kernel_gpus: int = 2,
+        scan_ttl_s: float = 0.5,
+        users: Sequence[str] | None = None,
     ) -> None:
         super().__init__(gpus, driver, kernel_gpus=kernel_gpus, scan_ttl_s=scan_ttl_s)
-        self._verdicts: dict[int, tuple[object, bool]] = {}  # pid -> (identity, is a kernel)
+        self.source_name = "host_kernels_server"
+        # Only these users' kernels (None: every user's); a rule of the process's owner, which any
+        # reader can see, so every reader still reads the same figures.
+        self.users = None if users is None else frozenset(users)
+
+    def kernel_environment(self) -> dict[str, str]:
+        """The next kernel's variables: which simulated server to read, and the same users (a
+        figure here depends on the pid alone, so no number)."""
+        env = {SOURCE_ENV: self.source_name}
+        if self.users is not None:
+            env[USERS_ENV] = ",".join(sorted(self.users))
+        return env
 
     def _scan(self) -> dict[int, list[SimulatedProcess]]:
         from .process_tree import children_of, descendants, read_parent_map
 
         parents = read_parent_map()[0]
         children = children_of(parents)
-        kernels = sorted(pid for pid in parents if self._kernel_verdict(pid))[:MAX_HOST_KERNELS]
-        self._verdicts = {pid: v for pid, v in self._verdicts.items() if pid in parents}  # forget the exited
+        self._forget_exited(parents)
+        kernels = sorted(pid for pid in parents if self._remember(pid, self._counted))[:MAX_HOST_KERNELS]
         live: dict[int, list[SimulatedProcess]] = {}
         placed = set(kernels)
         for pid in kernels:
@@ -770,20 +847,10 @@ class HostKernelsNvml(LiveKernelsNvml):
                     held.append(SimulatedProcess(child, KERNEL_CHILD_MIB, user="", command=""))
         return live
 
-    def _kernel_verdict(self, pid: int) -> bool:
-        """:func:`is_ipython_kernel` of the pid's command line, read once per process."""
-        from .owners import _GONE, _UNKNOWN, _stat_identity
-
-        identity = _stat_identity(pid)
-        if identity is _GONE:
-            return False
-        known = self._verdicts.get(pid)
-        if known is not None and identity is not _UNKNOWN and known[0] == identity:
-            return known[1]
-        verdict = _host_kernel(pid)
-        if identity is not _UNKNOWN:
-            self._verdicts[pid] = (identity, verdict)
-        return verdict
+    def _counted(self, pid: int) -> bool:
+        """Whether the process is a kernel placed here: :func:`is_ipython_kernel` of its command
+        line, and one of ``users``' when they are given."""
+        return _host_kernel(pid) and (self.users is None or _user_of(pid) in self.users)
 
 
 def _host_kernel(pid: int) -> bool:
@@ -795,6 +862,15 @@ def _host_kernel(pid: int) -> bool:
         return False
 
 
+def _user_of(pid: int) -> str | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).username()
+    except (psutil.Error, KeyError):  # gone, or a uid without a name
+        return None
+
+
 def host_kernels_server() -> HostKernelsNvml:
     """``shared_server``'s four GPUs, holding every IPython kernel of this machine, any user's (see
     :class:`HostKernelsNvml`): no fixed process, so the figures are the same whoever reads them.
@@ -803,7 +879,12 @@ def host_kernels_server() -> HostKernelsNvml:
     ``--TfgpuMagic.device_source=tfgpu_magic.simulated:host_kernels_server``; each server's GPU
     panel lists its own kernels, and the other users' kernels as other users' processes; in a
     kernel, ``tfgpu_magic.set_device_source(host_kernels_server())`` gives the same figures.
+
+    ``TFGPU_MAGIC_SIMULATED_USERS`` in the environment (user names, comma-separated) places only
+    those users' kernels: a test on a shared machine counts its own users' kernels, whatever else
+    runs there.
     """
+    named = os.environ.get(USERS_ENV)
     return HostKernelsNvml(
         [
             SimulatedGpu(total_mib=40960, utilization=97),
@@ -812,5 +893,22 @@ def host_kernels_server() -> HostKernelsNvml:
             SimulatedGpu(
                 name="Tesla T4", total_mib=15360, compute_capability=(7, 5), unsupported={"utilization"}
             ),
-        ]
+        ],
+        users=None if named is None else [name.strip() for name in named.split(",") if name.strip()],
     )
+
+
+# -- a kernel of a Jupyter server on a simulated server reads the same one ---------------------------
+SOURCE_ENV = "TFGPU_MAGIC_SIMULATED_SOURCE"  # which simulated server a kernel reads (kernel_environment)
+KERNEL_NUMBER_ENV = "TFGPU_MAGIC_SIMULATED_KERNEL"  # a kernel's number on kernels_server
+USERS_ENV = "TFGPU_MAGIC_SIMULATED_USERS"  # host_kernels_server: only these users' kernels
+_SOURCES = {"kernels_server": kernels_server, "host_kernels_server": host_kernels_server}
+
+
+def from_environment(env: Any = None) -> LiveKernelsNvml | None:
+    """The simulated server a Jupyter server on one named in its kernel's environment
+    (``TFGPU_MAGIC_SIMULATED_SOURCE``, set by the server extension), or None: the real driver.
+    Only this module's servers are named, so the variable never imports anything."""
+    name = (os.environ if env is None else env).get(SOURCE_ENV)
+    factory = _SOURCES.get(name) if name else None
+    return factory() if factory is not None else None

@@ -21,7 +21,7 @@ from collections.abc import MutableMapping
 from ..command.plan import MachineFacts, Resolution
 from ..command.units import MIB
 from ..frameworks.base import CUDA_ENV, CudaRecord, Framework
-from ..gpus import numbering
+from ..gpus import numbering, simulated
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 
 __all__ = ["Machine"]
@@ -33,8 +33,10 @@ class Machine:
         nvml: Nvml | None = None,
         env: MutableMapping[str, str] | None = None,
     ) -> None:
-        self.nvml = nvml if nvml is not None else Nvml()
         self.env: MutableMapping[str, str] = os.environ if env is None else env
+        # The real driver, unless the Jupyter server that started this kernel reads a simulated
+        # one and named it in the kernel's environment (then the kernel reads that same one).
+        self.nvml = nvml if nvml is not None else Nvml(lib=simulated.from_environment(self.env))
         self.cuda_record = CudaRecord()  # what CUDA read at its start, whichever framework started it
         self.frameworks: tuple[Framework, ...] = ()  # the kernel's adapters (see attach)
         self._frozen_cuda_map: list[int] | None = None  # CUDA's numbering, fixed once CUDA started
