@@ -5,8 +5,9 @@ A real hub (``jupyterhub`` from this venv, ``configurable-http-proxy`` from npm 
 real users, ``tfgpu-alice`` and ``tfgpu-bob`` (created here when missing; the tests run as
 root, which the local-process spawner needs to start each server as its user).  Each server
 reads ``tfgpu_magic.simulated:host_kernels_server``: simulated GPUs on which every IPython
-kernel of the machine holds memory by a rule of its pid alone, so both servers read the same
-figures.  Each user's server lists only that user's kernel, the other's kernel as another
+kernel of the two users holds memory by a rule of its pid alone, so both servers read the same
+figures; ``TFGPU_MAGIC_SIMULATED_USERS`` (the servers' environment) names the two, so whatever
+other kernels run on the machine (another test's, another user's) count for nothing here.  Each user's server lists only that user's kernel, the other's kernel as another
 user's process, and answers ``/tfgpu/api/status`` and ``/metrics`` under ``/user/NAME/`` to
 that user's token only; in Chromium, alice's JupyterLab shows her kernel in the GPU panel, bob's
 memory as another user's, and the figures in the status bar (jupyterlab-nvdashboard's panels
@@ -264,6 +265,8 @@ c.Spawner.environment = {{
     "JUPYTERLAB_WORKSPACES_DIR": _in_home("jupyter", "lab-workspaces"),
     "IPYTHONDIR": _in_home("ipython"),
     "XDG_CACHE_HOME": _in_home("cache"),
+    # host_kernels_server places only these users' kernels: the test's, whatever else runs here.
+    "TFGPU_MAGIC_SIMULATED_USERS": {simulated_users!r},
 }}
 """
 
@@ -414,6 +417,7 @@ def running_hub() -> Iterator[Hub]:
                 args=args,
                 path=path,
                 repo=str(REPO),
+                simulated_users=",".join(USERS),
             )
         )
         ARTIFACTS.mkdir(exist_ok=True)
