@@ -16,7 +16,8 @@ import signal
 import subprocess
 
 import pytest
-from prometheus_stack import JupyterServer, wait_until
+
+from support.prometheus_stack import JupyterServer, wait_until
 
 pytestmark = pytest.mark.slow
 
