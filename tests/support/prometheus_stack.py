@@ -150,10 +150,11 @@ class JupyterServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> JupyterServer:
+    def start(self, stdin: int | None = None) -> JupyterServer:
+        """``stdin``: a file descriptor for the server's input (a terminal's, to answer its Ctrl-C prompt)."""
         log = open(self.home / "server.log", "w")
         self.proc = subprocess.Popen(
-            self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
+            self.command, env=self.env, stdin=stdin, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
         )
         log.close()
         return self

@@ -719,9 +719,11 @@ def kernels_server() -> LiveKernelsNvml:
 
     One simulated server for the Jupyter server and its kernels, so the GPU panel and a kernel's
     ``%gpu`` give the same figures: in the Jupyter server,
-    ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``; in one of its
-    kernels, ``tfgpu_magic.set_device_source(kernels_server())`` reads the kernels of its parent,
-    the Jupyter server (a process whose command line mentions ``kernel`` is taken for a kernel).
+    ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``; each kernel
+    that server starts reads it by itself (the server names it in the kernel's environment, see
+    :func:`from_environment`), as does ``tfgpu_magic.set_device_source(kernels_server())`` in one:
+    the kernels of its parent, the Jupyter server (a process whose command line mentions ``kernel``
+    is taken for a kernel).
     Fixed processes, with pids no real process can have: alice's training (30 GiB) on GPU 0; my
     other process (owned by this process's real user, 4 GiB) and bob's fine-tuning (8 GiB) on
     GPU 1; carol's exited process (2 GiB, still listed) on GPU 3, which has no utilization reading.

@@ -29,8 +29,6 @@ Configuration (traitlets, section ``TfgpuMagic``)::
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import copy
 import importlib
 import logging
@@ -95,7 +93,8 @@ class TfgpuMagic(Configurable):
         zero-argument callable that returns a pynvml-like object, or (in a Python config file)
         the callable itself.  Empty (the default): the NVIDIA driver, through pynvml.  To try
         the extension without a GPU: "tfgpu_magic.simulated:kernels_server", a simulated
-        four-GPU server on which this server's kernels hold memory.""",
+        four-GPU server on which this server's kernels hold memory (the kernels this server
+        starts read the same simulated server: it is named in their environment).""",
     ).tag(config=True)
 
     refresh_interval = Float(
@@ -662,18 +661,20 @@ class _Extension:
             self.watcher.uninstall()
         if self.kernel_environment is not None:
             self.kernel_environment.uninstall()
-        if not pending:
-            return
-        done, left = await asyncio.wait(pending, timeout=timeout)
-        for task in done:
-            if not task.cancelled():
-                task.exception()  # retrieved: a failure while stopping is not "never retrieved"
+        left: set[asyncio.Future[Any]] = set()
+        if pending:
+            done, left = await asyncio.wait(pending, timeout=timeout)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: a failure while stopping is not "never retrieved"
         if left:
             self.log.warning(
-                "tfgpu_magic: %d task(s) did not end within %s s of the server's stop",
+                "tfgpu_magic: stopped, but %d task(s) did not end within %s s of the server's stop",
                 len(left),
                 f"{timeout:g}",
             )
+        else:
+            self.log.info("tfgpu_magic: stopped (%d task(s) under way ended)", len(pending))
 
 
 class GpuStatusApp(ExtensionApp):
@@ -691,23 +692,11 @@ class GpuStatusApp(ExtensionApp):
         serverapp = self.serverapp
         assert serverapp is not None
         self.started = _start(serverapp, self.handlers)
-        # A Ctrl-C without a terminal (a KeyboardInterrupt) stops jupyter_server's loop without its
-        # clean-up: the extension then stops at the interpreter's exit, on the loop left behind.
-        self._loop = serverapp.io_loop.asyncio_loop
-        atexit.register(self._stop_at_exit)
 
     async def stop_extension(self) -> None:
-        atexit.unregister(self._stop_at_exit)
         started = getattr(self, "started", None)
         if started is not None:
             await started.stop()
-
-    def _stop_at_exit(self) -> None:
-        loop = self._loop
-        if loop.is_closed() or loop.is_running():
-            return
-        with contextlib.suppress(Exception):
-            loop.run_until_complete(self.stop_extension())
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
