@@ -99,9 +99,17 @@ def _shell_kernel(name: str, user: str | None = None) -> subprocess.Popen:
 
 
 def _children(pid: int) -> list[int]:
+    """The process's children once each has exec'd its own program: just after the fork a child
+    still has its parent's command line, a kernel's, and would be read (and remembered) as one."""
     import psutil
 
-    return [p.pid for p in psutil.Process(pid).children()]
+    children = psutil.Process(pid).children()
+    try:
+        if any(child.cmdline() == psutil.Process(pid).cmdline() for child in children):
+            return []
+    except psutil.Error:
+        return []
+    return [p.pid for p in children]
 
 
 def children_soon(pid: int, timeout: float = 30.0) -> list[int]:
