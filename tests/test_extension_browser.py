@@ -1,7 +1,7 @@
 """The JupyterLab / Notebook 7 extension in a real browser, against the real server extension.
 
 One Jupyter server on loopback, with ``--TfgpuMagic.device_source=tfgpu_magic.gpus.simulated:kernels_server``:
-simulated GPUs on which this server's own kernels hold memory (kernel ``n``, by pid, holds
+simulated GPUs on which this server's own kernels hold memory (kernel ``n``, numbered as the server started it, holds
 ``n + 1`` GiB on GPU ``n % 2``, plus 256 MiB per process below it).  The same server serves
 JupyterLab (``/lab``) and Notebook 7 (``/tree``, ``/notebooks/NAME.ipynb``).  Screenshots go to
 test-artifacts/extension-*.png.
@@ -16,6 +16,8 @@ import time
 
 import psutil
 import pytest
+
+from tfgpu_magic.gpus.simulated import KERNEL_NUMBER_ENV
 
 from support.browser import (
     REPO,
@@ -119,7 +121,9 @@ def expected_figures(server) -> dict[str, list[str]]:
     reply = server.get_json("tfgpu/api/status")
     by_pid = {k["pid"]: k["path"] for k in reply["kernels"]}
     figures = {}
-    for n, pid in enumerate(child_kernels(server.pid)):
+    for pid in child_kernels(server.pid):
+        # Its number, given when the server started it (kernels_server's rule: kept while it lives).
+        n = int(psutil.Process(pid).environ()[KERNEL_NUMBER_ENV])
         below = len(psutil.Process(pid).children(recursive=True))
         held = (n + 1) * GIB + below * 256 * MIB
         if pid in by_pid:  # a kernel newer than the server's last reading is numbered all the same
