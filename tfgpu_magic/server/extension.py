@@ -736,13 +736,14 @@ def _start(serverapp: Any, handlers: list[Any] | None) -> _Extension:
     if callable(variables):  # a simulated server: the kernels this server starts read it too
         started.kernel_environment = KernelEnvironment(serverapp.kernel_manager, variables)
         started.kernel_environment.install()
-    routes = [
+    routes: list[tuple[str, Any] | tuple[str, Any, dict[str, Any]]] = [
         (url_path_join(*ROUTE), StatusHandler, {"status": status}),
         ("metrics", MetricsHandler),
     ]
     base_url = serverapp.web_app.settings["base_url"]
     if handlers is None:
-        serverapp.web_app.add_handlers(".*$", [(url_path_join(base_url, r[0]), *r[1:]) for r in routes])
+        prefixed = [(url_path_join(base_url, path), *rest) for path, *rest in routes]
+        serverapp.web_app.add_handlers(".*$", prefixed)
     else:
         handlers.extend(routes)
     route = url_path_join(base_url, *ROUTE)
