@@ -53,7 +53,7 @@ lint-python:
 # The documentation (docs/, MyST Markdown) into build/docs: a warning (a broken link or reference, a
 # docstring autodoc cannot read) fails it. The magics' reference is generated from the grammar here.
 docs:
-	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/sphinx-build -W --keep-going -n -q -b html docs build/docs
+	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs build/docs
 
 test: lint docs
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/python -m pytest --nbval example_notebooks tests

@@ -562,7 +562,7 @@ class LiveKernelsNvml(SimulatedNvml):
     GPU's used memory includes them.
 
     A kernel's number is given once, when the Jupyter server starts it: the server extension
-    asks :meth:`kernel_environment` for the next kernel's variables, and the number travels in
+    asks ``kernel_environment()`` for the next kernel's variables, and the number travels in
     the kernel's environment (``TFGPU_MAGIC_SIMULATED_KERNEL``), where every reader (the server,
     the kernel itself, its siblings) reads it.  So a kernel keeps its GPU and its memory when
     others stop (a culled kernel gives its memory back; no survivor is renumbered).  A kernel
@@ -591,12 +591,12 @@ class LiveKernelsNvml(SimulatedNvml):
         self._scanned_at: float | None = None
         self._live: dict[int, list[SimulatedProcess]] = {}
         self._remembered: dict[int, tuple[object, Any]] = {}  # pid -> (identity, what was read of it)
-        self._next_number = 0  # the number :meth:`kernel_environment` gives the next kernel
+        self._next_number = 0  # the number ``kernel_environment()`` gives the next kernel
         self.source_name = "kernels_server"  # the factory a kernel calls to read the same server
 
     def kernel_environment(self) -> dict[str, str]:
         """The variables of the next kernel the Jupyter server starts: which simulated server to read
-        (:func:`from_environment`) and the kernel's number (see the class's rule), given once."""
+        (``from_environment()``) and the kernel's number (see the class's rule), given once."""
         number, self._next_number = self._next_number, self._next_number + 1
         return {SOURCE_ENV: self.source_name, KERNEL_NUMBER_ENV: str(number)}
 
@@ -721,7 +721,7 @@ def kernels_server() -> LiveKernelsNvml:
     ``%gpu`` give the same figures: in the Jupyter server,
     ``jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server``; each kernel
     that server starts reads it by itself (the server names it in the kernel's environment, see
-    :func:`from_environment`), as does ``tfgpu_magic.set_device_source(kernels_server())`` in one:
+    ``from_environment()``), as does ``tfgpu_magic.set_device_source(kernels_server())`` in one:
     the kernels of its parent, the Jupyter server (a process whose command line mentions ``kernel``
     is taken for a kernel).
     Fixed processes, with pids no real process can have: alice's training (30 GiB) on GPU 0; my
