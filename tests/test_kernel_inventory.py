@@ -41,11 +41,18 @@ from tfgpu_magic.server.kernel_inventory import (
 )
 
 from support.fakes import GPU_ALLOCATOR_SCRIPT, fake_process_table, wait_for
+from support.reply_schema import replies_follow_the_schema
 
 MIB = 1024**2
 GIB = 1024**3
 SERVER = 500  # the Jupyter server's pid in the given process trees
 NOW = 1763800000.123
+
+
+@pytest.fixture(autouse=True)
+def _replies_follow_the_schema(monkeypatch):
+    """Every reply built here is checked against the shipped schema (tfgpu_magic/server/schema)."""
+    yield from replies_follow_the_schema(monkeypatch)
 
 
 def small_server() -> SimulatedNvml:

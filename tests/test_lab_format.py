@@ -7,22 +7,16 @@ module on its own.  Each case is evaluated in one Node process and compared here
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-COMPILED = REPO / "lib" / "format.js"
+from support.typescript import compiled_module, node
+
 GIB = 2**30
 MIB = 2**20
 NOW = 1_763_800_000.0  # the reply's generated_at (unix seconds)
-
-pytestmark = [
-    pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js"),
-    pytest.mark.skipif(not COMPILED.is_file(), reason="js/lab is not compiled (npm run build)"),
-]
 
 
 def kernel(memory: dict, **fields) -> dict:
@@ -65,14 +59,14 @@ def reply(kernels: list, available: bool = True, reason=None) -> dict:
 
 def evaluate(tmp_path: Path, calls: list[tuple[str, list]]) -> list:
     module = tmp_path / "format.mjs"  # .mjs: an ES module whatever package.json says
-    module.write_text(COMPILED.read_text())
+    module.write_text(compiled_module("format.js").read_text())
     script = tmp_path / "run.mjs"
     script.write_text(
         "import * as f from './format.mjs';\n"
         f"const calls = {json.dumps(calls)};\n"
         "console.log(JSON.stringify(calls.map(([name, args]) => f[name](...args))));\n"
     )
-    done = subprocess.run(["node", str(script)], capture_output=True, text=True, check=True)
+    done = subprocess.run([node(), str(script)], capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
 

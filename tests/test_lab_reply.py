@@ -7,26 +7,18 @@ own.  Issue 17, item 11: a reply is validated field by field instead of cast to 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-REPO = Path(__file__).resolve().parents[1]
-COMPILED = REPO / "lib" / "reply.js"
-
-pytestmark = [
-    pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js"),
-    pytest.mark.skipif(not COMPILED.is_file(), reason="js/lab is not compiled (npm run build)"),
-]
+from support.typescript import compiled_module, node
 
 
 def parse(tmp_path: Path, bodies: list) -> list:
     """parseReply over each body, in one Node process."""
-    (tmp_path / "reply.mjs").write_text(COMPILED.read_text())
+    (tmp_path / "reply.mjs").write_text(compiled_module("reply.js").read_text())
     (tmp_path / "bodies.json").write_text(json.dumps(bodies))
     script = tmp_path / "run.mjs"
     script.write_text(
@@ -35,7 +27,7 @@ def parse(tmp_path: Path, bodies: list) -> list:
         "const bodies = JSON.parse(readFileSync(new URL('./bodies.json', import.meta.url)));\n"
         "console.log(JSON.stringify(bodies.map(b => parseReply(b))));\n"
     )
-    done = subprocess.run(["node", str(script)], capture_output=True, text=True, check=True)
+    done = subprocess.run([node(), str(script)], capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
 
@@ -81,6 +73,8 @@ def a_reply(**fields) -> dict:
         "other_users": [],
         "unattributed": [],
         "notes": [],
+        "pids_visible": True,
+        "hidden_processes": [],
     }
     return {**base, **fields}
 

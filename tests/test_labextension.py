@@ -69,10 +69,8 @@ def test_ipywidgets_base_is_shared_not_bundled():
     assert shared == {"bundled": False, "singleton": True}
 
 
-@pytest.mark.skipif(
-    not (REPO / "tfgpu_magic" / "labextension" / "package.json").is_file(), reason="not built"
-)
 def test_the_built_extension_is_this_package():
+    # Built by `make setup` (pip's build of the front ends): missing is a broken setup, not a skip.
     built = json.loads((REPO / "tfgpu_magic" / "labextension" / "package.json").read_text())
     assert built["name"] == NAME and built["version"] == PACKAGE_JSON["version"]
     load = REPO / "tfgpu_magic" / "labextension" / built["jupyterlab"]["_build"]["load"]

@@ -44,12 +44,23 @@ from tfgpu_magic.server import extension, kernel_inventory, metrics
 from tfgpu_magic.server.kernel_inventory import KernelDescription
 
 from support.fakes import fake_process_table
+from support.reply_schema import replies_follow_the_schema
 
 MIB = 1 << 20
 GIB = 1 << 30
 COMMAND_BOUND = 1024  # the documented bound (README): characters of a command line, "…" included
 NAME_BOUND = 64  # characters of a user name
 NODE = shutil.which("node")
+
+
+@pytest.fixture
+def schema_checked(monkeypatch):
+    """Every reply the test builds is checked against the shipped schema (tfgpu_magic/server/schema).
+
+    Not for the property over arbitrary readings: its simulated driver says what no NVML does
+    (negative bytes, a utilization of 1e22), which the server passes on and the schema's ranges
+    refuse."""
+    yield from replies_follow_the_schema(monkeypatch)
 
 
 def strict_loads(text: str) -> Any:
@@ -87,6 +98,7 @@ def bobs_server(count: int = 20, size: int = MIB, user: str = "bob") -> Simulate
 
 
 # -- item 6: other users' text is bounded where it is read -------------------------------------------
+@pytest.mark.usefixtures("schema_checked")
 def test_other_users_command_lines_are_cut_in_the_servers_reply():
     server = bobs_server()
     reply = kernel_inventory.inventory(Nvml(lib=server), [], fake_process_table(server))
@@ -97,6 +109,7 @@ def test_other_users_command_lines_are_cut_in_the_servers_reply():
     assert len(json.dumps(reply)) < 20 * (COMMAND_BOUND + 200) + 10_000  # was 21 MB
 
 
+@pytest.mark.usefixtures("schema_checked")
 def test_other_users_names_are_cut_in_the_servers_reply():
     server = bobs_server(count=2, size=10, user="b" * 100_000)
     reply = kernel_inventory.inventory(Nvml(lib=server), [], fake_process_table(server))
@@ -211,6 +224,7 @@ def _assert_hidden(reply: dict, bob: int, alice: int) -> None:
     assert "tfgpu_other_users_gpu_memory_bytes{" not in text  # absent, never 0
 
 
+@pytest.mark.usefixtures("schema_checked")
 def test_with_hidepid_faked_a_pid_proc_does_not_show_is_hidden_not_exited(monkeypatch):
     """The detection faked: a pid that /proc does not show (none runs with it) and our own process."""
     bob = 4_194_000  # above any pid this machine hands out
@@ -218,6 +232,7 @@ def test_with_hidepid_faked_a_pid_proc_does_not_show_is_hidden_not_exited(monkey
     _assert_hidden(reply, bob, os.getpid())
 
 
+@pytest.mark.usefixtures("schema_checked")
 def test_without_hidepid_a_pid_proc_does_not_show_stays_exited(monkeypatch):
     server = SimulatedNvml([SimulatedGpu(total_mib=40960, processes=[SimulatedProcess(4_194_000, 8192)])])
     monkeypatch.setattr(owners, "_hides_others", lambda: False)
@@ -273,6 +288,7 @@ ALICE, BOB = 54331, 54332
 @pytest.mark.skipif(
     not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root: a real hidepid mount, two uids"
 )
+@pytest.mark.usefixtures("schema_checked")
 def test_with_a_real_hidepid_mount_other_users_memory_is_unknown_not_zero():
     """Alice's server reads a GPU where bob (another uid) holds 8 GiB and alice's own process 4 GiB,
     with /proc mounted hidepid=2 in a private mount namespace: bob's pid is invisible to her."""
@@ -380,6 +396,7 @@ def test_tfgpu_json_is_strict_json_whatever_the_report_holds(monkeypatch, capsys
         assert node_parses(text)
 
 
+@pytest.mark.usefixtures("schema_checked")
 def test_the_servers_reply_text_is_strict_json():
     server = bobs_server(count=1, size=10)
     reply = kernel_inventory.inventory(
@@ -491,6 +508,7 @@ def test_any_reading_gives_a_bounded_strict_reply_and_metrics_with_no_forged_ser
     assert "fake_series" not in names
 
 
+@pytest.mark.usefixtures("schema_checked")
 def test_twenty_one_mebibyte_command_lines_weigh_what_twenty_short_ones_do():
     """The size bound does not grow with what others plant: 20 x 1 MiB against 20 x 2 KiB."""
 

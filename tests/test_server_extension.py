@@ -40,10 +40,18 @@ from tfgpu_magic.gpus.simulated import (
 from tfgpu_magic.server import extension as serverext
 from tfgpu_magic.server import kernel_inventory
 
+from support.reply_schema import replies_follow_the_schema
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024**3
 MIB = 1024**2
 HOSTILE = "python x.py\x1b]0;owned\x07\n[tfgpu] all GPUs free\u202e"
+
+
+@pytest.fixture(autouse=True)
+def _replies_follow_the_schema(monkeypatch):
+    """Every reply built here is checked against the shipped schema (tfgpu_magic/server/schema)."""
+    yield from replies_follow_the_schema(monkeypatch)
 
 
 # -- fixtures: a server with the extension, reading the device source a test chooses ------------

@@ -127,7 +127,7 @@ export class StatusPoller implements IDisposable {
   /** Milliseconds between polls: the server's interval, within bounds. */
   private _interval(): number {
     const reading = this._reading;
-    const asked = reading?.ok ? reading.reply.refresh_interval_s : DEFAULT_INTERVAL_S;
+    const asked = (reading?.ok ? reading.reply.refresh_interval_s : null) ?? DEFAULT_INTERVAL_S;
     return Math.min(Math.max(asked, MIN_INTERVAL_S), MAX_INTERVAL_S) * 1000;
   }
 

@@ -92,10 +92,10 @@ export function formatActivity(kernel: IKernel, generatedAt: number): string {
  */
 export function formatCulling(kernel: IKernel, generatedAt: number): string {
   const due = kernel.cull_due_at ? Date.parse(kernel.cull_due_at) / 1000 : NaN;
-  if (!Number.isFinite(due)) {
+  const left = due - generatedAt; // NaN when either time is unknown (a reply without its time)
+  if (!Number.isFinite(left)) {
     return '';
   }
-  const left = due - generatedAt;
   return left > 0 ? ` · culled in ${formatDuration(left)} if idle` : ' · culling due';
 }
 

@@ -151,7 +151,7 @@ export class GpuPanel extends PolledWidget {
       return { ...empty, message: reading.error, updated: `failed ${clock(reading.receivedAt / 1000)}` };
     }
     const reply = reading.reply;
-    const view: IView = { ...empty, updated: `updated ${clock(reply.generated_at)}`, user: reply.user, notes: reply.notes ?? [] };
+    const view: IView = { ...empty, updated: reply.generated_at === null ? 'updated at an unknown time' : `updated ${clock(reply.generated_at)}`, user: reply.user, notes: reply.notes ?? [] };
     const current = this._options.currentKernelId?.() ?? null;
     const kernels = reply.kernels.filter(k => !this._gone.has(k.id));
     this._forgetGone(reply);
@@ -168,7 +168,7 @@ export class GpuPanel extends PolledWidget {
     }
     view.gpus = reply.gpus.map(gpu => gpuView(gpu, reply));
     const holding = kernels.filter(holdsGpuMemory).sort((a, b) => kernelTotal(b) - kernelTotal(a));
-    view.kernels = holding.map(k => kernelRow(k, reply.generated_at, k.id === current));
+    view.kernels = holding.map(k => kernelRow(k, reply.generated_at ?? NaN, k.id === current));
     const rest = kernels.filter(k => !holdsGpuMemory(k));
     const unattributable = rest.filter(k => k.note);
     view.unattributable = unattributable.map(k => `${kernelLabel(k)}: ${k.note}`);
@@ -285,7 +285,7 @@ export class GpuPanel extends PolledWidget {
 
   private _forgetGone(reply: IStatusReply): void {
     for (const [id, since] of this._gone) {
-      if (reply.generated_at > since && !reply.kernels.some(k => k.id === id)) {
+      if (reply.generated_at !== null && reply.generated_at > since && !reply.kernels.some(k => k.id === id)) {
         this._gone.delete(id);
       }
     }

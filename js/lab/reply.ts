@@ -1,10 +1,13 @@
 // The server extension's reply (`GET {base_url}tfgpu/api/status`, version 1): its types, and
 // `parseReply`, which builds a reply of exactly these types from whatever JSON came back.
 //
-// The contract: bytes are integers, a missing reading is null (never a made-up 0), strings
-// from other processes are already neutralised by the server.  The page still checks every
-// field instead of casting: a server of another version, a proxy's error page or a kernel
+// The contract is the JSON Schema shipped with the server, tfgpu_magic/server/schema/
+// status-reply.v1.json: bytes are integers, a missing reading is null (never a made-up 0),
+// strings from other processes are already neutralised by the server.  The page still checks
+// every field instead of casting: a server of another version, a proxy's error page or a kernel
 // whose name is null must show as "unknown", never as "kernel null" or a broken panel.
+// `readReply` also says where a reply departs from the schema (tests/test_lab_reply_schema.py
+// checks that it finds no departure in exactly the replies the schema allows).
 // No runtime imports, so tests run the compiled module in Node on its own.
 
 export const CONTRACT_VERSION = 1;
@@ -68,15 +71,22 @@ export interface IProcess {
   gpu: number;
   pid: number;
   used_memory_bytes: number | null;
-  command?: string | null;
-  user?: string | null;
-  note?: string | null;
+  command?: string | null; // my other processes, other users'
+  user?: string | null; // other users'
+  note?: string; // unattributed (exited) and hidden processes: why nobody's
+}
+
+/** The server's GPU idle culler, when it is on. */
+export interface ICuller {
+  idle_after_s: number;
+  min_memory_bytes: number;
+  free_below_bytes: number | null;
 }
 
 export interface IStatusReply {
   version: number;
-  generated_at: number; // unix seconds, the server's clock
-  refresh_interval_s: number;
+  generated_at: number | null; // unix seconds, the server's clock; null: its clock gave no finite time
+  refresh_interval_s: number | null; // 0: every request reads afresh; null: not a finite number on the server
   driver: { available: boolean; reason: string | null };
   user: string | null;
   gpus: IGpu[];
@@ -85,9 +95,20 @@ export interface IStatusReply {
   other_users: IProcess[];
   unattributed: IProcess[];
   notes: string[];
+  // false: NVML lists pids this server cannot see or /proc hides, so some shares are unknown;
+  // null: no driver reading.
+  pids_visible: boolean | null;
+  hidden_processes: IProcess[]; // listed pids /proc hides (hidepid): another user's or exited
+  culler?: ICuller | null; // the server's culler settings (absent from an older server)
 }
 
 type Json = Record<string, unknown>;
+
+/** A reply as the page reads it, and where the JSON departed from the contract ([] when nowhere). */
+export interface IReadReply {
+  reply: IStatusReply;
+  problems: string[];
+}
 
 /**
  * The reply as the types above say, or one line saying why it cannot be read at all.  Fields
@@ -95,6 +116,12 @@ type Json = Record<string, unknown>;
  * it (a GPU without an index, a kernel without an id) is dropped, with a note.
  */
 export function parseReply(body: unknown): IStatusReply | string {
+  const read = readReply(body);
+  return typeof read === 'string' ? read : read.reply;
+}
+
+/** `parseReply`'s reply, with each place the JSON breaks the contract (`$.gpus[0].index: not ...`). */
+export function readReply(body: unknown): IReadReply | string {
   if (!isObject(body)) {
     return 'The GPU status reply is not a JSON object.';
   }
@@ -104,147 +131,359 @@ export function parseReply(body: unknown): IStatusReply | string {
       'the server extension and the JupyterLab extension come from different tfgpu_magic versions.'
     );
   }
-  const generatedAt = num(body.generated_at);
-  if (generatedAt === null || !Array.isArray(body.gpus) || !Array.isArray(body.kernels) || !isObject(body.driver)) {
+  if (
+    !has(body, 'generated_at') ||
+    (body.generated_at !== null && num(body.generated_at) === null) ||
+    !Array.isArray(body.gpus) ||
+    !Array.isArray(body.kernels) ||
+    !isObject(body.driver)
+  ) {
     return 'The GPU status reply lacks its time, GPUs, kernels or driver state: it is not from the tfgpu_magic server extension.';
   }
-  const notes = strings(body.notes);
-  const gpus = entries(body.gpus, gpu, 'GPU', notes);
-  const kernels = entries(body.kernels, kernel, 'kernel', notes);
-  return {
+  const problems: string[] = [];
+  const top = new Fields(body, '$', problems, TOP_KEYS, ['culler']);
+  const notes = top.get('notes', STRINGS, []);
+  const reply: IStatusReply = {
     version: CONTRACT_VERSION,
-    generated_at: generatedAt,
-    refresh_interval_s: num(body.refresh_interval_s) ?? 2,
-    driver: { available: body.driver.available === true, reason: str(body.driver.reason) },
-    user: str(body.user),
-    gpus,
-    kernels,
-    my_other_processes: entries(body.my_other_processes, processEntry, 'process', notes),
-    other_users: entries(body.other_users, processEntry, 'process', notes),
-    unattributed: entries(body.unattributed, processEntry, 'process', notes),
-    notes
+    generated_at: top.get('generated_at', nullable(SECONDS), null),
+    refresh_interval_s: top.get('refresh_interval_s', nullable(SECONDS), null),
+    driver: top.get('driver', DRIVER, { available: false, reason: null }),
+    user: top.get('user', nullable(STRING), null),
+    gpus: top.entries('gpus', GPU_KEYS, gpu, 'GPU', notes),
+    kernels: top.entries('kernels', KERNEL_KEYS, kernel, 'kernel', notes, ['cull_due_at']),
+    my_other_processes: top.entries('my_other_processes', ...processEntry(MY_PROCESS), 'process', notes),
+    other_users: top.entries('other_users', ...processEntry(OTHER_USERS_PROCESS), 'process', notes),
+    unattributed: top.entries('unattributed', ...processEntry(NOTED_PROCESS), 'process', notes),
+    notes,
+    pids_visible: top.get('pids_visible', nullable(BOOLEAN), null),
+    hidden_processes: top.entries('hidden_processes', ...processEntry(NOTED_PROCESS), 'process', notes)
   };
+  if (top.has('culler')) {
+    reply.culler = top.get('culler', nullable(CULLER), null);
+  }
+  return { reply, problems };
 }
 
-function gpu(v: Json): IGpu | null {
-  const index = int(v.index);
+// -- what each field must be, and what a departure from it is called -----------------------------
+
+/** Reads one value: what it is, or undefined (said by the caller) when it is not `what`. */
+interface IRead<T> {
+  what: string; // said as "$.gpus[0].index: not <what>"
+  read(value: unknown, path: string, problems: string[]): T | undefined;
+}
+
+function reader<T>(what: string, read: IRead<T>['read']): IRead<T> {
+  return { what, read };
+}
+
+function nullable<T>(inner: IRead<T>): IRead<T | null> {
+  return reader(`${inner.what} or null`, (v, path, problems) => (v === null ? null : inner.read(v, path, problems)));
+}
+
+/** A list; an item that is not `inner` is left out (and said). */
+function list<T>(inner: IRead<T>): IRead<T[]> {
+  return reader(`a list of ${inner.what}s`, (v, path, problems) => {
+    if (!Array.isArray(v)) {
+      return undefined;
+    }
+    const kept: T[] = [];
+    v.forEach((item, i) => {
+      const got = inner.read(item, `${path}[${i}]`, problems);
+      if (got === undefined) {
+        problems.push(`${path}[${i}]: not ${inner.what}`);
+      } else {
+        kept.push(got);
+      }
+    });
+    return kept;
+  });
+}
+
+/** An object of exactly `keys`, each read by `build` (a missing or unknown key is said). */
+function record<T>(what: string, keys: readonly string[], build: (fields: Fields) => T): IRead<T> {
+  return reader(what, (v, path, problems) => (isObject(v) ? build(new Fields(v, path, problems, keys)) : undefined));
+}
+
+/** A number of the kind `test` accepts (finite, and JSON's integers exactly, below 2^53). */
+function number(what: string, test: (n: number) => boolean): IRead<number> {
+  return reader(what, v => (typeof v === 'number' && Number.isFinite(v) && test(v) ? v : undefined));
+}
+
+const STRING = reader('a string', v => (typeof v === 'string' ? v : undefined));
+const STRINGS = list(STRING);
+const ID = reader('a non-empty string', v => (typeof v === 'string' && v !== '' ? v : undefined));
+const BOOLEAN = reader('true or false', v => (typeof v === 'boolean' ? v : undefined));
+const INDEX = number('a whole number ≥ 0', n => Number.isSafeInteger(n) && n >= 0);
+const BYTES = number('a whole number of bytes', n => Number.isSafeInteger(n) && n >= 0);
+const SECONDS = number('a number of seconds ≥ 0', n => n >= 0);
+const POSITIVE = number('a number > 0', n => n > 0);
+const PERCENT = number('a percentage (0 to 100)', n => n >= 0 && n <= 100);
+
+const DRIVER = record('the driver state', ['available', 'reason'], f => ({
+  available: f.get('available', BOOLEAN, false),
+  reason: f.get('reason', nullable(STRING), null)
+}));
+
+const CULLER = record('the culler settings', ['idle_after_s', 'min_memory_bytes', 'free_below_bytes'], f => ({
+  idle_after_s: f.get('idle_after_s', POSITIVE, 0),
+  min_memory_bytes: f.get('min_memory_bytes', BYTES, 0),
+  free_below_bytes: f.get('free_below_bytes', nullable(BYTES), null)
+}));
+
+const SPLIT = record(
+  'the memory split',
+  ['kernels_bytes', 'my_other_bytes', 'others_bytes', 'unattributed_bytes', 'free_bytes'],
+  (f): IGpuSplit => ({
+    kernels_bytes: f.get('kernels_bytes', nullable(BYTES), null),
+    my_other_bytes: f.get('my_other_bytes', nullable(BYTES), null),
+    others_bytes: f.get('others_bytes', nullable(BYTES), null),
+    unattributed_bytes: f.get('unattributed_bytes', nullable(BYTES), null),
+    free_bytes: f.get('free_bytes', nullable(BYTES), null)
+  })
+);
+
+/** nvidia-smi index (a string of at most 4 digits) -> bytes or null; another key is left out. */
+const MEMORY_BY_GPU = reader('an object of bytes by GPU index', (v, path, problems) => {
+  if (!isObject(v)) {
+    return undefined;
+  }
+  const memory: Record<string, number | null> = {};
+  const fields = new Fields(v, path, problems);
+  for (const index of Object.keys(v)) {
+    if (/^\d{1,4}$/.test(index)) {
+      memory[index] = fields.get(index, nullable(BYTES), null);
+    } else {
+      problems.push(`${path}.${index}: not a GPU index`);
+    }
+  }
+  return memory;
+});
+
+const MIG_KEYS = [
+  'mig_index',
+  'uuid',
+  'gpu_instance_id',
+  'compute_instance_id',
+  'memory_used_bytes',
+  'memory_total_bytes',
+  'process_count',
+  'kernel_ids',
+  'notes'
+];
+
+/** One instance, or the one row that says why they could not be listed (mig_index null, and notes). */
+const MIG_INSTANCE = reader('a MIG instance', (v, path, problems): IMigInstance | undefined => {
+  if (!isObject(v)) {
+    return undefined;
+  }
+  const failed = v.mig_index === null;
+  const f = new Fields(v, path, problems, failed ? ['mig_index', 'notes'] : MIG_KEYS);
+  return {
+    mig_index: failed ? null : f.get('mig_index', INDEX, null),
+    uuid: f.get('uuid', nullable(STRING), null),
+    gpu_instance_id: f.get('gpu_instance_id', nullable(INDEX), null),
+    compute_instance_id: f.get('compute_instance_id', nullable(INDEX), null),
+    memory_used_bytes: f.get('memory_used_bytes', nullable(BYTES), null),
+    memory_total_bytes: f.get('memory_total_bytes', nullable(BYTES), null),
+    process_count: f.get('process_count', nullable(INDEX), null),
+    kernel_ids: f.get('kernel_ids', nullable(STRINGS), null),
+    notes: f.get('notes', STRINGS, [])
+  };
+});
+
+const TOP_KEYS = [
+  'version',
+  'generated_at',
+  'refresh_interval_s',
+  'driver',
+  'user',
+  'gpus',
+  'kernels',
+  'my_other_processes',
+  'other_users',
+  'unattributed',
+  'notes',
+  'pids_visible',
+  'hidden_processes'
+];
+
+const GPU_KEYS = [
+  'index',
+  'name',
+  'uuid',
+  'memory_used_bytes',
+  'memory_total_bytes',
+  'utilization_percent',
+  'lost',
+  'notes',
+  'split',
+  'mig_instances'
+];
+
+function gpu(f: Fields): IGpu | null {
+  const index = f.get('index', INDEX, null);
   if (index === null) {
     return null;
   }
   return {
     index,
-    name: str(v.name),
-    uuid: str(v.uuid),
-    memory_used_bytes: num(v.memory_used_bytes),
-    memory_total_bytes: num(v.memory_total_bytes),
-    utilization_percent: num(v.utilization_percent),
-    lost: v.lost === true,
-    notes: strings(v.notes),
-    split: isObject(v.split)
-      ? {
-          kernels_bytes: num(v.split.kernels_bytes),
-          my_other_bytes: num(v.split.my_other_bytes),
-          others_bytes: num(v.split.others_bytes),
-          unattributed_bytes: num(v.split.unattributed_bytes),
-          free_bytes: num(v.split.free_bytes)
-        }
-      : null,
-    mig_instances: Array.isArray(v.mig_instances) ? v.mig_instances.filter(isObject).map(migInstance) : null
+    name: f.get('name', nullable(STRING), null),
+    uuid: f.get('uuid', nullable(STRING), null),
+    memory_used_bytes: f.get('memory_used_bytes', nullable(BYTES), null),
+    memory_total_bytes: f.get('memory_total_bytes', nullable(BYTES), null),
+    utilization_percent: f.get('utilization_percent', nullable(PERCENT), null),
+    lost: f.get('lost', BOOLEAN, false),
+    notes: f.get('notes', STRINGS, []),
+    split: f.get('split', nullable(SPLIT), null),
+    mig_instances: f.get('mig_instances', nullable(list(MIG_INSTANCE)), null)
   };
 }
 
-function migInstance(v: Json): IMigInstance {
-  return {
-    mig_index: int(v.mig_index),
-    uuid: str(v.uuid),
-    gpu_instance_id: int(v.gpu_instance_id),
-    compute_instance_id: int(v.compute_instance_id),
-    memory_used_bytes: num(v.memory_used_bytes),
-    memory_total_bytes: num(v.memory_total_bytes),
-    process_count: int(v.process_count),
-    kernel_ids: Array.isArray(v.kernel_ids) ? strings(v.kernel_ids) : null,
-    notes: strings(v.notes)
-  };
-}
+const KERNEL_KEYS = [
+  'id',
+  'name',
+  'path',
+  'session_name',
+  'session_type',
+  'execution_state',
+  'last_activity',
+  'pid',
+  'child_pids',
+  'gpu_memory_bytes',
+  'total_gpu_memory_bytes',
+  'note'
+];
 
-function kernel(v: Json): IKernel | null {
-  const id = str(v.id);
-  if (!id) {
+function kernel(f: Fields): IKernel | null {
+  const id = f.get('id', ID, null);
+  if (id === null) {
     return null;
   }
-  const memory: Record<string, number | null> = {};
-  if (isObject(v.gpu_memory_bytes)) {
-    for (const [index, bytes] of Object.entries(v.gpu_memory_bytes)) {
-      if (/^\d{1,4}$/.test(index)) {
-        memory[index] = num(bytes);
+  const read: IKernel = {
+    id,
+    name: f.get('name', nullable(STRING), null),
+    path: f.get('path', nullable(STRING), null),
+    session_name: f.get('session_name', nullable(STRING), null),
+    session_type: f.get('session_type', nullable(STRING), null),
+    execution_state: f.get('execution_state', nullable(STRING), null),
+    last_activity: f.get('last_activity', nullable(STRING), null),
+    pid: f.get('pid', nullable(INDEX), null),
+    child_pids: f.get('child_pids', list(INDEX), []),
+    gpu_memory_bytes: f.get('gpu_memory_bytes', MEMORY_BY_GPU, {}),
+    total_gpu_memory_bytes: f.get('total_gpu_memory_bytes', nullable(BYTES), null),
+    note: f.get('note', nullable(STRING), null)
+  };
+  if (f.has('cull_due_at')) {
+    read.cull_due_at = f.get('cull_due_at', nullable(STRING), null);
+  }
+  return read;
+}
+
+// Each list's own keys beside gpu, pid and used_memory_bytes: the server writes no others.
+const MY_PROCESS = { command: nullable(STRING) };
+const OTHER_USERS_PROCESS = { user: nullable(STRING), command: nullable(STRING) };
+const NOTED_PROCESS = { note: STRING };
+
+/** The keys of one list's process entries, and the entries' reader. */
+function processEntry(
+  own: Partial<Record<'command' | 'user' | 'note', IRead<string | null>>>
+): [readonly string[], (f: Fields) => IProcess | null] {
+  const keys = ['gpu', 'pid', 'used_memory_bytes', ...Object.keys(own)];
+  const read = (f: Fields): IProcess | null => {
+    const gpuIndex = f.get('gpu', INDEX, null);
+    const pid = f.get('pid', INDEX, null);
+    if (gpuIndex === null || pid === null) {
+      return null;
+    }
+    const entry: IProcess = { gpu: gpuIndex, pid, used_memory_bytes: f.get('used_memory_bytes', nullable(BYTES), null) };
+    if (own.command) {
+      entry.command = f.get('command', own.command, null);
+    }
+    if (own.user) {
+      entry.user = f.get('user', own.user, null);
+    }
+    if (own.note) {
+      entry.note = f.get('note', own.note, null) ?? undefined;
+    }
+    return entry;
+  };
+  return [keys, read];
+}
+
+/** One JSON object of the reply being read: its fields, each checked against what it must be. */
+class Fields {
+  constructor(
+    private readonly _value: Json,
+    private readonly _path: string,
+    private readonly _problems: string[],
+    keys?: readonly string[],
+    optional: readonly string[] = []
+  ) {
+    if (keys) {
+      for (const key of Object.keys(_value)) {
+        if (!keys.includes(key) && !optional.includes(key)) {
+          _problems.push(`${_path}.${key}: not a key of this version of the reply`);
+        }
+      }
+      for (const key of keys.filter(k => !this.has(k))) {
+        _problems.push(`${_path}.${key}: missing`);
       }
     }
   }
-  return {
-    id,
-    name: str(v.name),
-    path: str(v.path),
-    session_name: str(v.session_name),
-    session_type: str(v.session_type),
-    execution_state: str(v.execution_state),
-    last_activity: str(v.last_activity),
-    pid: int(v.pid),
-    child_pids: Array.isArray(v.child_pids) ? v.child_pids.map(int).filter((p): p is number => p !== null) : [],
-    gpu_memory_bytes: memory,
-    total_gpu_memory_bytes: num(v.total_gpu_memory_bytes),
-    note: str(v.note),
-    cull_due_at: str(v.cull_due_at)
-  };
+
+  has(key: string): boolean {
+    return has(this._value, key);
+  }
+
+  /** The field as `read` reads it; `fallback` when it is missing or is not what `read` reads. */
+  get<T>(key: string, read: IRead<T>, fallback: T): T {
+    if (!this.has(key)) {
+      return fallback;
+    }
+    const path = `${this._path}.${key}`;
+    const got = read.read(this._value[key], path, this._problems);
+    if (got === undefined) {
+      this._problems.push(`${path}: not ${read.what}`);
+      return fallback;
+    }
+    return got;
+  }
+
+  /** The entries of a list `parse` accepts; one note per kind for those it could not read. */
+  entries<T>(
+    key: string,
+    keys: readonly string[],
+    parse: (f: Fields) => T | null,
+    kind: string,
+    notes: string[],
+    optional: readonly string[] = []
+  ): T[] {
+    const entry = reader(`a ${kind} entry`, (v, path, problems) => {
+      const parsed = isObject(v) ? parse(new Fields(v, path, problems, keys, optional)) : null;
+      return parsed ?? undefined; // an entry without its identity: left out, and said
+    });
+    const value = this._value[key];
+    const kept = this.get(key, list(entry), []);
+    const dropped = (Array.isArray(value) ? value.length : 0) - kept.length;
+    if (dropped) {
+      notes.push(
+        `${dropped} ${kind} entr${dropped === 1 ? 'y' : 'ies'} of the reply could not be read and ${dropped === 1 ? 'is' : 'are'} not shown.`
+      );
+    }
+    return kept;
+  }
 }
 
-function processEntry(v: Json): IProcess | null {
-  const gpuIndex = int(v.gpu);
-  const pid = int(v.pid);
-  if (gpuIndex === null || pid === null) {
-    return null;
-  }
-  return {
-    gpu: gpuIndex,
-    pid,
-    used_memory_bytes: num(v.used_memory_bytes),
-    command: str(v.command),
-    user: str(v.user),
-    note: str(v.note)
-  };
-}
-
-/** The entries `parse` accepts; one note per kind for those it could not read. */
-function entries<T>(list: unknown, parse: (v: Json) => T | null, kind: string, notes: string[]): T[] {
-  if (!Array.isArray(list)) {
-    return [];
-  }
-  const parsed = list.map(v => (isObject(v) ? parse(v) : null));
-  const kept = parsed.filter((v): v is T => v !== null);
-  const dropped = list.length - kept.length;
-  if (dropped) {
-    notes.push(`${dropped} ${kind} entr${dropped === 1 ? 'y' : 'ies'} of the reply could not be read and ${dropped === 1 ? 'is' : 'are'} not shown.`);
-  }
-  return kept;
+function has(v: Json, key: string): boolean {
+  return Object.prototype.hasOwnProperty.call(v, key);
 }
 
 function isObject(v: unknown): v is Json {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
-function str(v: unknown): string | null {
-  return typeof v === 'string' ? v : null;
-}
-
 function num(v: unknown): number | null {
   return typeof v === 'number' && Number.isFinite(v) ? v : null;
-}
-
-function int(v: unknown): number | null {
-  return typeof v === 'number' && Number.isSafeInteger(v) ? v : null;
-}
-
-function strings(v: unknown): string[] {
-  return Array.isArray(v) ? v.filter((s): s is string => typeof s === 'string') : [];
 }
 
 function short(v: unknown): string {

@@ -1,0 +1,33 @@
+"""Node.js and the compiled JupyterLab extension (lib/, from `tsc`) for the tests that run its TypeScript.
+
+Such a test fails, never skips, when it cannot run: `make setup` installs Node.js and builds lib/
+(`npm install`, then pip's build of the front ends), so a missing one is a broken setup that a
+skip would hide (issue 29).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMPILED = REPO / "lib"
+
+
+def node() -> str:
+    """The path of `node`; the test fails when there is none."""
+    found = shutil.which("node")
+    if found is None:
+        pytest.fail("no Node.js on PATH: `make setup` installs it (apt's nodejs), and these tests need it")
+    return found
+
+
+def compiled_module(name: str) -> Path:
+    """lib/NAME, the compiled form of js/lab/NAME's TypeScript; the test fails when it is not built."""
+    node()
+    path = COMPILED / name
+    if not path.is_file():
+        pytest.fail(f"{path.relative_to(REPO)} is not built: run `npm run build:lab` (make setup does)")
+    return path
