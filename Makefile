@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-fast lint lint-python docs bench
+.PHONY: setup test test-fast lint lint-python lint-js docs bench
 
 # System packages: Chromium for the browser tests, Node and npm to build the front ends (the panel's
 # bundle and the JupyterLab extension; `pip install -e` runs `npm run build`, and copies the built
@@ -43,12 +43,18 @@ setup:
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 
 # Static checks first: a finding fails the run before any test starts.
-lint: lint-python
+lint: lint-python lint-js
 
 lint-python:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The front ends (js/): tsc over every TypeScript file, then ESLint with typescript-eslint's
+# type-checked rules (eslint.config.mjs); both from node_modules (npm devDependencies, make setup).
+lint-js:
+	node_modules/.bin/tsc -p tsconfig.check.json
+	node_modules/.bin/eslint js
 
 # The documentation (docs/, MyST Markdown) into build/docs: a warning (a broken link or reference, a
 # docstring autodoc cannot read) fails it. The magics' reference is generated from the grammar here.

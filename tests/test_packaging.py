@@ -32,7 +32,7 @@ FRONT_END_SOURCES = [
     "tsconfig.json",
     "install.json",
     "jupyter-config/server-config/tfgpu_magic.json",
-    "js/widget.js",
+    "js/widget.ts",
     "js/widget.css",
     "js/lab/index.ts",
     "js/lab/style/index.css",
@@ -129,6 +129,7 @@ def test_the_sdist_rebuilds_the_front_end(dists, tmp_path):
         names = set(whl.namelist())
     share = f"{NAME}.data/data/share/jupyter/labextensions/tfgpu-magic"
     assert "tfgpu_magic/static/widget.js" in names
+    assert "tfgpu_magic/server/schema/status-reply.v1.json" in names  # the REST reply's schema
     assert {f"{share}/package.json", f"{share}/install.json", f"{share}/static/style.js"} <= names
     assert any(re.fullmatch(rf"{re.escape(share)}/static/remoteEntry\.[0-9a-f]+\.js", n) for n in names), (
         sorted(names)

@@ -40,8 +40,8 @@ class NotebookFocus {
   constructor(tracker: INotebookTracker | null, labShell: ILabShell | null) {
     this._tracker = tracker;
     this._labShell = labShell;
-    tracker?.currentChanged.connect(this._follow, this);
-    labShell?.currentChanged.connect(this._follow, this);
+    tracker?.currentChanged.connect(this._follow);
+    labShell?.currentChanged.connect(this._follow);
     this._follow();
   }
 
@@ -71,19 +71,20 @@ class NotebookFocus {
     return notebook.sessionContext.session?.kernel?.id ?? null;
   }
 
-  private _follow(): void {
+  // Arrow functions: the signals call them unbound.
+  private readonly _follow = (): void => {
     const notebook = this.notebook;
     if (notebook !== this._watched) {
-      this._watched?.sessionContext.kernelChanged.disconnect(this._emit, this);
-      notebook?.sessionContext.kernelChanged.connect(this._emit, this);
+      this._watched?.sessionContext.kernelChanged.disconnect(this._emit);
+      notebook?.sessionContext.kernelChanged.connect(this._emit);
       this._watched = notebook;
     }
     this._emit();
-  }
+  };
 
-  private _emit(): void {
+  private readonly _emit = (): void => {
     this._changed.emit();
-  }
+  };
 
   private _tracker: INotebookTracker | null;
   private _labShell: ILabShell | null;

@@ -12,7 +12,7 @@ export abstract class PolledWidget extends Widget {
   constructor(poller: StatusPoller, options?: Widget.IOptions) {
     super(options);
     this.poller = poller;
-    poller.changed.connect(this.onReading, this);
+    poller.changed.connect(this._onReading);
   }
 
   override dispose(): void {
@@ -20,7 +20,7 @@ export abstract class PolledWidget extends Widget {
       return;
     }
     this._release();
-    this.poller.changed.disconnect(this.onReading, this);
+    this.poller.changed.disconnect(this._onReading);
     super.dispose();
   }
 
@@ -69,5 +69,7 @@ export abstract class PolledWidget extends Widget {
   }
 
   protected readonly poller: StatusPoller;
+  // The poller's signal calls it unbound; a subclass overrides onReading.
+  private readonly _onReading = (): void => this.onReading();
   private _hold: IDisposable | null = null;
 }

@@ -93,7 +93,7 @@ export function sideAreaExports(shell: JupyterFrontEnd.IShell): ExportMap {
       if (!child) {
         return null;
       }
-      const view = (await this.widget_manager.create_view(child, {})) as DOMWidgetView;
+      const view = await this.widget_manager.create_view<DOMWidgetView>(child, {});
       const side = new SideWidget(`tfgpu-monitor-${this.model_id}`, String(this.get('title') || 'GPU memory'));
       side.addWidget(view.luminoWidget);
       if (this.destroyed) {

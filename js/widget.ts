@@ -7,9 +7,59 @@
 // ({kind: "history"}).  Arrays are trimmed to the time window, so memory stays bounded
 // however long the panel runs.  Pause is handled here alone: the kernel may be busy with a
 // cell and would only see the click when the cell ends.
+import type { AnyModel, RenderProps } from "@anywidget/types";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import "./widget.css";
+
+// -- the kernel's side (tfgpu_magic/kernel/widget.py) ------------------------------------------
+
+/** The widget's synced traits. */
+export interface IMonitorState {
+  interval: number; // seconds between samples, shared by every panel of the kernel
+  window: number; // seconds shown
+  devices: IDeviceDescription[]; // in chart order
+  running: boolean; // false once stopped: no more points come
+  note: string; // the kernel's word on the shared interval
+}
+
+export interface IDeviceDescription {
+  key: string; // "gpu0", "tf:CPU:0"
+  label: string;
+  gpu: boolean;
+  gone: string | null; // why a chart is frozen (hidden from the kernel by %gpu use)
+}
+
+/** A reading, or null where there is none (a gap in the chart). */
+export type Value = number | null;
+export type Column = Value[];
+
+/** One framework allocator figure (a framework started): its legend label says whose number it is. */
+export interface IFigure {
+  framework: string;
+  series: string;
+  label: string;
+}
+
+/** One device's columns in a message: the fixed series by key, and the frameworks' figures. */
+export interface IIncomingDevice {
+  [series: string]: unknown; // a Column under each key of SERIES an older kernel may leave out
+  frameworks?: Record<string, Record<string, Column | undefined> | undefined>;
+}
+
+/** A batch of samples ({kind: "samples"}) or the whole history ({kind: "history"}): widget.py's batch(). */
+export interface ISamples {
+  kind: "samples" | "history";
+  t: number[];
+  d: Record<string, IIncomingDevice>;
+  errors?: Record<string, string | null>; // the latest message per device; null clears it
+  status?: string | null;
+  figures?: IFigure[];
+  figure_notes?: string[];
+  figures_read_at?: number | null;
+}
+
+type Model = AnyModel<IMonitorState>;
 
 const MAX_POINTS = 20000; // per series, whatever the window: bounds memory at 0.1 s x 30 min
 const SLACK = 1.1; // trim when 10% over the window, not on every sample
@@ -19,7 +69,7 @@ const NARROW = 480; // px: below this the panel is laid out for a side bar (smal
 const MIN_WIDTH = 200; // px
 const PX_PER_POINT = 2; // finer than this is not visible, and drawing cost grows with points
 
-function maxPoints(chartWidth) {
+function maxPoints(chartWidth: number): number {
   return Math.max(Math.floor(chartWidth / PX_PER_POINT), 50);
 }
 
@@ -27,7 +77,18 @@ function maxPoints(chartWidth) {
 // series are bytes, on the left axis; utilization is percent, on its own axis at the right.
 // "tf" and "peak" (TensorFlow's allocator under its older wire names) are kept, not drawn: every
 // framework's allocator figures are drawn from the message's "figures" (see figureSeries).
-const SERIES = [
+interface ISeries {
+  key: string;
+  label: string;
+  color: string; // a theme variable (a key of FALLBACK)
+  width?: number;
+  fill?: number; // alpha of the area under the line
+  dash?: number[];
+  hidden?: boolean;
+  scale?: string; // its own axis ("pct"); else bytes, on the left
+}
+
+const SERIES: ISeries[] = [
   { key: "total", label: "Total", color: "--jp-ui-font-color2", width: 1.5 },
   { key: "used", label: "Used (all)", color: "--jp-warn-color1", fill: 0.12 },
   { key: "mine", label: "This kernel", color: "--jp-brand-color1", fill: 0.3 },
@@ -39,8 +100,8 @@ const SERIES = [
 // One colour per framework, in the order the kernel lists them; its first figure is a solid
 // line, the others dashed.
 const FRAMEWORK_COLORS = ["--jp-success-color1", "--tfgpu-framework2-color", "--tfgpu-framework3-color"];
-const FIGURE_DASHES = [undefined, [6, 3], [2, 3]];
-const FALLBACK = {
+const FIGURE_DASHES: (number[] | undefined)[] = [undefined, [6, 3], [2, 3]];
+const FALLBACK: Record<string, string> = {
   "--tfgpu-framework2-color": "#00897b",
   "--tfgpu-framework3-color": "#6d4c41",
   "--jp-ui-font-color1": "#212121",
@@ -57,7 +118,20 @@ const FALLBACK = {
 // ---------------------------------------------------------------------------------------
 // Data: one time axis, and per device one array per series (bytes or percent, null = gap).
 
-export function createStore() {
+/** What a panel holds: the time axis, per device one array per series, the latest words. */
+export interface IStore {
+  t: number[];
+  dev: Map<string, Record<string, Column>>;
+  errors: Record<string, string | null>;
+  status: string | null;
+  received: number;
+  figures: Map<string, IFigure>;
+  figureNotes: string[];
+  figuresAt: number | null;
+  figuresChanged: boolean;
+}
+
+export function createStore(): IStore {
   return {
     t: [], dev: new Map(), errors: {}, status: null, received: 0,
     // Every framework figure seen: column key -> {framework, series, label}, in the kernel's order.
@@ -65,45 +139,45 @@ export function createStore() {
   };
 }
 
-function figureKey(framework, series) {
+function figureKey(framework: string, series: string): string {
   return `fw:${framework}.${series}`;
 }
 
 /** Every column a device holds: the fixed series, then each framework figure seen. */
-function columnKeys(store) {
+function columnKeys(store: IStore): string[] {
   return [...SERIES.map((s) => s.key), ...store.figures.keys()];
 }
 
-function deviceColumns(store, key) {
+function deviceColumns(store: IStore, key: string): Record<string, Column> {
   let cols = store.dev.get(key);
   if (!cols) {
     // A device seen for the first time: null before it existed, so arrays stay aligned.
     cols = {};
-    for (const c of columnKeys(store)) cols[c] = new Array(store.t.length).fill(null);
+    for (const c of columnKeys(store)) cols[c] = new Array<Value>(store.t.length).fill(null);
     store.dev.set(key, cols);
   }
   return cols;
 }
 
 /** New framework figures (a framework started): a column of nulls on every device, and a redraw of the legends. */
-function addFigures(store, described) {
+function addFigures(store: IStore, described: IFigure[] | undefined): void {
   for (const f of described || []) {
     const key = figureKey(f.framework, f.series);
     if (store.figures.has(key)) continue;
     store.figures.set(key, { framework: f.framework, series: f.series, label: f.label });
-    for (const cols of store.dev.values()) cols[key] = new Array(store.t.length).fill(null);
+    for (const cols of store.dev.values()) cols[key] = new Array<Value>(store.t.length).fill(null);
     store.figuresChanged = true;
   }
 }
 
-function incomingColumn(incoming, key, store) {
+function incomingColumn(incoming: IIncomingDevice | undefined, key: string, store: IStore): Column | undefined {
   const figure = store.figures.get(key);
-  if (!figure) return incoming?.[key];
+  if (!figure) return incoming?.[key] as Column | undefined;
   return incoming?.frameworks?.[figure.framework]?.[figure.series];
 }
 
 /** Append a batch of new samples (the kernel never resends old ones). */
-export function ingest(store, msg) {
+export function ingest(store: IStore, msg: ISamples): void {
   const n = msg.t.length;
   const start = store.t.length;
   addFigures(store, msg.figures);
@@ -129,21 +203,23 @@ export function ingest(store, msg) {
 }
 
 /** Replace with the kernel's history, keeping points that arrived after it was taken. */
-export function replaceWithHistory(store, msg) {
+export function replaceWithHistory(store: IStore, msg: ISamples): void {
   const last = msg.t.length ? msg.t[msg.t.length - 1] : -Infinity;
   const later = store.t.findIndex((t) => t > last);
   const fresh = createStore();
   ingest(fresh, msg);
   if (later >= 0) {
-    const tail = {
+    const tail: ISamples = {
+      kind: "samples",
       t: store.t.slice(later), d: {}, errors: store.errors, status: store.status,
       figures: [...store.figures.values()], figure_notes: store.figureNotes, figures_read_at: store.figuresAt,
     };
     for (const [key, cols] of store.dev) {
-      const device = (tail.d[key] = { frameworks: {} });
+      const frameworks: Record<string, Record<string, Column>> = {};
+      const device: IIncomingDevice = (tail.d[key] = { frameworks });
       for (const s of SERIES) device[s.key] = cols[s.key].slice(later);
       for (const [c, f] of store.figures) {
-        (device.frameworks[f.framework] ||= {})[f.series] = cols[c].slice(later);
+        (frameworks[f.framework] ||= {})[f.series] = cols[c].slice(later);
       }
     }
     ingest(fresh, tail);
@@ -160,7 +236,7 @@ export function replaceWithHistory(store, msg) {
 }
 
 /** Drop points older than the window (with some slack, so trimming is not per sample). */
-export function trim(store, windowS) {
+export function trim(store: IStore, windowS: number): void {
   const n = store.t.length;
   if (n === 0) return;
   const oldest = store.t[n - 1] - windowS;
@@ -176,9 +252,9 @@ export function trim(store, windowS) {
 // ---------------------------------------------------------------------------------------
 // Colours follow JupyterLab's theme through its --jp-* variables.
 
-function themeColors(el) {
+function themeColors(el: HTMLElement): Record<string, string> {
   const style = getComputedStyle(el);
-  const colors = {};
+  const colors: Record<string, string> = {};
   for (const name of Object.keys(FALLBACK)) {
     colors[name] = style.getPropertyValue(name).trim() || FALLBACK[name];
   }
@@ -186,7 +262,7 @@ function themeColors(el) {
 }
 
 /** The chart grid's colour: the theme's secondary text at 15 % (shown on the root for tests). */
-function gridColor(colors, root) {
+function gridColor(colors: Record<string, string>, root: HTMLElement): string {
   const color = withAlpha(colors["--jp-ui-font-color2"], 0.15);
   root.dataset.gridColor = color;
   return color;
@@ -194,10 +270,11 @@ function gridColor(colors, root) {
 
 const probe = document.createElement("canvas").getContext("2d");
 
-function withAlpha(color, alpha) {
+function withAlpha(color: string, alpha: number): string {
+  if (!probe) return color; // no 2D canvas (no browser has none): the colour as the theme gave it
   probe.fillStyle = "#000";
   probe.fillStyle = color; // the canvas normalises any CSS colour to #rrggbb or rgba()
-  const c = probe.fillStyle;
+  const c = typeof probe.fillStyle === "string" ? probe.fillStyle : color;
   if (c.startsWith("#")) {
     const [r, g, b] = [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16));
     return `rgba(${r},${g},${b},${alpha})`;
@@ -208,7 +285,10 @@ function withAlpha(color, alpha) {
 // ---------------------------------------------------------------------------------------
 // Units and clocks: one of each per chart, shared by its axis ticks and its legend.
 
-const UNITS = [
+/** A size unit: its name and its bytes. */
+export type Unit = [name: string, bytes: number];
+
+const UNITS: Unit[] = [
   ["GiB", 2 ** 30],
   ["MiB", 2 ** 20],
   ["KiB", 2 ** 10],
@@ -218,13 +298,13 @@ const UNITS = [
 const STEPS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000];
 
 /** The unit for a chart whose largest value in view is `top` bytes: the largest one it reaches. */
-export function unitFor(top) {
+export function unitFor(top: number): Unit {
   for (const unit of UNITS) if (top >= unit[1]) return unit;
   return UNITS[UNITS.length - 1];
 }
 
 /** A size in the chart's unit: 3 significant figures (4.00 MiB, 10.5 GiB, 80 GiB). */
-export function formatSize(bytes, unit) {
+export function formatSize(bytes: number | null | undefined, unit: Unit): string {
   if (bytes == null) return "—";
   const v = bytes / unit[1];
   const digits = unit[1] === 1 ? 0 : v < 10 ? 2 : v < 100 ? 1 : 0;
@@ -232,22 +312,22 @@ export function formatSize(bytes, unit) {
 }
 
 /** An axis tick: no trailing zeros (0.5 GiB, 1 GiB). */
-function formatTick(bytes, unit) {
+function formatTick(bytes: number, unit: Unit): string {
   return `${+(bytes / unit[1]).toFixed(2)} ${unit[0]}`;
 }
 
-function chartUnit(u) {
-  return unitFor(u.scales.y.max / Y_HEADROOM); // the largest value in view, as the range was made
+function chartUnit(u: uPlot): Unit {
+  return unitFor((u.scales.y.max ?? 0) / Y_HEADROOM); // the largest value in view, as the range was made
 }
 
 // One clock everywhere (header, axis ticks, legend): the browser's locale, with seconds.
 const CLOCK = new Intl.DateTimeFormat(undefined, { hour: "numeric", minute: "2-digit", second: "2-digit" });
 
-export function clock(seconds) {
+export function clock(seconds: number | null | undefined): string {
   return seconds == null ? "—" : CLOCK.format(new Date(seconds * 1000));
 }
 
-function percent(v) {
+function percent(v: number | null | undefined): string {
   return v == null ? "—" : `${Math.round(v)} %`;
 }
 
@@ -259,7 +339,11 @@ const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 720
 const MIN_TOP = 2 ** 20; // bytes: an empty chart still has a 1 MiB axis
 
 /** The visible time range: the last window, or from the first sample while younger than it. */
-export function timeRange(first, last, windowS) {
+export function timeRange(
+  first: number | null | undefined,
+  last: number | null | undefined,
+  windowS: number,
+): [number, number] {
   if (first == null || last == null) return [0, 1];
   const start = Math.max(first, last - windowS);
   return [Math.min(start, last - 1), last]; // one sample: a second, not an empty range
@@ -267,11 +351,11 @@ export function timeRange(first, last, windowS) {
 
 /** What a chart draws, in order: the driver's series, then each framework figure seen (its own
  * label says whose number it is: "PyTorch allocator: reserved"). */
-export function drawnSeries(store) {
+export function drawnSeries(store: IStore): ISeries[] {
   const drawn = SERIES.filter((s) => !s.hidden);
   const frameworks = [...new Set([...store.figures.values()].map((f) => f.framework))];
-  const seen = new Map();
-  const figures = [...store.figures].map(([key, f]) => {
+  const seen = new Map<string, number>();
+  const figures = [...store.figures].map(([key, f]): ISeries => {
     const k = frameworks.indexOf(f.framework);
     const nth = seen.get(f.framework) || 0;
     seen.set(f.framework, nth + 1);
@@ -284,11 +368,11 @@ export function drawnSeries(store) {
   return [...drawn.filter((s) => !s.scale), ...figures, ...util];
 }
 
-function chartOptions(panel, width, gpu = true) {
+function chartOptions(panel: Panel, width: number, gpu = true): uPlot.Options {
   const c = panel.colors;
   const narrow = panel.narrow;
   const font = `${narrow ? 10 : 11}px ${c["--jp-ui-font-family"]}`;
-  const axis = {
+  const axis: uPlot.Axis = {
     stroke: c["--jp-ui-font-color2"],
     // Faint in every theme: the text colour at low alpha (a theme's border colour can be bright).
     grid: { stroke: panel.gridColor, width: 1 },
@@ -304,17 +388,17 @@ function chartOptions(panel, width, gpu = true) {
     legend: { live: true },
     scales: {
       // A strip chart: the whole window once full, newest point at the right edge.
-      x: { time: true, range: (u, min, max) => timeRange(u.data[0][0], max, panel.windowS) },
-      y: { range: (u, min, max) => [0, Math.max(max || 0, MIN_TOP) * Y_HEADROOM] },
+      x: { time: true, range: (u, _min, max) => timeRange(u.data[0][0], max, panel.windowS) },
+      y: { range: (_u, _min, max) => [0, Math.max(max || 0, MIN_TOP) * Y_HEADROOM] },
       pct: { range: [0, 100] },
     },
     axes: [
       // Whole seconds at least: the clock shows seconds, so finer ticks would repeat a label.
-      { ...axis, space: narrow ? 64 : 80, size: narrow ? 20 : 24, incrs: TIME_STEPS, values: (u, splits) => splits.map(clock) },
+      { ...axis, space: narrow ? 64 : 80, size: narrow ? 20 : 24, incrs: TIME_STEPS, values: (_u, splits) => splits.map(clock) },
       {
         ...axis,
         size: narrow ? 50 : 60,
-        incrs: (u, axisIdx, min, max) => STEPS.map((k) => k * unitFor(max / Y_HEADROOM)[1]),
+        incrs: (_u, _axisIdx, _min, max) => STEPS.map((k) => k * unitFor(max / Y_HEADROOM)[1]),
         values: (u, splits) => splits.map((v) => formatTick(v, chartUnit(u))),
       },
       {
@@ -325,12 +409,12 @@ function chartOptions(panel, width, gpu = true) {
         size: narrow ? 34 : 42,
         grid: { show: false },
         incrs: [25, 50],
-        values: (u, splits) => splits.map((v) => `${v}%`),
+        values: (_u, splits) => splits.map((v) => `${v}%`),
       },
     ],
     series: [
-      { label: "Time", value: (u, v, si, idx) => clock(idx == null ? lastValue(u.data[0]) : v) },
-      ...drawnSeries(panel.store).map((s, i) => ({
+      { label: "Time", value: (u, v, _si, idx) => clock(idx == null ? lastValue(u.data[0]) : v) },
+      ...drawnSeries(panel.store).map((s, i): uPlot.Series => ({
         label: s.label,
         scale: s.scale || "y",
         stroke: c[s.color],
@@ -339,7 +423,7 @@ function chartOptions(panel, width, gpu = true) {
         fill: s.fill ? withAlpha(c[s.color], s.fill) : undefined,
         points: { show: false },
         // Not hovering: show the latest reading, as nvidia-smi would.
-        value: (u, v, si, idx) => {
+        value: (u, v, _si, idx) => {
           const shown = idx == null ? lastValue(u.data[i + 1]) : v;
           return s.scale ? percent(shown) : formatSize(shown, chartUnit(u));
         },
@@ -348,13 +432,16 @@ function chartOptions(panel, width, gpu = true) {
   };
 }
 
-function lastValue(arr) {
+function lastValue(arr: ArrayLike<number | null | undefined> | undefined): number | null | undefined {
   return arr && arr.length ? arr[arr.length - 1] : null;
 }
 
-function seriesData(store, key, maxPoints = Infinity) {
+/** Times, then one column per drawn series: the data uPlot draws. */
+export type Columns = [number[], ...Column[]];
+
+function seriesData(store: IStore, key: string, maxPoints = Infinity): Columns {
   const cols = store.dev.get(key);
-  const data = [store.t, ...drawnSeries(store).map((s) => (cols ? cols[s.key] || [] : []))];
+  const data: Columns = [store.t, ...drawnSeries(store).map((s) => (cols ? cols[s.key] || [] : []))];
   return store.t.length > maxPoints ? decimate(data, maxPoints) : data;
 }
 
@@ -364,31 +451,37 @@ function seriesData(store, key, maxPoints = Infinity) {
  * holds a gap (a failed reading must stay visible).  Keeps drawing cost bounded by the
  * chart's width, not by the interval and window.
  */
-export function decimate(data, buckets) {
+export function decimate(data: Columns, buckets: number): Columns {
   const n = data[0].length;
   const size = Math.ceil(n / buckets);
-  const out = data.map(() => []);
+  const times: number[] = [];
+  const columns = data.slice(1).map((): Column => []);
   for (let start = 0; start < n; start += size) {
     const end = Math.min(start + size, n);
-    out[0].push(data[0][end - 1]);
+    times.push(data[0][end - 1]);
     for (let s = 1; s < data.length; s++) {
       const col = data[s];
       let high = -Infinity;
+      let gap = false;
       for (let i = start; i < end; i++) {
         const v = col[i];
         if (v == null) {
-          high = null;
+          gap = true;
           break;
         }
         if (v > high) high = v;
       }
-      out[s].push(high);
+      columns[s - 1].push(gap ? null : high);
     }
   }
-  return out;
+  return [times, ...columns];
 }
 
-function el(tag, className, text) {
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className?: string | null,
+  text?: string | null,
+): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   if (className) node.className = className;
   if (text != null) node.textContent = text;
@@ -399,31 +492,62 @@ function el(tag, className, text) {
 // The panel: header with controls, then one card per device.
 
 const INTERVALS = [0.1, 0.2, 0.5, 1, 2, 5];
-const WINDOWS = [
+const WINDOWS: [number, string][] = [
   [60, "1 min"],
   [300, "5 min"],
   [900, "15 min"],
   [3600, "1 h"],
 ];
 
+/** One device's card: its title, notes and chart. */
+interface ICard {
+  card: HTMLDivElement;
+  title: HTMLDivElement;
+  note: HTMLDivElement;
+  error: HTMLDivElement;
+  plot: HTMLDivElement;
+  chart: uPlot | null;
+}
+
+interface ISelect {
+  label: HTMLLabelElement;
+  select: HTMLSelectElement;
+}
+
 export class Panel {
-  constructor(root, model) {
+  readonly model: Model;
+  readonly root: HTMLElement;
+  readonly store: IStore = createStore();
+  readonly cards = new Map<string, ICard>();
+  paused = false;
+  stopped = false;
+  pending = false;
+  draws = 0;
+  readonly syncKey = `tfgpu-${Math.random().toString(36).slice(2)}`;
+  windowS: number;
+  colors: Record<string, string>;
+  gridColor: string;
+  narrow = false;
+  // The header and the body, made by build().
+  stateText!: HTMLSpanElement;
+  intervalSelect!: ISelect;
+  windowSelect!: ISelect;
+  pauseButton!: HTMLButtonElement;
+  stopButton!: HTMLButtonElement;
+  statusText!: HTMLDivElement;
+  figuresText!: HTMLDivElement;
+  body!: HTMLDivElement;
+
+  constructor(root: HTMLElement, model: Model) {
     this.model = model;
     this.root = root;
-    this.store = createStore();
-    this.cards = new Map(); // key -> {card, title, error, chart}
-    this.paused = false;
-    this.pending = false;
-    this.draws = 0;
-    this.syncKey = `tfgpu-${Math.random().toString(36).slice(2)}`;
     this.windowS = model.get("window");
     this.colors = themeColors(root);
     this.gridColor = gridColor(this.colors, root);
-    this.narrow = false;
     this.build();
   }
 
-  build() {
+  build(): void {
     const r = this.root;
     r.classList.add("tfgpu-monitor");
     const head = el("div", "tfgpu-head");
@@ -463,7 +587,7 @@ export class Panel {
     this.showRunning();
   }
 
-  select(text, options, current) {
+  select(text: string, options: [number, string][], current: number): ISelect {
     const label = el("label", "tfgpu-field", `${text} `);
     const select = el("select", "tfgpu-select");
     const values = options.map(([v]) => v);
@@ -479,17 +603,17 @@ export class Panel {
   }
 
   /** The kernel's sampler serves every panel: show the interval another panel chose. */
-  showInterval(seconds) {
+  showInterval(seconds: number): void {
     const select = this.intervalSelect.select;
     if (![...select.options].some((o) => Number(o.value) === seconds)) {
       const option = el("option", null, `${seconds} s`);
       option.value = String(seconds);
       select.append(option);
     }
-    select.value = [...select.options].find((o) => Number(o.value) === seconds).value;
+    select.value = [...select.options].find((o) => Number(o.value) === seconds)?.value ?? select.value;
   }
 
-  setPaused(paused) {
+  setPaused(paused: boolean): void {
     this.paused = paused;
     this.pauseButton.textContent = paused ? "Resume" : "Pause";
     this.root.classList.toggle("tfgpu-paused", paused);
@@ -497,11 +621,11 @@ export class Panel {
     this.updateText();
   }
 
-  showRunning() {
+  showRunning(): void {
     if (!this.model.get("running")) this.showStopped();
   }
 
-  showStopped() {
+  showStopped(): void {
     this.stopped = true;
     for (const node of [this.intervalSelect.select, this.windowSelect.select, this.pauseButton, this.stopButton]) {
       node.disabled = true;
@@ -511,7 +635,7 @@ export class Panel {
   }
 
   // -- devices ---------------------------------------------------------------------------
-  syncDevices() {
+  syncDevices(): void {
     const described = this.model.get("devices") || [];
     for (const d of described) {
       const entry = this.card(d.key, d.label);
@@ -523,7 +647,7 @@ export class Panel {
     this.updateText();
   }
 
-  card(key, label) {
+  card(key: string, label?: string | null): ICard {
     let entry = this.cards.get(key);
     if (!entry) {
       const card = el("div", "tfgpu-device");
@@ -543,7 +667,7 @@ export class Panel {
     return entry;
   }
 
-  makeChart(entry, key) {
+  makeChart(entry: ICard, key: string): void {
     if (entry.chart) entry.chart.destroy();
     const width = Math.max(entry.plot.clientWidth || this.root.clientWidth || 600, MIN_WIDTH);
     const gpu = key.startsWith("gpu"); // a framework's own device (TensorFlow's CPU:0) has no utilization
@@ -551,13 +675,13 @@ export class Panel {
     entry.chart = new uPlot(chartOptions(this, width, gpu), seriesData(this.store, key, maxPoints(width)), entry.plot);
   }
 
-  rethemed() {
+  rethemed(): void {
     this.colors = themeColors(this.root);
     this.gridColor = gridColor(this.colors, this.root);
     for (const [key, entry] of this.cards) this.makeChart(entry, key);
   }
 
-  resized() {
+  resized(): void {
     // A side bar (~300-400 px) gets smaller fonts, axes and charts: rebuild the charts when the
     // panel crosses that width, since uPlot fixes fonts and axis sizes when it is made.
     const narrow = this.root.clientWidth > 0 && this.root.clientWidth < NARROW;
@@ -576,7 +700,7 @@ export class Panel {
   }
 
   // -- data --------------------------------------------------------------------------------
-  receive(msg) {
+  receive(msg: ISamples): void {
     if (msg.kind === "history") replaceWithHistory(this.store, msg);
     else if (msg.kind === "samples") ingest(this.store, msg);
     else return;
@@ -585,13 +709,13 @@ export class Panel {
     this.schedule();
   }
 
-  setWindow(seconds) {
+  setWindow(seconds: number): void {
     this.windowS = seconds;
     trim(this.store, seconds);
     this.schedule();
   }
 
-  schedule() {
+  schedule(): void {
     if (this.paused || this.pending) return;
     this.pending = true;
     // One draw per frame however many messages came in; none while the tab is hidden.
@@ -602,7 +726,7 @@ export class Panel {
   }
 
   /** Redraw every chart from the store (exported for the draw-time benchmark). */
-  draw() {
+  draw(): void {
     if (this.store.figuresChanged) {
       // A framework's figures appeared: uPlot fixes its series when made, so the charts are remade.
       this.store.figuresChanged = false;
@@ -610,8 +734,10 @@ export class Panel {
     }
     for (const key of this.store.dev.keys()) {
       const entry = this.card(key);
-      const limit = maxPoints(entry.chart.width);
-      entry.chart.batch(() => entry.chart.setData(seriesData(this.store, key, limit)));
+      const chart = entry.chart;
+      if (!chart) continue; // (never: a card is made with its chart)
+      const limit = maxPoints(chart.width);
+      chart.batch(() => chart.setData(seriesData(this.store, key, limit)));
       const error = this.store.errors[key] || "";
       if (entry.error.textContent !== error) {
         entry.error.textContent = error; // only on change: a DOM write costs a style pass
@@ -624,9 +750,9 @@ export class Panel {
     this.updateText();
   }
 
-  updateText() {
+  updateText(): void {
     const n = this.store.t.length;
-    let state;
+    let state: string;
     if (this.stopped) state = "stopped: no new samples (run %gpu monitor for a new panel)";
     else if (this.paused) state = "paused: sampling goes on; resume to catch up";
     else if (n === 0) state = "waiting for the first sample…";
@@ -644,7 +770,7 @@ export class Panel {
     this.figuresText.hidden = !figures;
   }
 
-  destroy() {
+  destroy(): void {
     for (const entry of this.cards.values()) entry.chart?.destroy();
     this.cards.clear();
   }
@@ -653,8 +779,8 @@ export class Panel {
 /** The line under the header: when the allocator figures were read (after each cell and each
  * %gpu, on the kernel's own thread: they stand still while a cell runs), and which framework
  * has none and why.  Empty before any framework is imported. */
-export function figuresLine(store) {
-  const parts = [];
+export function figuresLine(store: IStore): string {
+  const parts: string[] = [];
   if (store.figures.size && store.figuresAt != null) {
     parts.push(`Allocator figures (each framework's own count) read ${clock(store.figuresAt)}, after the last cell or %gpu`);
   }
@@ -665,10 +791,10 @@ export function figuresLine(store) {
 // ---------------------------------------------------------------------------------------
 // anywidget entry point
 
-function render({ model, el: root }) {
+function render({ model, el: root }: RenderProps<IMonitorState>): () => void {
   const panel = new Panel(root, model);
-  root.__tfgpuPanel = panel; // for the browser test and the draw-time benchmark
-  const onMessage = (msg) => panel.receive(msg);
+  (root as HTMLElement & { __tfgpuPanel?: Panel }).__tfgpuPanel = panel; // for the browser test and the draw-time benchmark
+  const onMessage = (msg: ISamples): void => panel.receive(msg);
   const onDevices = () => panel.syncDevices();
   const onWindow = () => panel.setWindow(model.get("window"));
   const onInterval = () => panel.showInterval(model.get("interval"));
@@ -686,7 +812,7 @@ function render({ model, el: root }) {
   resize.observe(root);
   // JupyterLab marks its theme on <body>; the canvas colours must be re-read when it changes.
   // The new theme's stylesheet may land after the attribute changes: read again shortly after.
-  let retheme = null;
+  let retheme: ReturnType<typeof setTimeout> | undefined;
   const theme = new MutationObserver(() => {
     panel.rethemed();
     clearTimeout(retheme);
