@@ -132,3 +132,46 @@ def test_the_typescript_build_keeps_its_state_inside_its_output_folder():
     config = json.loads((REPO / "tsconfig.json").read_text())["compilerOptions"]
     info = Path(config["tsBuildInfoFile"])
     assert info.parts[0] == config["outDir"] and ".." not in info.parts
+
+
+# -- the front ends' sources and build tools (issue 29) ---------------------------------------------
+def test_every_front_end_source_is_typescript():
+    sources = [p.relative_to(REPO).as_posix() for p in (REPO / "js").rglob("*") if p.suffix in {".js", ".ts"}]
+    assert "js/widget.ts" in sources and "js/lab/reply.ts" in sources
+    assert [s for s in sources if not s.endswith(".ts")] == []
+    assert PACKAGE_JSON["scripts"]["build:widget"].startswith("esbuild js/widget.ts ")
+
+
+def test_make_lint_type_checks_and_lints_all_of_js_with_the_local_binaries():
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^lint: lint-python lint-js$", makefile, re.M)
+    recipe = re.search(r"^lint-js:\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert (
+        "\tnode_modules/.bin/tsc -p tsconfig.check.json\n" in recipe
+        and "\tnode_modules/.bin/eslint js\n" in recipe
+    )
+    check = json.loads((REPO / "tsconfig.check.json").read_text())
+    assert check["include"] == ["js/**/*.ts"] and check["compilerOptions"]["noEmit"] is True
+    for tool in ("eslint", "typescript-eslint", "@eslint/js", "typescript"):
+        assert re.fullmatch(r"~\d+\.\d+\.\d+", PACKAGE_JSON["devDependencies"][tool]), tool
+
+
+def test_the_builder_and_the_core_metadata_resolve_together_without_overrides():
+    """@jupyterlab/core-meta names the builder it works with; the lock holds exactly that pair, once each."""
+    from jupyter_builder.jupyterlab_semver import satisfies
+
+    assert "overrides" not in PACKAGE_JSON and "@jupyterlab/builder" not in PACKAGE_JSON["devDependencies"]
+    packages = json.loads((REPO / "package-lock.json").read_text())["packages"]
+    assert "overrides" not in packages[""]
+    builder = packages["node_modules/@jupyter/builder"]
+    meta = packages["node_modules/@jupyterlab/core-meta"]
+    assert satisfies(meta["version"], PACKAGE_JSON["devDependencies"]["@jupyterlab/core-meta"])
+    assert satisfies(meta["version"], builder["dependencies"]["@jupyterlab/core-meta"])
+    core = json.loads((REPO / "node_modules" / "@jupyterlab" / "core-meta" / "core.package.json").read_text())
+    assert core["version"] == meta["version"]
+    assert satisfies(builder["version"], core["devDependencies"]["@jupyter/builder"])
+    # One copy of each JupyterLab and Lumino package: none nested under another package.
+    nested = [
+        k for k in packages if k.count("node_modules/") > 1 and re.search(r"/@(jupyterlab|lumino)/[^/]+$", k)
+    ]
+    assert nested == []
