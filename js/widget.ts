@@ -794,18 +794,16 @@ export function figuresLine(store: IStore): string {
 function render({ model, el: root }: RenderProps<IMonitorState>): () => void {
   const panel = new Panel(root, model);
   (root as HTMLElement & { __tfgpuPanel?: Panel }).__tfgpuPanel = panel; // for the browser test and the draw-time benchmark
-  const onMessage = (msg: ISamples): void => panel.receive(msg);
-  const onDevices = () => panel.syncDevices();
-  const onWindow = () => panel.setWindow(model.get("window"));
-  const onInterval = () => panel.showInterval(model.get("interval"));
-  const onRunning = () => panel.showRunning();
-  const onNote = () => panel.updateText();
-  model.on("msg:custom", onMessage);
-  model.on("change:devices", onDevices);
-  model.on("change:window", onWindow);
-  model.on("change:interval", onInterval);
-  model.on("change:running", onRunning);
-  model.on("change:note", onNote);
+  // What the panel follows: the kernel's messages, and each trait it shows.
+  const handlers: [string, (msg: ISamples) => void][] = [
+    ["msg:custom", (msg) => panel.receive(msg)],
+    ["change:devices", () => panel.syncDevices()],
+    ["change:window", () => panel.setWindow(model.get("window"))],
+    ["change:interval", () => panel.showInterval(model.get("interval"))],
+    ["change:running", () => panel.showRunning()],
+    ["change:note", () => panel.updateText()],
+  ];
+  for (const [event, handler] of handlers) model.on(event, handler);
   model.send({ kind: "history" });
 
   const resize = new ResizeObserver(() => panel.resized());
@@ -821,12 +819,7 @@ function render({ model, el: root }: RenderProps<IMonitorState>): () => void {
   theme.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-name", "data-jp-theme-light"] });
 
   return () => {
-    model.off("msg:custom", onMessage);
-    model.off("change:devices", onDevices);
-    model.off("change:window", onWindow);
-    model.off("change:interval", onInterval);
-    model.off("change:running", onRunning);
-    model.off("change:note", onNote);
+    for (const [event, handler] of handlers) model.off(event, handler);
     resize.disconnect();
     theme.disconnect();
     clearTimeout(retheme);

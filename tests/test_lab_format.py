@@ -6,13 +6,11 @@ module on its own.  Each case is evaluated in one Node process and compared here
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from support.typescript import compiled_module, node
+from support.typescript import run_in_node
 
 GIB = 2**30
 MIB = 2**20
@@ -58,16 +56,7 @@ def reply(kernels: list, available: bool = True, reason=None) -> dict:
 
 
 def evaluate(tmp_path: Path, calls: list[tuple[str, list]]) -> list:
-    module = tmp_path / "format.mjs"  # .mjs: an ES module whatever package.json says
-    module.write_text(compiled_module("format.js").read_text())
-    script = tmp_path / "run.mjs"
-    script.write_text(
-        "import * as f from './format.mjs';\n"
-        f"const calls = {json.dumps(calls)};\n"
-        "console.log(JSON.stringify(calls.map(([name, args]) => f[name](...args))));\n"
-    )
-    done = subprocess.run([node(), str(script)], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+    return run_in_node(tmp_path, "format.js", calls)
 
 
 @pytest.mark.parametrize(

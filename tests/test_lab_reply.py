@@ -6,29 +6,17 @@ own.  Issue 17, item 11: a reply is validated field by field instead of cast to 
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.typescript import compiled_module, node
+from support.typescript import run_in_node
 
 
 def parse(tmp_path: Path, bodies: list) -> list:
     """parseReply over each body, in one Node process."""
-    (tmp_path / "reply.mjs").write_text(compiled_module("reply.js").read_text())
-    (tmp_path / "bodies.json").write_text(json.dumps(bodies))
-    script = tmp_path / "run.mjs"
-    script.write_text(
-        "import { parseReply } from './reply.mjs';\n"
-        "import { readFileSync } from 'node:fs';\n"
-        "const bodies = JSON.parse(readFileSync(new URL('./bodies.json', import.meta.url)));\n"
-        "console.log(JSON.stringify(bodies.map(b => parseReply(b))));\n"
-    )
-    done = subprocess.run([node(), str(script)], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+    return run_in_node(tmp_path, "reply.js", [("parseReply", [body]) for body in bodies])
 
 
 def a_reply(**fields) -> dict:

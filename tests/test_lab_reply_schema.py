@@ -17,7 +17,6 @@ import copy
 import json
 import random
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import pytest
 from tfgpu_magic.server.kernel_inventory import VERSION
 from tfgpu_magic.server.schema import FILE_NAME, reply_problems, status_reply_schema
 
-from support.typescript import compiled_module, node
+from support.typescript import run_in_node
 
 SCHEMA = status_reply_schema()
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -164,17 +163,7 @@ def fits(value: Any, branch: dict) -> bool:
 # -- the check in Node ------------------------------------------------------------------------------
 def read_in_node(tmp_path: Path, bodies: list) -> list:
     """readReply over each body, in one Node process."""
-    (tmp_path / "reply.mjs").write_text(compiled_module("reply.js").read_text())
-    (tmp_path / "bodies.json").write_text(json.dumps(bodies))
-    script = tmp_path / "run.mjs"
-    script.write_text(
-        "import { readReply } from './reply.mjs';\n"
-        "import { readFileSync } from 'node:fs';\n"
-        "const bodies = JSON.parse(readFileSync(new URL('./bodies.json', import.meta.url)));\n"
-        "console.log(JSON.stringify(bodies.map(b => readReply(b))));\n"
-    )
-    done = subprocess.run([node(), str(script)], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+    return run_in_node(tmp_path, "reply.js", [("readReply", [body]) for body in bodies])
 
 
 def sent_as_read(sent: Any, read: Any) -> bool:

@@ -141,26 +141,27 @@ export function readReply(body: unknown): IReadReply | string {
     return 'The GPU status reply lacks its time, GPUs, kernels or driver state: it is not from the tfgpu_magic server extension.';
   }
   const problems: string[] = [];
-  const top = new Fields(body, '$', problems, TOP_KEYS, ['culler']);
+  const top = new Fields(body, '$', problems);
   const notes = top.get('notes', STRINGS, []);
   const reply: IStatusReply = {
-    version: CONTRACT_VERSION,
+    version: top.get('version', VERSION, CONTRACT_VERSION),
     generated_at: top.get('generated_at', nullable(SECONDS), null),
     refresh_interval_s: top.get('refresh_interval_s', nullable(SECONDS), null),
     driver: top.get('driver', DRIVER, { available: false, reason: null }),
     user: top.get('user', nullable(STRING), null),
-    gpus: top.entries('gpus', GPU_KEYS, gpu, 'GPU', notes),
-    kernels: top.entries('kernels', KERNEL_KEYS, kernel, 'kernel', notes, ['cull_due_at']),
-    my_other_processes: top.entries('my_other_processes', ...processEntry(MY_PROCESS), 'process', notes),
-    other_users: top.entries('other_users', ...processEntry(OTHER_USERS_PROCESS), 'process', notes),
-    unattributed: top.entries('unattributed', ...processEntry(NOTED_PROCESS), 'process', notes),
+    gpus: top.entries('gpus', gpu, 'GPU', notes),
+    kernels: top.entries('kernels', kernel, 'kernel', notes),
+    my_other_processes: top.entries('my_other_processes', processEntry(MY_PROCESS), 'process', notes),
+    other_users: top.entries('other_users', processEntry(OTHER_USERS_PROCESS), 'process', notes),
+    unattributed: top.entries('unattributed', processEntry(NOTED_PROCESS), 'process', notes),
     notes,
     pids_visible: top.get('pids_visible', nullable(BOOLEAN), null),
-    hidden_processes: top.entries('hidden_processes', ...processEntry(NOTED_PROCESS), 'process', notes)
+    hidden_processes: top.entries('hidden_processes', processEntry(NOTED_PROCESS), 'process', notes)
   };
   if (top.has('culler')) {
     reply.culler = top.get('culler', nullable(CULLER), null);
   }
+  top.done();
   return { reply, problems };
 }
 
@@ -199,9 +200,17 @@ function list<T>(inner: IRead<T>): IRead<T[]> {
   });
 }
 
-/** An object of exactly `keys`, each read by `build` (a missing or unknown key is said). */
-function record<T>(what: string, keys: readonly string[], build: (fields: Fields) => T): IRead<T> {
-  return reader(what, (v, path, problems) => (isObject(v) ? build(new Fields(v, path, problems, keys)) : undefined));
+/** An object of exactly the keys `build` reads (a missing or an unknown key is said). */
+function record<T>(what: string, build: (fields: Fields) => T): IRead<T> {
+  return reader(what, (v, path, problems) => {
+    if (!isObject(v)) {
+      return undefined;
+    }
+    const fields = new Fields(v, path, problems);
+    const built = build(fields);
+    fields.done();
+    return built;
+  });
 }
 
 /** A number of the kind `test` accepts (finite, and JSON's integers exactly, below 2^53). */
@@ -209,6 +218,8 @@ function number(what: string, test: (n: number) => boolean): IRead<number> {
   return reader(what, v => (typeof v === 'number' && Number.isFinite(v) && test(v) ? v : undefined));
 }
 
+const VERSION = reader(`${CONTRACT_VERSION}`, v => (v === CONTRACT_VERSION ? v : undefined));
+const NULL = reader('null', v => (v === null ? null : undefined));
 const STRING = reader('a string', v => (typeof v === 'string' ? v : undefined));
 const STRINGS = list(STRING);
 const ID = reader('a non-empty string', v => (typeof v === 'string' && v !== '' ? v : undefined));
@@ -219,12 +230,12 @@ const SECONDS = number('a number of seconds ≥ 0', n => n >= 0);
 const POSITIVE = number('a number > 0', n => n > 0);
 const PERCENT = number('a percentage (0 to 100)', n => n >= 0 && n <= 100);
 
-const DRIVER = record('the driver state', ['available', 'reason'], f => ({
+const DRIVER = record('the driver state', f => ({
   available: f.get('available', BOOLEAN, false),
   reason: f.get('reason', nullable(STRING), null)
 }));
 
-const CULLER = record('the culler settings', ['idle_after_s', 'min_memory_bytes', 'free_below_bytes'], f => ({
+const CULLER = record('the culler settings', f => ({
   idle_after_s: f.get('idle_after_s', POSITIVE, 0),
   min_memory_bytes: f.get('min_memory_bytes', BYTES, 0),
   free_below_bytes: f.get('free_below_bytes', nullable(BYTES), null)
@@ -232,7 +243,6 @@ const CULLER = record('the culler settings', ['idle_after_s', 'min_memory_bytes'
 
 const SPLIT = record(
   'the memory split',
-  ['kernels_bytes', 'my_other_bytes', 'others_bytes', 'unattributed_bytes', 'free_bytes'],
   (f): IGpuSplit => ({
     kernels_bytes: f.get('kernels_bytes', nullable(BYTES), null),
     my_other_bytes: f.get('my_other_bytes', nullable(BYTES), null),
@@ -259,27 +269,14 @@ const MEMORY_BY_GPU = reader('an object of bytes by GPU index', (v, path, proble
   return memory;
 });
 
-const MIG_KEYS = [
-  'mig_index',
-  'uuid',
-  'gpu_instance_id',
-  'compute_instance_id',
-  'memory_used_bytes',
-  'memory_total_bytes',
-  'process_count',
-  'kernel_ids',
-  'notes'
-];
 
 /** One instance, or the one row that says why they could not be listed (mig_index null, and notes). */
-const MIG_INSTANCE = reader('a MIG instance', (v, path, problems): IMigInstance | undefined => {
-  if (!isObject(v)) {
-    return undefined;
+const MIG_INSTANCE = record('a MIG instance', (f): IMigInstance => {
+  if (f.isNull('mig_index')) {
+    return { ...NO_MIG_INSTANCE, mig_index: f.get('mig_index', NULL, null), notes: f.get('notes', STRINGS, []) };
   }
-  const failed = v.mig_index === null;
-  const f = new Fields(v, path, problems, failed ? ['mig_index', 'notes'] : MIG_KEYS);
   return {
-    mig_index: failed ? null : f.get('mig_index', INDEX, null),
+    mig_index: f.get('mig_index', INDEX, null),
     uuid: f.get('uuid', nullable(STRING), null),
     gpu_instance_id: f.get('gpu_instance_id', nullable(INDEX), null),
     compute_instance_id: f.get('compute_instance_id', nullable(INDEX), null),
@@ -291,34 +288,19 @@ const MIG_INSTANCE = reader('a MIG instance', (v, path, problems): IMigInstance 
   };
 });
 
-const TOP_KEYS = [
-  'version',
-  'generated_at',
-  'refresh_interval_s',
-  'driver',
-  'user',
-  'gpus',
-  'kernels',
-  'my_other_processes',
-  'other_users',
-  'unattributed',
-  'notes',
-  'pids_visible',
-  'hidden_processes'
-];
+const NO_MIG_INSTANCE: IMigInstance = {
+  mig_index: null,
+  uuid: null,
+  gpu_instance_id: null,
+  compute_instance_id: null,
+  memory_used_bytes: null,
+  memory_total_bytes: null,
+  process_count: null,
+  kernel_ids: null,
+  notes: []
+};
 
-const GPU_KEYS = [
-  'index',
-  'name',
-  'uuid',
-  'memory_used_bytes',
-  'memory_total_bytes',
-  'utilization_percent',
-  'lost',
-  'notes',
-  'split',
-  'mig_instances'
-];
+
 
 function gpu(f: Fields): IGpu | null {
   const index = f.get('index', INDEX, null);
@@ -339,20 +321,6 @@ function gpu(f: Fields): IGpu | null {
   };
 }
 
-const KERNEL_KEYS = [
-  'id',
-  'name',
-  'path',
-  'session_name',
-  'session_type',
-  'execution_state',
-  'last_activity',
-  'pid',
-  'child_pids',
-  'gpu_memory_bytes',
-  'total_gpu_memory_bytes',
-  'note'
-];
 
 function kernel(f: Fields): IKernel | null {
   const id = f.get('id', ID, null);
@@ -384,12 +352,11 @@ const MY_PROCESS = { command: nullable(STRING) };
 const OTHER_USERS_PROCESS = { user: nullable(STRING), command: nullable(STRING) };
 const NOTED_PROCESS = { note: STRING };
 
-/** The keys of one list's process entries, and the entries' reader. */
+/** The reader of one list's process entries. */
 function processEntry(
   own: Partial<Record<'command' | 'user' | 'note', IRead<string | null>>>
-): [readonly string[], (f: Fields) => IProcess | null] {
-  const keys = ['gpu', 'pid', 'used_memory_bytes', ...Object.keys(own)];
-  const read = (f: Fields): IProcess | null => {
+): (f: Fields) => IProcess | null {
+  return (f: Fields): IProcess | null => {
     const gpuIndex = f.get('gpu', INDEX, null);
     const pid = f.get('pid', INDEX, null);
     if (gpuIndex === null || pid === null) {
@@ -407,40 +374,35 @@ function processEntry(
     }
     return entry;
   };
-  return [keys, read];
 }
 
-/** One JSON object of the reply being read: its fields, each checked against what it must be. */
+/**
+ * One JSON object of the reply being read: its fields, each checked against what it must be.
+ * The keys it must have are those read with `get`; `done` says those it has and nobody read.
+ */
 class Fields {
   constructor(
     private readonly _value: Json,
     private readonly _path: string,
-    private readonly _problems: string[],
-    keys?: readonly string[],
-    optional: readonly string[] = []
-  ) {
-    if (keys) {
-      for (const key of Object.keys(_value)) {
-        if (!keys.includes(key) && !optional.includes(key)) {
-          _problems.push(`${_path}.${key}: not a key of this version of the reply`);
-        }
-      }
-      for (const key of keys.filter(k => !this.has(k))) {
-        _problems.push(`${_path}.${key}: missing`);
-      }
-    }
-  }
+    private readonly _problems: string[]
+  ) {}
 
   has(key: string): boolean {
     return has(this._value, key);
   }
 
-  /** The field as `read` reads it; `fallback` when it is missing or is not what `read` reads. */
+  isNull(key: string): boolean {
+    return this.has(key) && this._value[key] === null;
+  }
+
+  /** The field as `read` reads it; `fallback` when it is missing (said) or is not what `read` reads (said). */
   get<T>(key: string, read: IRead<T>, fallback: T): T {
+    this._read.add(key);
+    const path = `${this._path}.${key}`;
     if (!this.has(key)) {
+      this._problems.push(`${path}: missing`);
       return fallback;
     }
-    const path = `${this._path}.${key}`;
     const got = read.read(this._value[key], path, this._problems);
     if (got === undefined) {
       this._problems.push(`${path}: not ${read.what}`);
@@ -449,18 +411,26 @@ class Fields {
     return got;
   }
 
+  /** Says each key of the object that no `get` read: it is not a key of this version. */
+  done(): void {
+    for (const key of Object.keys(this._value).filter(k => !this._read.has(k))) {
+      this._problems.push(`${this._path}.${key}: not a key of this version of the reply`);
+    }
+  }
+
   /** The entries of a list `parse` accepts; one note per kind for those it could not read. */
-  entries<T>(
-    key: string,
-    keys: readonly string[],
-    parse: (f: Fields) => T | null,
-    kind: string,
-    notes: string[],
-    optional: readonly string[] = []
-  ): T[] {
+  entries<T>(key: string, parse: (f: Fields) => T | null, kind: string, notes: string[]): T[] {
     const entry = reader(`a ${kind} entry`, (v, path, problems) => {
-      const parsed = isObject(v) ? parse(new Fields(v, path, problems, keys, optional)) : null;
-      return parsed ?? undefined; // an entry without its identity: left out, and said
+      if (!isObject(v)) {
+        return undefined;
+      }
+      const fields = new Fields(v, path, problems);
+      const parsed = parse(fields);
+      if (parsed === null) {
+        return undefined; // without what identifies it: left out, and said
+      }
+      fields.done();
+      return parsed;
     });
     const value = this._value[key];
     const kept = this.get(key, list(entry), []);
@@ -472,6 +442,8 @@ class Fields {
     }
     return kept;
   }
+
+  private readonly _read = new Set<string>();
 }
 
 function has(v: Json, key: string): boolean {

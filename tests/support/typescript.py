@@ -7,7 +7,9 @@ skip would hide (issue 29).
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,20 @@ def compiled_module(name: str) -> Path:
     if not path.is_file():
         pytest.fail(f"{path.relative_to(REPO)} is not built: run `npm run build:lab` (make setup does)")
     return path
+
+
+def run_in_node(tmp_path: Path, module: str, calls: list[tuple[str, list]]) -> list:
+    """Each call (a function lib/MODULE exports, and its arguments) in one Node process: their results.
+
+    The module runs on its own as an ES module (.mjs), so it must have no runtime imports."""
+    (tmp_path / "module.mjs").write_text(compiled_module(module).read_text())
+    (tmp_path / "calls.json").write_text(json.dumps(calls))
+    script = tmp_path / "run.mjs"
+    script.write_text(
+        "import * as m from './module.mjs';\n"
+        "import { readFileSync } from 'node:fs';\n"
+        "const calls = JSON.parse(readFileSync(new URL('./calls.json', import.meta.url)));\n"
+        "console.log(JSON.stringify(calls.map(([name, args]) => m[name](...args))));\n"
+    )
+    done = subprocess.run([node(), str(script)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
