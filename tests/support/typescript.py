@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-COMPILED = REPO / "lib"
+from .paths import ROOT
+
+COMPILED = ROOT / "lib"
 
 
 def node() -> str:
@@ -31,7 +32,7 @@ def compiled_module(name: str) -> Path:
     node()
     path = COMPILED / name
     if not path.is_file():
-        pytest.fail(f"{path.relative_to(REPO)} is not built: run `npm run build:lab` (make setup does)")
+        pytest.fail(f"{path.relative_to(ROOT)} is not built: run `npm run build:lab` (make setup does)")
     return path
 
 
