@@ -25,8 +25,9 @@ import jsonschema
 import pytest
 
 from tfgpu_magic.server.kernel_inventory import VERSION
-from tfgpu_magic.server.schema import FILE_NAME, reply_problems, status_reply_schema
+from tfgpu_magic.server.schema import FILE_NAME, status_reply_schema
 
+from support.reply_schema import reply_problems
 from support.typescript import run_in_node
 
 SCHEMA = status_reply_schema()

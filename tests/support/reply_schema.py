@@ -18,11 +18,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 
 from tfgpu_magic.safe_text import strict_json
 from tfgpu_magic.server import extension, kernel_inventory
-from tfgpu_magic.server.schema import reply_problems
+from tfgpu_magic.server.schema import status_reply_schema
 
 
 def replies_follow_the_schema(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
@@ -51,3 +52,9 @@ def replies_follow_the_schema(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[
     monkeypatch.setattr(extension, "reply_text", reply_text)
     yield checked
     assert not broken, "replies that break the schema:\n" + "\n".join(broken[:40])
+
+
+def reply_problems(reply: Any) -> list[str]:
+    """Where ``reply`` breaks the schema, one line each (``$.gpus[0].index: ...``); [] when it conforms."""
+    validator = jsonschema.Draft202012Validator(status_reply_schema())
+    return sorted(f"{error.json_path}: {error.message}" for error in validator.iter_errors(reply))
