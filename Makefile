@@ -68,6 +68,6 @@ test-fast:
 	$(BIN)/python -m pytest -m "not slow and not browser and not gpu" tests
 
 # The comparison with nvitop, gpustat, jupyterlab-nvdashboard and jupyter-resource-usage (about
-# 10 minutes; the peers are installed into build/bench-deps on first use): the README's figures.
+# 10 minutes; the peers are installed into build/bench-deps on first use): the figures of docs/performance.md.
 bench:
 	$(BIN)/python benchmarks/compare.py

@@ -189,7 +189,7 @@ def errno_of(fn: Callable[[], Any]) -> str:
 # -- fixtures and checks ---------------------------------------------------------------------------
 @pytest.fixture(scope="module", autouse=True)
 def attack_table():
-    """The attacks tried and survived, for the README's threat model: a record, not a test."""
+    """The attacks tried and survived, for docs/claims.md's threat model: a record, not a test."""
     yield
     if TABLE:
         width = max(len(a) for a, _, _ in TABLE)

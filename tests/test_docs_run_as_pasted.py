@@ -60,14 +60,14 @@ RUN_BY = {  # bash lines another test runs, and which
     ".venv/bin/jupyter lab": "tests/test_browser.py, tests/test_extension_browser.py (jupyter lab in Chromium)",
     ".venv/bin/jupyter notebook": "tests/test_extension_browser.py (Notebook 7 in Chromium)",
     "jupyter lab --TfgpuMagic.device_source=tfgpu_magic.simulated:kernels_server": "tests/test_extension_browser.py (the GPU panel on kernels_server)",
-    'pip install ".[cpu]"': "make setup (pip install -e .[cpu,test,docs])",
-    "pip install .": "tests/test_install.py::test_the_wheel_installs_both_extensions_without_npm_or_a_build",
+    'pip install ".[cpu,lab]"': "make setup (pip install -e .[cpu,test,docs]: the test extra holds jupyterlab)",
+    'pip install ".[lab]"': "tests/test_install.py::test_the_wheel_installs_both_extensions_without_npm_or_a_build (without the extra: jupyterlab is the test environment's)",
     'pip install -e ".[cpu,test,docs]"': "make setup; tests/test_install.py::test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place",
     "pip wheel --no-deps . -w dist": "tests/test_install.py (pip wheel --no-deps)",
 }
 NOT_RUN = {  # bash lines no test runs, and why
-    'pip install ".[gpu]"': "tensorflow[and-cuda] brings several GB of CUDA libraries; the install without it is tested",
-    'pip install "dist/tfgpu_magic-0.1.0-py3-none-any.whl[gpu]"': "the same; the wheel without the extra is tested",
+    'pip install ".[gpu,lab]"': "tensorflow[and-cuda] brings several GB of CUDA libraries; the install without it is tested",
+    'pip install "dist/tfgpu_magic-0.1.0-py3-none-any.whl[gpu,lab]"': "the same; the wheel without the extra is tested",
     "npm install -g configurable-http-proxy": "installs into the system's Node prefix; tests/test_jupyterhub.py runs the same npm package from node_modules (make setup's npm install)",
 }
 DIRECTIVES = ("{toctree}", "{eval-rst}")  # MyST's, built by `make docs`

@@ -3,7 +3,7 @@
 Two ``jupyter server`` subprocesses on the simulated driver (``kernels_server``): one at ``/``
 with one kernel, one at ``/user/alice/`` (where a JupyterHub single-user server answers) with two;
 each kernel has run a cell, so it is idle.  The real ``prometheus`` binary (Debian's 2.42)
-scrapes both every second with the README's own scrape configurations (only the addresses, the
+scrapes both every second with the documentation's own scrape configurations (only the addresses, the
 token files and the interval changed), plus a job with a wrong token.  Assertions go through
 Prometheus' HTTP API: what it stored is what ``GET tfgpu/api/status`` says, and every query of
 the dashboard (``jupyter-config/grafana/tfgpu-dashboard.json``) returns data.

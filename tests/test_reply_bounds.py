@@ -48,7 +48,7 @@ from support.reply_schema import replies_follow_the_schema
 
 MIB = 1 << 20
 GIB = 1 << 30
-COMMAND_BOUND = 1024  # the documented bound (README): characters of a command line, "…" included
+COMMAND_BOUND = 1024  # the documented bound (docs/commands.md): characters of a command line, "…" included
 NAME_BOUND = 64  # characters of a user name
 NODE = shutil.which("node")
 

@@ -5,7 +5,7 @@ needs ``prometheus`` and ``/usr/bin/chromium``).
 
 This is not Grafana (which is not installed here): it is tests/test_prometheus.py's stack (two real
 ``jupyter server``s on the simulated driver, the culler on, a real Prometheus scraping them with the
-README's jobs every second) with the notebooks opened one after another, a notebook that starts
+documented jobs every second) with the notebooks opened one after another, a notebook that starts
 four worker processes, then every panel's query (``jupyter-config/grafana/tfgpu-dashboard.json``,
 with *All* selected) sent to Prometheus, and the answers drawn as the panels describe them (time
 series over the run, tables at its end): an HTML page of SVG charts, shot with Chromium.

@@ -239,7 +239,7 @@ def readme_scrape_configs() -> dict[str, dict[str, Any]]:
 
 
 def as_tested(job: dict[str, Any], address: str, token_file: Path, interval: str = "1s") -> dict[str, Any]:
-    """A README job pointed here: every target at ``address``, the token from ``token_file``, scraped every ``interval``."""
+    """A documented job pointed here: every target at ``address``, the token from ``token_file``, scraped every ``interval``."""
     job = json.loads(json.dumps(job))  # a deep copy
     job["scrape_interval"] = interval
     job["scrape_timeout"] = interval
@@ -356,10 +356,10 @@ def as_grafana_sends(expr: str, values: dict[str, str] | None = None) -> str:
     return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", value, expr)
 
 
-# -- the whole stack: two Jupyter servers, three notebooks, Prometheus with the README's jobs -----------
+# -- the whole stack: two Jupyter servers, three notebooks, Prometheus with the documented jobs -----------
 class Stack:
     """``plain`` at ``/`` and ``alice`` at ``/user/alice/`` (a single-user server's prefix), on the
-    simulated driver, read every second; Prometheus scrapes them every second with the README's
+    simulated driver, read every second; Prometheus scrapes them every second with the documented
     ``jupyter`` and ``jupyterhub`` jobs, and a ``wrong-token`` job scrapes ``plain`` with a wrong token.
 
     ``culler``: the servers run the GPU idle culler with an hour's idle time (nothing is culled
