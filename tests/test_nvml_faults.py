@@ -252,6 +252,25 @@ def test_an_old_binding_or_a_malformed_answer_is_one_failed_reading(server):
     assert gpu.memory == clean().memory(FAULTY)
 
 
+def test_an_impossible_figure_fails_its_reading_and_is_never_passed_on(server):
+    """Negative bytes or a utilization above 100% are nobody's figures: the reading fails with a note
+    (the reply's schema allows neither); an impossible process figure is that process's unknown."""
+    gpu = server.gpus[FAULTY]
+    gpu.base_used_mib = -(1 << 20)  # the driver says the GPU uses minus one TiB
+    gpu.utilization = 250
+    gpu.processes[0].used_mib = -5
+    nvml = Nvml(lib=server)
+    read = nvml.gpu(FAULTY)
+    assert (read.memory, read.utilization_percent) == (None, None)
+    assert len(read.notes) == 2 and read.notes[0].startswith("memory: ValueError: NVML gave -")
+    assert read.notes[0].endswith(" as a byte count")
+    assert read.notes[1] == "utilization: ValueError: NVML gave a utilization of 250%"
+    listed = {p.pid: p.used_memory_bytes for p in nvml.processes(FAULTY)}
+    assert listed[gpu.processes[0].pid] is None
+    assert [listed[p.pid] for p in gpu.processes[1:]] == [p.used_mib * (1 << 20) for p in gpu.processes[1:]]
+    assert nvml.gpu(0).memory == clean().memory(0)  # the other GPUs read as before
+
+
 def test_interrupts_are_not_swallowed():
     server = shared_server(ME)
     server.gpus[FAULTY].faults["utilization"] = KeyboardInterrupt()

@@ -44,7 +44,7 @@ from tfgpu_magic.server import extension, kernel_inventory, metrics
 from tfgpu_magic.server.kernel_inventory import KernelDescription
 
 from support.fakes import fake_process_table
-from support.reply_schema import replies_follow_the_schema
+from support.reply_schema import replies_follow_the_schema, reply_problems
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -55,11 +55,7 @@ NODE = shutil.which("node")
 
 @pytest.fixture
 def schema_checked(monkeypatch):
-    """Every reply the test builds is checked against the shipped schema (tfgpu_magic/server/schema).
-
-    Not for the property over arbitrary readings: its simulated driver says what no NVML does
-    (negative bytes, a utilization of 1e22), which the server passes on and the schema's ranges
-    refuse."""
+    """Every reply the test builds is checked against the shipped schema (tfgpu_magic/server/schema)."""
     yield from replies_follow_the_schema(monkeypatch)
 
 
@@ -453,7 +449,7 @@ def readings(draw: Any) -> tuple[SimulatedNvml, list[KernelDescription], float, 
         gpus.append(gpu)
     kernels = [
         KernelDescription(
-            draw(HOSTILE),
+            draw(HOSTILE.filter(bool)),  # the server's own kernel id: never empty (a uuid in jupyter_server)
             name=draw(HOSTILE),
             path=draw(HOSTILE),
             execution_state=draw(HOSTILE),
@@ -485,6 +481,8 @@ def reply_bound(reply: dict) -> int:
 )
 @given(readings())
 def test_any_reading_gives_a_bounded_strict_reply_and_metrics_with_no_forged_series(reading):
+    """Whatever NVML answers (negative bytes, a utilization of 1e22, NaN), the reply stays within
+    its bounds and its schema: an impossible figure fails its reading (a note), never reaches it."""
     server, kernels, now, interval, hides_others = reading
     table = fake_process_table(server, hides_others=hides_others)
     reply = kernel_inventory.inventory(
@@ -497,6 +495,7 @@ def test_any_reading_gives_a_bounded_strict_reply_and_metrics_with_no_forged_ser
     )
     text = extension.reply_text(reply)
     parsed = strict_loads(text)
+    assert reply_problems(parsed) == []
     assert len(text) <= reply_bound(parsed)
     for entry in parsed["other_users"] + parsed["my_other_processes"]:
         assert entry["command"] is None or len(entry["command"]) <= COMMAND_BOUND

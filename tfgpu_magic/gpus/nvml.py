@@ -546,6 +546,18 @@ class Nvml:
 
 
 # -- one reading each: the whole conversion inside, so a malformed answer fails that reading ----
+MAX_BYTES = 2**53 - 1  # the largest integer every JSON reader keeps exactly; no GPU comes near it
+
+
+def _bytes(value: Any) -> int:
+    """A byte count as NVML gives it; a negative or impossibly large one fails the reading (it is
+    nobody's figure, and the reply's schema allows none)."""
+    count = int(value)
+    if not 0 <= count <= MAX_BYTES:
+        raise ValueError(f"NVML gave {count} as a byte count")
+    return count
+
+
 def _memory_info(lib: Any, handle: Any) -> MemoryInfo:
     """nvidia-smi's figures: the version-2 reading where the driver has it, else version 1.
 
@@ -556,12 +568,12 @@ def _memory_info(lib: Any, handle: Any) -> MemoryInfo:
     if version_2 is not None:
         try:
             info = lib.nvmlDeviceGetMemoryInfo(handle, version=version_2)
-            return MemoryInfo(int(info.total), int(info.used), int(info.free), int(info.reserved))
+            return MemoryInfo(_bytes(info.total), _bytes(info.used), _bytes(info.free), _bytes(info.reserved))
         except Exception as err:
             if not _version_2_missing(lib, err):
                 raise
     info = lib.nvmlDeviceGetMemoryInfo(handle)
-    return MemoryInfo(int(info.total), int(info.used), int(info.free))
+    return MemoryInfo(_bytes(info.total), _bytes(info.used), _bytes(info.free))
 
 
 def _version_2_missing(lib: Any, err: Exception) -> bool:
@@ -573,7 +585,7 @@ def _version_2_missing(lib: Any, err: Exception) -> bool:
 
 
 def _total_bytes(lib: Any, handle: Any) -> int:
-    return int(lib.nvmlDeviceGetMemoryInfo(handle).total)
+    return _bytes(lib.nvmlDeviceGetMemoryInfo(handle).total)
 
 
 def _uuid(lib: Any, handle: Any) -> str:
@@ -589,7 +601,10 @@ def _pci_bus_id(lib: Any, handle: Any) -> str:
 
 
 def _utilization(lib: Any, handle: Any) -> int:
-    return int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+    percent = int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+    if not 0 <= percent <= 100:
+        raise ValueError(f"NVML gave a utilization of {percent}%")
+    return percent
 
 
 def _compute_capability(lib: Any, handle: Any) -> tuple[int, int]:
@@ -610,6 +625,8 @@ def _listing(lib: Any, handle: Any, index: int, kind: str) -> list[GpuProcess]:
     result = []
     for proc in call(handle) or []:
         used = getattr(proc, "usedGpuMemory", None)
+        if used is not None and not 0 <= int(used) <= MAX_BYTES:
+            used = None  # not a byte count: this process's memory is unknown, the others still listed
         result.append(GpuProcess(int(proc.pid), index, None if used is None else int(used), kind))
     return result
 

@@ -178,8 +178,8 @@ def _reply(
 ) -> dict[str, Any]:
     return {
         "version": VERSION,
-        "generated_at": generated_at,
-        "refresh_interval_s": interval,
+        "generated_at": _seconds(generated_at, "the server's clock", notes),
+        "refresh_interval_s": _seconds(interval, "the refresh interval", notes),
         "driver": {"available": available, "reason": reason},
         "user": user,
         "gpus": [],
@@ -194,6 +194,16 @@ def _reply(
         "pids_visible": None,
         "hidden_processes": [],  # listed pids /proc hides (hidepid): another user's or exited, unknown which
     }
+
+
+def _seconds(value: float, what: str, notes: list[str]) -> float | None:
+    """A time as the reply carries it.  A negative one is nobody's (a clock before 1970, a negative
+    interval): null, and a note says what it was.  A non-finite one is left to the endpoint's
+    strict JSON, which writes it as null with a note of its own."""
+    if value < 0:
+        notes.append(f"{what} gave {value!r} seconds, which is no time: written as null")
+        return None
+    return value
 
 
 # -- which processes are a kernel's -----------------------------------------------------------
