@@ -10,7 +10,7 @@
 - A ```text block is output, not code.  An untagged block fails: choose one.
 - A ```yaml block is a Prometheus configuration: it must parse, and tests/test_prometheus.py
   runs its scrape jobs against a real Prometheus and Jupyter servers (YAML_RUN_BY).
-- A MyST directive (```{toctree}, ```{eval-rst}) is Sphinx's: `make docs` builds it, warnings as
+- A MyST directive (```{toctree}, ```{eval-rst}, ```{include}) is Sphinx's: `make docs` builds it, warnings as
   errors.  Any other is untagged.
 
 The README's command table is what ``python -m tfgpu_magic.command.reference`` prints from the
@@ -70,7 +70,7 @@ NOT_RUN = {  # bash lines no test runs, and why
     'pip install "dist/tfgpu_magic-0.1.0-py3-none-any.whl[gpu,lab]"': "the same; the wheel without the extra is tested",
     "npm install -g configurable-http-proxy": "installs into the system's Node prefix; tests/test_jupyterhub.py runs the same npm package from node_modules (make setup's npm install)",
 }
-DIRECTIVES = ("{toctree}", "{eval-rst}")  # MyST's, built by `make docs`
+DIRECTIVES = ("{toctree}", "{eval-rst}", "{include}")  # MyST's, built by `make docs`
 
 
 def commands(block: Block) -> list[str]:
