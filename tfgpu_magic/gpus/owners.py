@@ -65,6 +65,7 @@ __all__ = [
     "LISTING_TRUST_S",
     "MAX_COMMAND_CHARS",
     "MAX_NAME_CHARS",
+    "NoIdentity",
     "OwnerLookupTable",
     "ProcessDetails",
     "ProcessTable",
@@ -73,6 +74,7 @@ __all__ = [
     "parent_of",
     "process_table_for",
     "shared_psutil_table",
+    "stat_identity",
 ]
 
 
@@ -171,17 +173,17 @@ _USER_NAMES = _UserNames()  # the process-wide uid -> name cache
 
 # What identifies a process beyond its pid: (start time, name) from /proc, or psutil's create time;
 # or, instead, why there is none.
-class _NoIdentity(enum.Enum):
+class NoIdentity(enum.Enum):
     GONE = "gone"  # the pid has no live process (exited, or a zombie)
     HIDDEN = "hidden"  # /proc does not show the pid, and it hides other users' processes (hidepid)
     UNKNOWN = "unknown"  # cannot tell (not allowed to read, no /proc and no psutil): never cached
 
 
-_GONE, _HIDDEN, _UNKNOWN = _NoIdentity.GONE, _NoIdentity.HIDDEN, _NoIdentity.UNKNOWN
-Identity = tuple[int, bytes] | float | _NoIdentity  # (start ticks, name) on Linux; create time elsewhere
+_GONE, _HIDDEN, _UNKNOWN = NoIdentity.GONE, NoIdentity.HIDDEN, NoIdentity.UNKNOWN
+Identity = tuple[int, bytes] | float | NoIdentity  # (start ticks, name) on Linux; create time elsewhere
 
 
-def _read_stat(pid: int, proc: ProcReader = PROC) -> Stat | _NoIdentity:
+def _read_stat(pid: int, proc: ProcReader = PROC) -> Stat | NoIdentity:
     """``/proc/<pid>/stat``, parsed (Linux): one open and read of a small file, about 4 µs.
 
     ``_GONE`` for an exited process or a zombie (``_HIDDEN`` for a pid /proc hides), ``_UNKNOWN``
@@ -201,10 +203,10 @@ def _read_stat(pid: int, proc: ProcReader = PROC) -> Stat | _NoIdentity:
     return stat
 
 
-def _stat_identity(pid: int, proc: ProcReader = PROC) -> Identity:
+def stat_identity(pid: int, proc: ProcReader = PROC) -> Identity:
     """(start time in clock ticks since boot, process name) from ``/proc/<pid>/stat``; a zombie is gone."""
     stat = _read_stat(pid, proc)
-    return stat if isinstance(stat, _NoIdentity) else (stat.start, stat.name)
+    return stat if isinstance(stat, NoIdentity) else (stat.start, stat.name)
 
 
 def parent_of(pid: int) -> int | None:
@@ -389,11 +391,11 @@ class PsutilProcessTable:
 
     def _identity(self, pid: int) -> Identity:
         """What tells this pid's process from a later one with the same pid (see :data:`Identity`)."""
-        return _psutil_identity(pid) if self._proc is None else _stat_identity(pid, self._proc)
+        return _psutil_identity(pid) if self._proc is None else stat_identity(pid, self._proc)
 
     def _worth_keeping(self, identity: Identity, details: ProcessDetails) -> bool:
         """A complete answer (alive, owner and command read, no note) about a process past its start."""
-        if isinstance(identity, _NoIdentity) or not details.alive or details.note is not None:
+        if isinstance(identity, NoIdentity) or not details.alive or details.note is not None:
             return False
         if details.user is None or details.command is None:
             return False

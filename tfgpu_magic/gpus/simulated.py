@@ -612,9 +612,9 @@ class LiveKernelsNvml(SimulatedNvml):
     def _one_exited(self) -> bool:
         """Whether a process of the last scan has exited: its memory is free now, as the driver says
         as soon as a process ends (a kernel just culled must not hold memory for another scan_ttl_s)."""
-        from .owners import _GONE, _stat_identity
+        from .owners import NoIdentity, stat_identity
 
-        return any(_stat_identity(p.pid) is _GONE for procs in self._live.values() for p in procs)
+        return any(stat_identity(p.pid) is NoIdentity.GONE for procs in self._live.values() for p in procs)
 
     def _scan(self) -> dict[int, list[SimulatedProcess]]:
         from .process_tree import children_of, descendants, read_parent_map
@@ -641,16 +641,16 @@ class LiveKernelsNvml(SimulatedNvml):
 
     def _remember(self, pid: int, read: Any) -> Any:
         """``read(pid)``, read once per process (remembered while it lives, by its start time)."""
-        from .owners import _GONE, _UNKNOWN, _stat_identity
+        from .owners import NoIdentity, stat_identity
 
-        identity = _stat_identity(pid)
-        if identity is _GONE:
+        identity = stat_identity(pid)
+        if identity is NoIdentity.GONE:
             return read(pid)
         known = self._remembered.get(pid)
-        if known is not None and identity is not _UNKNOWN and known[0] == identity:
+        if known is not None and identity is not NoIdentity.UNKNOWN and known[0] == identity:
             return known[1]
         value = read(pid)
-        if identity is not _UNKNOWN:
+        if identity is not NoIdentity.UNKNOWN:
             self._remembered[pid] = (identity, value)
         return value
 
