@@ -22,7 +22,7 @@ from support.paths import ROOT
 CASES = [
     ("%gpu mon", ["monitor"]),
     ("%gpu monitor --s", ["--sidebar"]),
-    ("%gpu use ", ["all", "none", "auto", "auto:2", "--min-free", "--wait"]),
+    ("%gpu use ", ["all", "none", "auto", "auto:2", "--min-free", "--min-cc", "--wait"]),
     ("%%gpu b", ["budget"]),
     ("%gpu ", list(grammar.VERBS)),
     ("%gpu trace o", ["on", "off"]),

@@ -132,6 +132,7 @@ def test_each_verb_is_declared_once_and_the_names_come_from_the_table():
         "free",
         "monitor",
         "trace",
+        "save",
         "reset",
     )
     assert grammar.CELL_VERBS == ("budget", "on")
@@ -184,8 +185,8 @@ def test_the_manual_is_generated_from_the_table():
         ("%gpu li", list(grammar.VERBS)),
         ("%gpu precision ", list(grammar.PRECISIONS)),
         ("%gpu precision mixed", list(grammar.PRECISIONS)),
-        ("%gpu USE ", ["all", "none", "auto", "auto:2", "--min-free", "--wait"]),
-        ("%gpu use auto ", ["all", "none", "auto", "auto:2", "--min-free", "--wait"]),
+        ("%gpu USE ", ["all", "none", "auto", "auto:2", "--min-free", "--min-cc", "--wait"]),
+        ("%gpu use auto ", ["all", "none", "auto", "auto:2", "--min-free", "--min-cc", "--wait"]),
         ("%gpu monitor ", ["off", "--sidebar", "--interval", "--window"]),
         ("%gpu status ", ["--json"]),
         ("%gpu free ", []),

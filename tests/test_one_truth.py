@@ -97,7 +97,7 @@ def test_use_outside_the_allocation_is_one_line_naming_it_and_changes_nothing():
     assert said(session, "use 0") == (
         "SessionError: GPU 0 is outside this kernel's allocation: the environment allocated GPU 2, 3 "
         "(CUDA_VISIBLE_DEVICES was set before the kernel started); valid: %gpu use 1 | %gpu use 0,2 | "
-        "%gpu use all | %gpu use none | %gpu use auto | %gpu use auto:2 --min-free 10G --wait 10m"
+        "%gpu use all | %gpu use none | %gpu use auto | %gpu use auto:2 --min-free 10G --wait 10m | %gpu use auto --min-cc 8.0"
     )
     assert session.env["CUDA_VISIBLE_DEVICES"] == "2,3" and session.requested.visible is None
 

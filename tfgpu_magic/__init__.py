@@ -31,6 +31,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
     publish_after_each_cell(ipython, magics.session)
     magics.apply_defaults()
+    magics.apply_notebook_settings()  # the notebook's saved settings, after (over) the defaults
 
 
 def unload_ipython_extension(ipython: Any) -> None:

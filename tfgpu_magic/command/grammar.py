@@ -35,6 +35,7 @@ __all__ = [
     "Percent",
     "Precision",
     "Reset",
+    "Save",
     "Split",
     "Status",
     "Trace",
@@ -45,6 +46,7 @@ __all__ = [
     "manual",
     "parse",
     "parse_bytes",
+    "parse_capability",
     "parse_cell",
     "parse_duration",
     "parse_size",
@@ -83,6 +85,7 @@ class Auto:
     count: int = 1
     min_free_bytes: int | None = None
     wait_seconds: float | None = None
+    min_capability: tuple[int, int] | None = None  # the least CUDA compute capability, (8, 0)
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -139,6 +142,11 @@ class Free:
 
 
 @dataclass(frozen=True)
+class Save:
+    """``%gpu save``: this notebook's GPU settings into its metadata (``tfgpu``)."""
+
+
+@dataclass(frozen=True)
 class Status:
     json: bool = False
 
@@ -161,7 +169,7 @@ class Trace:
     on: bool
 
 
-Command = Use | Grow | Limit | Split | Allocator | Precision | Free | Status | Reset | Monitor | Trace
+Command = Use | Grow | Limit | Split | Allocator | Precision | Free | Status | Reset | Monitor | Trace | Save
 
 PRECISIONS = ("mixed_float16", "mixed_bfloat16", "float32")
 MAX_SPLIT = 16
@@ -294,6 +302,17 @@ def _size_list(text: str, verb: str, percent: bool = True) -> tuple[Size, ...]:
     return tuple(parse_size(p, verb, percent) for p in parts)
 
 
+_CAPABILITY = re.compile(r"([0-9]{1,2})\.([0-9])", re.ASCII)
+
+
+def parse_capability(text: str, verb: str) -> tuple[int, int]:
+    """A CUDA compute capability, ``8.0`` or ``8.6``: (major, minor)."""
+    found = _CAPABILITY.fullmatch(text.strip())
+    if not found:
+        raise _fail(verb, f"{_shown(text)} is not a compute capability such as 8.0")
+    return int(found.group(1)), int(found.group(2))
+
+
 # -- options ------------------------------------------------------------------------------------
 def _options(
     verb: str, tokens: list[str], allowed: dict[str, Callable[[str], object] | None]
@@ -342,6 +361,7 @@ def _one(verb: str, tokens: list[str]) -> str:
 _INDEX_LIST = re.compile(r"[0-9]+(,[0-9]+)*", re.ASCII)
 _AUTO_OPTIONS: dict[str, Callable[[str], object] | None] = {
     "min-free": lambda v: parse_bytes(v, "use"),
+    "min-cc": lambda v: parse_capability(v, "use"),
     "wait": lambda v: parse_duration(v, "use"),
 }
 _STATUS_OPTIONS: dict[str, Callable[[str], object] | None] = {"json": None}
@@ -382,7 +402,9 @@ def _auto(first: str, rest: list[str]) -> Auto:
         if count > MAX_GPUS:
             raise _fail("use", f"{_shown(first)}: auto:N asks for at most {MAX_GPUS} GPUs")
     opts = _options("use", rest, _AUTO_OPTIONS)
-    return Auto(count, _given(opts, "min-free", int), _given(opts, "wait", float))
+    return Auto(
+        count, _given(opts, "min-free", int), _given(opts, "wait", float), _given(opts, "min-cc", tuple)
+    )
 
 
 def _on_off(verb: str, tokens: list[str]) -> bool:
@@ -486,6 +508,11 @@ def _monitor(tokens: list[str]) -> Monitor:
     return Monitor(bool(opts.get("sidebar", False)), None if given is None else interval, window)
 
 
+def _save(tokens: list[str]) -> Save:
+    _no_more("save", tokens)
+    return Save()
+
+
 def _free(tokens: list[str]) -> Free:
     _no_more("free", tokens)
     return Free()
@@ -571,10 +598,12 @@ TABLE: tuple[Verb, ...] = (
             "%gpu use none",
             "%gpu use auto",
             "%gpu use auto:2 --min-free 10G --wait 10m",
+            "%gpu use auto --min-cc 8.0",
         ),
         manual=(
             ("%gpu use 1", "show the frameworks only GPU 1 (also: 0,2 | all | none)"),
             ("%gpu use auto", "pick the freest GPU and claim it (auto:2, --min-free 10G, --wait 10m)"),
+            ("%gpu use auto --min-cc 8.0", "only GPUs of CUDA compute capability 8.0 or above"),
         ),
         words=("all", "none", "auto", "auto:2"),
         flags=tuple(_AUTO_OPTIONS),
@@ -683,6 +712,17 @@ TABLE: tuple[Verb, ...] = (
             ("%gpu trace [off]", "after each cell: each framework's allocator peak and retained change"),
         ),
         words=("on", "off"),
+    ),
+    Verb(
+        "save",
+        _save,
+        forms=("%gpu save",),
+        manual=(
+            (
+                "%gpu save",
+                "keep this notebook's GPU needs and settings in its metadata, applied when it opens",
+            ),
+        ),
     ),
     Verb(
         "reset",

@@ -18,7 +18,7 @@ from ..command.units import format_bytes
 from ..gpus import claims
 from ..gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 
-__all__ = ["ChoiceError", "choose_gpus", "claim_key", "release"]
+__all__ = ["ChoiceError", "choose_gpus", "claim_key", "min_text", "release", "who_holds"]
 
 POLL_S = 2.0  # how often --wait looks again
 PROGRESS_EVERY_S = 60.0  # how often --wait says it is still waiting
@@ -209,9 +209,48 @@ def _why_not(gpu: GpuInfo, holder: claims.Holder | None, auto: grammar.Auto) -> 
         return "without a readable UUID (its claim would have no stable name)"
     if holder is not None and not holder.this_process:
         return f"claimed by {holder.describe()}"
+    if auto.min_capability is not None:
+        capability = gpu.compute_capability
+        if capability is None:
+            return "without a readable compute capability"
+        if capability < auto.min_capability:
+            return f"of compute capability {capability[0]}.{capability[1]}"
     if auto.min_free_bytes is not None and gpu.memory.free_bytes < auto.min_free_bytes:
         return f"{format_bytes(gpu.memory.free_bytes)} free"
     return None
+
+
+def who_holds(nvml: Nvml, indices: Any, most_users: int = 3) -> str:
+    """Who holds each GPU, in one line: "GPU 0: alice 30 GiB (claimed by pid 41 (alice)); GPU 2: nobody".
+
+    Memory per user from the driver's process list; other users' names as the process table
+    gives them (made harmless for a terminal); a GPU that cannot be listed says so."""
+    from ..gpus.owners import process_table_for
+    from ..safe_text import safe
+
+    table = process_table_for(nvml)
+    parts = []
+    for index in indices:
+        try:
+            listed = nvml.processes(index)
+        except Exception:  # a lost GPU or a refused listing: said, never a made-up "nobody"
+            parts.append(f"GPU {index}: not listed")
+            continue
+        by_user: dict[str, int] = {}
+        for process in listed:
+            details = table.lookup(process.pid)
+            user = details.user if details.alive else None
+            user = user or f"{'' if details.alive else 'exited '}pid {process.pid}"
+            by_user[user] = by_user.get(user, 0) + (process.used_memory_bytes or 0)
+        ranked = sorted(by_user.items(), key=lambda item: -item[1])
+        held = ", ".join(f"{safe(user)} {format_bytes(size)}" for user, size in ranked[:most_users])
+        if len(ranked) > most_users:
+            held += f" and {len(ranked) - most_users} more"
+        uuid = nvml.uuid(index)
+        holder = claims.holder(uuid) if uuid else None
+        claim = f" (claimed by {holder.describe()})" if holder is not None and not holder.this_process else ""
+        parts.append(f"GPU {index}: {held or 'nobody'}{claim}")
+    return "; ".join(parts)
 
 
 def _free(gpu: GpuInfo) -> int:
@@ -253,16 +292,21 @@ def _failure(auto: grammar.Auto, look: _Look, waited: bool) -> str:
         )
     return (
         f"{_shortfall(auto, look)} now{context}; "
-        f"try `%gpu use auto{_count_text(auto)}{_min_text(auto)} --wait 10m`"
+        f"try `%gpu use auto{_count_text(auto)}{min_text(auto)} --wait 10m`"
     )
 
 
 def _shortfall(auto: grammar.Auto, look: _Look) -> str:
+    capable = (
+        " of compute capability {}.{} or above".format(*auto.min_capability) if auto.min_capability else ""
+    )
     if auto.min_free_bytes is not None:
         floor = format_bytes(auto.min_free_bytes)
         if auto.count == 1:
-            return f"no unclaimed GPU has {floor} free"
-        return f"fewer than {auto.count} unclaimed GPUs have {floor} free"
+            return f"no unclaimed GPU{capable} has {floor} free"
+        return f"fewer than {auto.count} unclaimed GPUs{capable} have {floor} free"
+    if capable:
+        return f"fewer than {auto.count} unclaimed GPU{'s' if auto.count != 1 else ''}{capable}"
     if auto.count == 1:
         return "no GPU is free of other kernels' claims"
     return f"only {len(look.ready)} of the {auto.count} GPUs asked for are unclaimed"
@@ -289,11 +333,14 @@ def _count_text(auto: grammar.Auto) -> str:
     return f":{auto.count}" if auto.count != 1 else ""
 
 
-def _min_text(auto: grammar.Auto) -> str:
-    if auto.min_free_bytes is None:
-        return ""
-    mib = auto.min_free_bytes // (1024 * 1024)
-    return f" --min-free {mib // 1024}G" if mib % 1024 == 0 else f" --min-free {mib}M"
+def min_text(auto: grammar.Auto) -> str:
+    text = ""
+    if auto.min_free_bytes is not None:
+        mib = auto.min_free_bytes // (1024 * 1024)
+        text = f" --min-free {mib // 1024}G" if mib % 1024 == 0 else f" --min-free {mib}M"
+    if auto.min_capability is not None:
+        text += " --min-cc {}.{}".format(*auto.min_capability)
+    return text
 
 
 def _indices(indices: Any) -> str:

@@ -49,6 +49,7 @@ class GpuMagics(Magics):
             grammar.Reset: lambda _: self.session.reset(),
             grammar.Monitor: self._monitor,
             grammar.Trace: self._trace,
+            grammar.Save: self._save,
         }
 
     @line_cell_magic
@@ -91,6 +92,23 @@ class GpuMagics(Magics):
         from . import trace
 
         return trace.set_tracing(self.shell, self.session, command.on)
+
+    def _save(self, command: grammar.Save) -> None:
+        from IPython.display import display
+
+        from . import notebook_settings
+
+        text, keys = notebook_settings.save(self.session)
+        display(notebook_settings.bundle(text, keys), raw=True)  # the front end or the runner writes it
+
+    def apply_notebook_settings(self) -> None:
+        """The notebook's saved settings, when its kernel was started for one (after the defaults)."""
+        from . import notebook_settings
+
+        record = notebook_settings.apply_at_start(self.session, use)
+        notice = None if record is None else record.notice()
+        if notice is not None and self.shell is not None:
+            _notice_under_first_cell(self.shell, notice)
 
     def _cell(self, line: str, cell: str) -> Any:
         """``%%gpu budget 2G`` and ``%%gpu on 1``: run the cell under a condition."""
@@ -159,6 +177,16 @@ SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use, grammar.All
 SETTING_VERBS = ("use", "grow", "limit", "split", "allocator", "precision")
 
 
+def _notice_under_first_cell(shell: Any, notice: str) -> None:
+    """Say ``notice`` under the first cell the user runs: said at start-up, it reaches no notebook."""
+
+    def once(result: Any = None) -> None:
+        shell.events.unregister("post_run_cell", once)
+        print(notice)
+
+    shell.events.register("post_run_cell", once)
+
+
 def use(session: Session, command: Any, progress: Any = print) -> str:
     """A configuration command; ``use auto`` chooses and claims first.
 
@@ -166,7 +194,10 @@ def use(session: Session, command: Any, progress: Any = print) -> str:
     kernel held before stay (the session releases them only once it accepts the new request).
     """
     if not (isinstance(command, grammar.Use) and isinstance(command.gpus, grammar.Auto)):
-        return session.configure(command)
+        answer = session.configure(command)
+        if isinstance(command, grammar.Use):
+            session.auto_request = None  # GPUs named: nothing of `use auto` stays in force
+        return answer
     from ..gpus import claims
     from . import choosing  # the chooser and its claims
 
@@ -183,6 +214,7 @@ def use(session: Session, command: Any, progress: Any = print) -> str:
             if key is not None and key not in held_before:
                 claims.release(key)  # chosen but not used: let others have them
         raise
+    session.auto_request = command.gpus
     return f"{reason}\n{answer}"
 
 

@@ -89,6 +89,11 @@ class Session:
         self.applied: dict[str, Resolution] = {}
         self._parts: set[str] = set()  # the keys of ``applied`` that are parts of the kernel's limit
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
+        # The accepted `use auto` (its --min-free and --min-cc are what `%gpu save` keeps); None
+        # when the GPUs in force were named, or none was asked.
+        self.auto_request: grammar.Auto | None = None
+        # The notebook's saved settings as they were met at the kernel's start (notebook_settings.py).
+        self.notebook_record: Any = None
         self.hook_errors: list[str] = []
         self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
         # The frameworks' allocator figures, read on the user's thread and published for the panel.

@@ -78,6 +78,10 @@ def build_report(
             "me": {"pid": os.getpid() if my_pid is None else my_pid, "user": None, "label": viewer},
             "visible_gpus": None,
             "defaults": session.defaults_record.as_json(),
+            # The notebook's saved settings as met at the kernel's start; None: it has none.
+            "notebook_settings": None
+            if session.notebook_record is None
+            else session.notebook_record.as_json(),
         }
     )
     listing = next((f for f in frameworks if f.listed_gpus(views[f.key]) is not None), None)
@@ -377,6 +381,22 @@ def _kernel_header(report: dict[str, Any]) -> list[str]:
     return [f"{label + ':':<11} {value}" if label else f"  {value}" for label, value in header_rows(report)]
 
 
+def _notebook_rows(record: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """ "Notebook: from the notebook's settings (train.ipynb): needs 1 GPU with 4 GiB free, met (...)"."""
+    if not record:
+        return []
+    if record.get("error"):
+        return [("Notebook", f"from {record['source']}: {record['error']}")]
+    text = f"from {record['source']}: {'; '.join(record.get('applied') or []) or 'nothing applied'}"
+    rows = [("Notebook", text)]
+    if record.get("met") is not None:
+        state = "met" if record["met"] else "NOT met"
+        rows.append(("", f"needs {record['requirements']}: {state} ({record.get('choice')})"))
+    for item in record.get("not_applied", []):
+        rows.append(("", f"{item['line']!r} not applied: {item['reason']}"))
+    return rows
+
+
 def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     """What this kernel asked for, what is in force, each imported framework's stage and allocator,
     who it is: ``(label, value)`` rows, a continuation's label empty.  The text and the HTML card
@@ -396,6 +416,7 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         rows += _rows(framework["lines"])
     for k, default in enumerate(report.get("defaults", {}).get("not_applied", [])):
         rows.append(("Defaults" if k == 0 else "", f"{default['line']!r} not applied: {default['reason']}"))
+    rows += _notebook_rows(report.get("notebook_settings"))
     if frameworks and not imported:
         names = [f["name"] for f in shown if frameworks.get(f["key"], {}).get("installed")]
         reach = (

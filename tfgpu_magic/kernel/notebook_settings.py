@@ -1,0 +1,277 @@
+"""The notebook's saved GPU settings in this kernel: ``%gpu save``, and applying them at its start.
+
+Where the settings come from, read once when the extension loads (:func:`apply_at_start`):
+
+* ``TFGPU_MAGIC_NOTEBOOK_SETTINGS``: the ``tfgpu`` key as JSON, put in the kernel's environment
+  by ``tfgpu run`` and papermill's ``tfgpu`` engine (a headless kernel has no notebook path:
+  jupyter/nbconvert#2213).  ``TFGPU_MAGIC_CHOSEN_GPUS`` then names the GPUs the runner chose and
+  claimed for this run, and ``TFGPU_MAGIC_RUNNER`` who it is.
+* otherwise ``JPY_SESSION_NAME``, the notebook jupyter_server started this kernel for (JupyterLab,
+  Notebook 7), read from disk at most :data:`MAX_NOTEBOOK_BYTES`, without following a link.
+
+What was applied is recorded once (:class:`SettingsRecord`, ``session.notebook_record``); ``%gpu``,
+``--json`` and the first cell's notice read that record.  ``%gpu save`` builds the key from the
+accepted request (:func:`tfgpu_magic.command.saved.settings_from_plan`) and displays it under
+:data:`~tfgpu_magic.command.saved.MIME_TYPE`: the JupyterLab / Notebook 7 extension writes it into
+the open notebook's model, ``tfgpu run`` into its output notebook.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..command import grammar, saved
+from ..command.plan import PlanError
+from . import choosing
+from .session import Session, SessionError
+
+__all__ = [
+    "CHOSEN_ENV",
+    "RUNNER_ENV",
+    "SETTINGS_ENV",
+    "SettingsRecord",
+    "apply_at_start",
+    "observed",
+    "save",
+]
+
+SETTINGS_ENV = "TFGPU_MAGIC_NOTEBOOK_SETTINGS"
+CHOSEN_ENV = "TFGPU_MAGIC_CHOSEN_GPUS"
+RUNNER_ENV = "TFGPU_MAGIC_RUNNER"
+NOTEBOOK_ENV = "JPY_SESSION_NAME"  # set by jupyter_server for a session's kernel
+MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024  # a notebook larger than this is not read at start (said so)
+
+
+@dataclass(frozen=True)
+class SettingsRecord:
+    """The notebook's settings as this kernel met them at its start (read by ``%gpu``)."""
+
+    source: str  # "the notebook's metadata (train.ipynb)", "tfgpu run (pid 123)"
+    requirements: str = ""  # in words
+    met: bool | None = None  # None: nothing required of the GPUs
+    choice: str | None = None  # how the GPUs were chosen (the chooser's line), or why none could be
+    applied: tuple[str, ...] = ()
+    not_applied: tuple[tuple[str, str], ...] = ()  # (line, why)
+    error: str | None = None  # the key could not be read: nothing was applied
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "requirements": self.requirements,
+            "met": self.met,
+            "choice": self.choice,
+            "applied": list(self.applied),
+            "not_applied": [{"line": line, "reason": why} for line, why in self.not_applied],
+            "error": self.error,
+        }
+
+    def notice(self) -> str | None:
+        """One line for the user when something of the settings did not hold, else None."""
+        if self.error is not None:
+            return f"tfgpu_magic: {self.error}"
+        if self.met is False:
+            return f"tfgpu_magic: the notebook needs {self.requirements}, and {self.choice}"
+        if self.not_applied:
+            line, why = self.not_applied[0]
+            more = f" (and {len(self.not_applied) - 1} more)" if len(self.not_applied) > 1 else ""
+            return f"tfgpu_magic: the notebook's setting {line!r} was not applied: {why}{more}"
+        return None
+
+
+# -- reading the settings ---------------------------------------------------------------------------
+def _from_environment(env: Mapping[str, str]) -> tuple[str, Any] | None:
+    """``(source, the notebook's metadata)`` from where the kernel's starter put them, or None."""
+    text = env.get(SETTINGS_ENV)
+    if text is not None:
+        source = env.get(RUNNER_ENV) or "the runner that started this kernel"
+        try:
+            return source, {saved.KEY: json.loads(text)}
+        except ValueError:
+            return source, {saved.KEY: "not JSON"}
+    path = env.get(NOTEBOOK_ENV)
+    if not path or not path.endswith(".ipynb"):
+        return None
+    return f"the notebook's metadata ({os.path.basename(path)})", _notebook_metadata(path)
+
+
+def _notebook_metadata(path: str) -> Any:
+    """The notebook's metadata, or a string saying why it could not be read (reported as malformed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # gone, a link, not ours to read: nothing is known of its settings
+        return {}
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
+            return {}  # not a notebook we read at start; its settings (if any) apply with tfgpu run
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            notebook = json.loads(handle.read(MAX_NOTEBOOK_BYTES + 1))
+    except (OSError, ValueError):
+        return {}  # a notebook being written, or not JSON: it has no settings we can read
+    finally:
+        os.close(fd)
+    return notebook.get("metadata") if isinstance(notebook, dict) else {}
+
+
+# -- applying them --------------------------------------------------------------------------------
+def apply_at_start(
+    session: Session,
+    use: Callable[[Session, Any, Callable[[str], None]], str],
+    env: Mapping[str, str] | None = None,
+    say: Callable[[str], None] = print,
+) -> SettingsRecord | None:
+    """Apply the notebook's saved settings (see the module's docstring); None when it has none.
+
+    ``use`` is the magic's own ``use`` (``use auto`` chooses and claims there).  The requirements
+    first, then each policy line; a line that cannot apply is skipped and recorded, the others
+    apply.  Never raises: a kernel must start whatever its notebook's metadata says."""
+    found = _from_environment(os.environ if env is None else env)
+    if found is None:
+        return None
+    source, metadata = found
+    try:
+        settings = saved.read(metadata)
+    except saved.SettingsError as err:
+        record = SettingsRecord(source, error=str(err))
+    else:
+        if settings is None:
+            return None
+        record = _apply(session, settings, source, use, os.environ if env is None else env)
+    session.notebook_record = record
+    notice = record.notice()
+    if notice is not None:
+        say(notice)
+    return record
+
+
+def _apply(
+    session: Session,
+    settings: saved.NotebookSettings,
+    source: str,
+    use: Callable[[Session, Any, Callable[[str], None]], str],
+    env: Mapping[str, str],
+) -> SettingsRecord:
+    requirements = settings.requirements
+    met: bool | None = None
+    choice = None
+    applied: list[str] = []
+    not_applied: list[tuple[str, str]] = []
+    command = requirements.use_command()
+    if command is not None:
+        chosen = _chosen_by_runner(env)
+        try:
+            if chosen is not None and isinstance(command.gpus, grammar.Auto):
+                session.configure(grammar.Use(chosen))
+                choice = f"GPU {','.join(map(str, chosen))} chosen and claimed for this run by {source}"
+            else:
+                choice = use(session, command, lambda line: None).splitlines()[0]
+            met = True
+            applied.append(_line(command))
+        except (SessionError, PlanError, grammar.GrammarError) as err:
+            met, choice = False, str(err)
+        except Exception as err:  # a kernel must start whatever happens here
+            met, choice = False, f"{type(err).__name__}: {err}"
+    for line, parsed, why in settings.commands():
+        if parsed is None:
+            not_applied.append((line, why or "not a setting"))
+            continue
+        try:
+            use(session, parsed, lambda text: None)
+            applied.append(line)
+        except (SessionError, PlanError, grammar.GrammarError) as err:
+            not_applied.append((line, str(err)))
+        except Exception as err:
+            not_applied.append((line, f"{type(err).__name__}: {err}"))
+    return SettingsRecord(source, requirements.describe(), met, choice, tuple(applied), tuple(not_applied))
+
+
+def _chosen_by_runner(env: Mapping[str, str]) -> tuple[int, ...] | None:
+    text = env.get(CHOSEN_ENV, "")
+    try:
+        chosen = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        return None
+    return chosen or None
+
+
+def _line(command: grammar.Use) -> str:
+    gpus = command.gpus
+    if isinstance(gpus, grammar.Auto):
+        return ("use auto" if gpus.count == 1 else f"use auto:{gpus.count}") + choosing.min_text(gpus)
+    return f"use {gpus}" if isinstance(gpus, str) else f"use {','.join(map(str, gpus))}"
+
+
+# -- %gpu save ------------------------------------------------------------------------------------
+def observed(session: Session, by: str = "%gpu save") -> dict[str, Any]:
+    """What this kernel sees now: each imported framework's allocator peak per device, and per GPU
+    it holds or was given, the model, its total memory and the driver's figure for this kernel."""
+    peaks: dict[str, dict[str, int]] = {}
+    for framework in session.imported_frameworks():
+        try:
+            memory = framework.device_memory()
+        except Exception:  # a framework that cannot say: no figure, not zero
+            continue
+        if memory:
+            peaks[framework.key] = {device: m.peak_bytes for device, m in memory.items()}
+    mine = session._my_device_memory()
+    gpus = []
+    indices = sorted(set(mine.by_gpu) | set(session.visible_gpus() or ()))
+    for index in indices:
+        try:
+            info = session.nvml.gpu(index)
+        except Exception:
+            continue
+        gpus.append(
+            {
+                "model": info.name,
+                "total_bytes": None if info.memory is None else info.memory.total_bytes,
+                "driver_bytes": mine.by_gpu.get(index),
+            }
+        )
+    return {
+        "at": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+        "by": by,
+        "allocator_peak_bytes": peaks,
+        "gpus": gpus,
+        "driver": "this kernel's memory per the driver (NVML), read when the settings were saved",
+    }
+
+
+def save(session: Session, env: Mapping[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """``%gpu save``: the line to print and the metadata keys to write (``{key: value}``)."""
+    env = os.environ if env is None else env
+    auto = getattr(session, "auto_request", None)
+    seen = observed(session)
+    settings = saved.settings_from_plan(session.requested, auto, seen)
+    models = [gpu["model"] for gpu in seen["gpus"] if gpu.get("model")]
+    keys = {saved.KEY: settings.as_json(), **saved.accelerator_keys(settings, models)}
+    what = "; ".join(
+        [f"needs {settings.requirements.describe()}"]
+        + (["policy: " + ", ".join(settings.policy)] if settings.policy else [])
+    )
+    return f"Saved this notebook's GPU settings ({what}) {_where(env)}", keys
+
+
+def _where(env: Mapping[str, str]) -> str:
+    if env.get(SETTINGS_ENV) is not None:
+        return f"for {env.get(RUNNER_ENV) or 'the runner'}, which writes them into its output notebook"
+    if env.get(NOTEBOOK_ENV):
+        return (
+            f"into the open notebook's metadata (`{saved.KEY}`, {os.path.basename(env[NOTEBOOK_ENV])}): "
+            "JupyterLab and Notebook 7 keep them at your next save"
+        )
+    return (
+        "nowhere: no notebook is open for this kernel; run the notebook with `tfgpu run NOTEBOOK`, "
+        "which writes them into its output"
+    )
+
+
+def bundle(text: str, keys: dict[str, Any]) -> dict[str, Any]:
+    """The display bundle: the line for people, the keys for a front end or a runner."""
+    return {"text/plain": text, saved.MIME_TYPE: keys}
