@@ -72,7 +72,14 @@ def test_report_keeps_its_keys_and_adds_the_inventory():
     report = report_for(shared_server(ME))
     old_keys = {"tensorflow", "requested", "in_force", "gpus", "nvml_error", "notes", "me", "visible_gpus"}
     # keys are added, never renamed; `display` is what the text and the card show (adapters' words)
-    assert set(report) == old_keys | {"resolved", "allocation", "frameworks", "display", "defaults", "notebook_settings"}
+    assert set(report) == old_keys | {
+        "resolved",
+        "allocation",
+        "frameworks",
+        "display",
+        "defaults",
+        "notebook_settings",
+    }
     assert report["resolved"] == {
         "summary": [],
         "visible": [0, 1, 2, 3],

@@ -18,7 +18,7 @@ from ..command.units import format_bytes
 from ..gpus import claims
 from ..gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 
-__all__ = ["ChoiceError", "choose_gpus", "claim_key", "min_text", "release", "who_holds"]
+__all__ = ["ChoiceError", "NeverMet", "choose_gpus", "claim_key", "min_text", "release", "who_holds"]
 
 POLL_S = 2.0  # how often --wait looks again
 PROGRESS_EVERY_S = 60.0  # how often --wait says it is still waiting
@@ -26,6 +26,10 @@ PROGRESS_EVERY_S = 60.0  # how often --wait says it is still waiting
 
 class ChoiceError(RuntimeError):
     """No GPU could be chosen; the message (one line) says why and what to try."""
+
+
+class NeverMet(ChoiceError):
+    """No GPU could be chosen, and waiting would not help: this machine cannot meet the request."""
 
 
 def claim_key(nvml: Nvml, index: int) -> str | None:
@@ -97,19 +101,19 @@ def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
     try:
         count = session.nvml.device_count()
     except NvmlUnavailable as err:
-        raise ChoiceError(
+        raise NeverMet(
             f"`%gpu use auto` needs GPU readings, and {err}; name the GPUs instead, e.g. `%gpu use 0`"
         ) from None
     if count == 0:
-        raise ChoiceError("`%gpu use auto` found no GPU on this machine (NVML lists none)")
+        raise NeverMet("`%gpu use auto` found no GPU on this machine (NVML lists none)")
     allocation = session.machine.allocation()
     if allocation.restricted and allocation.gpus is None:
-        raise ChoiceError(
+        raise NeverMet(
             f"the environment allocated {allocation.describe()} ({allocation.note}); "
             "`%gpu use auto` cannot rank them: use `%gpu use all`"
         )
     if allocation.mig:
-        raise ChoiceError(
+        raise NeverMet(
             f"the environment allocated {allocation.describe()}: MIG instances are not ranked; "
             "`%gpu use all` keeps the allocation"
         )
@@ -120,13 +124,42 @@ def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
         else f"this machine has {count}"
     )
     if auto.count > len(allowed):
-        raise ChoiceError(
+        raise NeverMet(
             f"`%gpu use auto:{auto.count}` needs {auto.count} GPUs but {where}; "
             f"use `%gpu use auto:{len(allowed)}` or fewer"
             if allowed
             else f"`%gpu use auto` has no GPU to choose: {where}"
         )
+    _check_capable(session.nvml, auto, allowed)
     return allowed
+
+
+def _check_capable(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> None:
+    """Refuse at once what no GPU here could ever give (more memory than it has, a newer architecture)."""
+    gpus = [nvml.gpu(i) for i in allowed]
+    if auto.min_free_bytes is not None:
+        totals = [(g.memory.total_bytes, g.index) for g in gpus if g.memory is not None]
+        able = [index for total, index in totals if total >= auto.min_free_bytes]
+        if totals and len(able) < auto.count:
+            largest, where = max(totals)
+            raise NeverMet(
+                f"no GPU here has {format_bytes(auto.min_free_bytes)} in all (the largest is GPU {where}, "
+                f"{format_bytes(largest)}), so no wait would help; ask for less (`--min-free`, `%gpu limit`)"
+            )
+    if auto.min_capability is not None:
+        capable = [
+            g
+            for g in gpus
+            if g.compute_capability is not None and g.compute_capability >= auto.min_capability
+        ]
+        known = [g.compute_capability for g in gpus if g.compute_capability is not None]
+        if known and len(capable) < auto.count:
+            best = max(known)
+            raise NeverMet(
+                "{} GPU{} of compute capability {}.{} or above needed; the newest here is {}.{}".format(
+                    auto.count, "s" if auto.count != 1 else "", *auto.min_capability, *best
+                )
+            )
 
 
 def _started_with(session: Any, auto: grammar.Auto) -> tuple[tuple[int, ...], str] | None:

@@ -175,6 +175,10 @@ def _apply(
             applied.append(_line(command))
         except (SessionError, PlanError, grammar.GrammarError) as err:
             met, choice = False, str(err)
+            if isinstance(err.__cause__, choosing.ChoiceError) and not isinstance(
+                err.__cause__, choosing.NeverMet
+            ):
+                choice += f"; who holds the GPUs: {_who_holds(session)}"
         except Exception as err:  # a kernel must start whatever happens here
             met, choice = False, f"{type(err).__name__}: {err}"
     for line, parsed, why in settings.commands():
@@ -189,6 +193,13 @@ def _apply(
         except Exception as err:
             not_applied.append((line, f"{type(err).__name__}: {err}"))
     return SettingsRecord(source, requirements.describe(), met, choice, tuple(applied), tuple(not_applied))
+
+
+def _who_holds(session: Session) -> str:
+    try:
+        return choosing.who_holds(session.nvml, range(session.nvml.device_count()))
+    except Exception as err:  # a reading that failed is a note, never a failed start
+        return f"unknown ({type(err).__name__})"
 
 
 def _chosen_by_runner(env: Mapping[str, str]) -> tuple[int, ...] | None:
