@@ -210,9 +210,9 @@ def test_choosing_again_moves_the_claim(fresh, server):
     "auto, message",
     [
         (
-            {"min_free_bytes": 100 * GIB},
-            "no unclaimed GPU has 100.0 GiB free now (the most free is 57.7 GiB, on GPU 1); "
-            "try `%gpu use auto --min-free 100G --wait 10m`",
+            {"min_free_bytes": 70 * GIB},
+            "no unclaimed GPU has 70.0 GiB free now (the most free is 57.7 GiB, on GPU 1); "
+            "try `%gpu use auto --min-free 70G --wait 10m`",
         ),
         (
             {"count": 3, "min_free_bytes": 20 * GIB},
@@ -260,9 +260,9 @@ def test_wait_reports_progress_and_takes_the_gpu_once_it_frees(fresh, server):
 
 def test_wait_gives_up_at_its_deadline(fresh):
     with pytest.raises(ChoiceError) as info:
-        choose(fresh, min_free_bytes=100 * GIB, wait_seconds=0.05)
+        choose(fresh, min_free_bytes=70 * GIB, wait_seconds=0.05)
     assert str(info.value) == (
-        "no unclaimed GPU has 100.0 GiB free after waiting 0s (the most free is 57.7 GiB, on GPU 1); "
+        "no unclaimed GPU has 70.0 GiB free after waiting 0s (the most free is 57.7 GiB, on GPU 1); "
         "wait longer (e.g. `--wait 30m`) or ask for less free memory"
     )
 
@@ -272,7 +272,7 @@ def test_interrupting_the_wait_stops_cleanly(fresh):
         raise KeyboardInterrupt  # what Ctrl-C / the notebook's stop button raises in the cell
 
     with pytest.raises(ChoiceError) as info:
-        choose(fresh, progress=interrupt, min_free_bytes=100 * GIB, wait_seconds=600)
+        choose(fresh, progress=interrupt, min_free_bytes=70 * GIB, wait_seconds=600)
     assert str(info.value) == "stopped waiting (interrupted); no GPU was chosen or claimed"
     assert claims.held() == set()
     with claims.choosing(timeout=0.1):  # and the directory lock was let go
@@ -290,10 +290,10 @@ def test_magic_prints_the_reason_then_the_setting(gpu, capsys):
 
 def test_magic_turns_a_failed_choice_into_one_line(gpu, shell, capsys):
     with pytest.raises(UsageError) as info:
-        gpu("use auto --min-free 100G")
+        gpu("use auto --min-free 70G")
     assert str(info.value) == (
-        "no unclaimed GPU has 100.0 GiB free now (the most free is 57.7 GiB, on GPU 1); "
-        "try `%gpu use auto --min-free 100G --wait 10m`"
+        "no unclaimed GPU has 70.0 GiB free now (the most free is 57.7 GiB, on GPU 1); "
+        "try `%gpu use auto --min-free 70G --wait 10m`"
     )
     shell.run_cell("%gpu use auto:2 --min-free 30G")
     captured = capsys.readouterr()
@@ -454,3 +454,32 @@ def test_without_psutil_proc_gives_owner_and_command():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert owners._proc_lookup(proc.pid).alive is False
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "use auto --min-free 100G --wait 10m",
+            "no GPU here has 100.0 GiB in all (the largest is GPU 1, 80.0 GiB), so no wait would help; "
+            "ask for less (`--min-free`, `%gpu limit`)",
+        ),
+        (
+            "use auto:2 --min-free 50G",
+            "no GPU here has 50.0 GiB in all (the largest is GPU 1, 80.0 GiB), so no wait would help; "
+            "ask for less (`--min-free`, `%gpu limit`)",
+        ),
+        ("use auto --min-cc 9.0", "1 GPU of compute capability 9.0 or above needed; the newest here is 8.6"),
+    ],
+)
+def test_what_no_gpu_here_could_ever_give_is_refused_without_waiting(gpu, line, message):
+    """Waiting ten minutes for a GPU larger than any on the machine helps nobody."""
+    with pytest.raises(UsageError) as info:
+        gpu(line)
+    assert str(info.value) == message
+    assert gpu.session.claimed == ()
+
+
+def test_min_cc_skips_older_gpus(gpu, capsys):
+    gpu("use auto --min-cc 8.6")
+    assert capsys.readouterr().out.startswith("Chose GPU 2:")  # the A5000 (8.6); the A100s are 8.0

@@ -183,8 +183,8 @@ def test_claims_follow_the_request():
     said(session, "use auto")
     gpu1 = session.nvml.uuid(1)
     assert claims.held() == {gpu1}
-    assert said(session, "use auto --min-free 100G").startswith(
-        "SessionError: no unclaimed GPU has 100.0 GiB free"
+    assert said(session, "use auto --min-free 70G").startswith(
+        "SessionError: no unclaimed GPU has 70.0 GiB free"
     )
     assert said(session, "use 9").startswith("SessionError: no GPU 9")
     assert claims.held() == {gpu1}  # refused commands change nothing, claims included
