@@ -11,7 +11,7 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tfgpu_magic.command import grammar, saved
@@ -479,3 +479,51 @@ def test_mib_constant_is_what_limits_are_saved_in():
 
 def test_record_notice_is_none_when_everything_held():
     assert notebook_settings.SettingsRecord("x", "1 GPU", True, "chose", ("use auto",)).notice() is None
+
+
+# -- the JSON Schema others read: it agrees with the reader ----------------------------------------------
+def _schema():
+    from importlib.resources import files
+
+    return json.loads(files("tfgpu_magic.command").joinpath("schema/notebook-settings.v1.json").read_text())
+
+
+def test_everything_save_writes_is_valid_against_the_schema(gpu):
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(_schema())
+    gpu("use auto:2 --min-free 4G --min-cc 8.0")
+    gpu("limit 4G")
+    _text, keys = notebook_settings.save(gpu.session, env={})
+    validator.validate(keys["tfgpu"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=FIELDS)
+@example(
+    {"version": 1, "requirements": {"gpus": 1024, "min_free_bytes": 2**53, "min_compute_capability": "10.0"}}
+)
+@example({"version": 1, "requirements": {"gpus": 1025}})
+@example({"version": 1, "requirements": {"gpus": 11}, "policy": ["grow"] * 32})
+@example({"version": 1, "policy": ["grow"] * 33})
+@example({"version": 1, "policy": ["x" * 201]})
+@example({"version": 1, "requirements": {"gpus": "all", "min_free_bytes": 1}})
+@example({"version": 1, "requirements": {"gpus": 0, "min_compute_capability": "8.0"}})
+@example({"version": 1, "requirements": {"gpus": 1, "bandwidth": 1}})
+@example({"version": 1, "requirements": {"gpus": 1, "min_free_bytes": 2**53 + 1}})
+@example({"version": 2})
+def test_the_schema_and_the_reader_agree_on_every_key(value):
+    """What the schema allows reads (its policy lines may still each be refused one by one); and,
+    ``observed`` aside (information the reader keeps as written), what reads is what it allows."""
+    import jsonschema
+
+    valid = jsonschema.Draft202012Validator(_schema()).is_valid(value)
+    try:
+        saved.read({"tfgpu": value})
+        read = True
+    except saved.SettingsError:
+        read = False
+    if valid:
+        assert read
+    if "observed" not in value:
+        assert read == valid

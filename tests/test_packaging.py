@@ -130,6 +130,7 @@ def test_the_sdist_rebuilds_the_front_end(dists, tmp_path):
     share = f"{NAME}.data/data/share/jupyter/labextensions/tfgpu-magic"
     assert "tfgpu_magic/static/widget.js" in names
     assert "tfgpu_magic/server/schema/status-reply.v1.json" in names  # the REST reply's schema
+    assert "tfgpu_magic/command/schema/notebook-settings.v1.json" in names  # the notebook key's schema
     assert {f"{share}/package.json", f"{share}/install.json", f"{share}/static/style.js"} <= names
     assert any(re.fullmatch(rf"{re.escape(share)}/static/remoteEntry\.[0-9a-f]+\.js", n) for n in names), (
         sorted(names)

@@ -1,6 +1,7 @@
 """A notebook's GPU settings, saved in its metadata under ``tfgpu`` (version 1), read back once.
 
-The format is documented for others to read (docs/notebook-settings.md)::
+The format is documented for others to read (docs/notebook-settings.md), with a JSON Schema shipped
+in the package (``command/schema/notebook-settings.v1.json``)::
 
     "tfgpu": {
       "version": 1,
@@ -54,6 +55,7 @@ MIME_TYPE = "application/vnd.tfgpu.notebook-metadata+json"
 MAX_POLICY_LINES = 32
 MAX_LINE_CHARS = 200
 MAX_BYTES = 2**53  # a JSON number every reader (JavaScript's included) holds exactly
+REQUIREMENT_KEYS = ("gpus", "min_free_bytes", "min_compute_capability")
 SETTING_VERBS = ("grow", "limit", "split", "allocator", "precision")  # what `policy` may hold
 _SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Allocator, grammar.Precision)
 # Colab's `colab.gpuType` values, by a word of NVIDIA's model name (what Colab can open it on).
@@ -189,6 +191,12 @@ def read(metadata: Any) -> NotebookSettings | None:
 def _requirements(value: Any) -> Requirements:
     if not isinstance(value, Mapping):
         raise _bad(".requirements", f"is {_kind(value)}, not an object")
+    unknown = sorted(str(key) for key in value if key not in REQUIREMENT_KEYS)
+    if unknown:  # ignoring a requirement would hand the notebook a GPU that does not meet it
+        raise _bad(
+            ".requirements",
+            f"names {_shown(unknown[0])}, which this version does not know; it knows {', '.join(REQUIREMENT_KEYS)}",
+        )
     gpus = value.get("gpus")
     if gpus is not None and gpus != "all" and not (_is_int(gpus) and 0 <= gpus <= grammar.MAX_GPUS):
         raise _bad(
