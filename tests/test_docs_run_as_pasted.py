@@ -8,6 +8,8 @@
 - Each line of a ```bash block is run here (RUN_HERE), or named with the test that runs it
   (RUN_BY), or with the reason it runs nowhere (NOT_RUN).  A new line fails until it is one of them.
 - A ```text block is output, not code.  An untagged block fails: choose one.
+- A ```json block must parse; one with a ``tfgpu`` key is a notebook's metadata, which the
+  notebook-settings schema allows and tfgpu_magic reads.
 - A ```yaml block is a Prometheus configuration: it must parse, and tests/test_prometheus.py
   runs its scrape jobs against a real Prometheus and Jupyter servers (YAML_RUN_BY).
 - A MyST directive (```{toctree}, ```{eval-rst}, ```{include}) is Sphinx's: `make docs` builds it, warnings as
@@ -81,9 +83,28 @@ def commands(block: Block) -> list[str]:
 
 def test_every_block_says_what_it_is():
     untagged = [
-        b.name for b in all_blocks() if b.language not in ("python", "bash", "text", "yaml", *DIRECTIVES)
+        b.name
+        for b in all_blocks()
+        if b.language not in ("python", "bash", "text", "yaml", "json", *DIRECTIVES)
     ]
-    assert untagged == [], "tag each block python, bash, yaml (Prometheus) or text (output)"
+    assert untagged == [], "tag each block python, bash, yaml (Prometheus), json or text (output)"
+
+
+def test_every_json_block_parses_and_notebook_metadata_reads():
+    from importlib.resources import files
+
+    import jsonschema
+
+    from tfgpu_magic.command import saved
+
+    schema = json.loads(files("tfgpu_magic.command").joinpath("schema/notebook-settings.v1.json").read_text())
+    blocks = all_blocks("json")
+    assert blocks, "docs/notebook-settings.md shows the metadata format"
+    for block in blocks:
+        value = json.loads(block.code)
+        if isinstance(value, dict) and saved.KEY in value:
+            jsonschema.Draft202012Validator(schema).validate(value[saved.KEY])
+            assert saved.read(value) is not None
 
 
 def test_the_pages_are_the_readme_and_docs():
