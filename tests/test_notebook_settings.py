@@ -237,7 +237,8 @@ def test_gpu_save_displays_the_keys_for_the_front_end_and_says_where(gpu, shell,
     text, keys = output.data["text/plain"], output.data[saved.MIME_TYPE]
     assert text == (
         "Saved this notebook's GPU settings (needs 1 GPU with 8,192 MiB free; policy: grow, limit 4096MiB) "
-        "into the open notebook's metadata (`tfgpu`, train.ipynb): JupyterLab and Notebook 7 keep them at your next save"
+        "for train.ipynb: JupyterLab and Notebook 7 with tfgpu_magic's extension put them in its metadata "
+        "(`tfgpu`), kept at your next save"
     )
     tfgpu = keys["tfgpu"]
     assert tfgpu["requirements"] == {"gpus": 1, "min_free_bytes": 8 * GIB}

@@ -197,6 +197,9 @@ def _requirements(value: Any) -> Requirements:
             ".requirements",
             f"names {_shown(unknown[0])}, which this version does not know; it knows {', '.join(REQUIREMENT_KEYS)}",
         )
+    if any(value[key] is None for key in value):  # written out as null: absent is how to say "not asked"
+        key = next(str(key) for key in value if value[key] is None)
+        raise _bad(f".requirements.{key}", "is null; leave it out when it is not asked")
     gpus = value.get("gpus")
     if gpus is not None and gpus != "all" and not (_is_int(gpus) and 0 <= gpus <= grammar.MAX_GPUS):
         raise _bad(

@@ -274,8 +274,8 @@ def _where(env: Mapping[str, str]) -> str:
         return f"for {env.get(RUNNER_ENV) or 'the runner'}, which writes them into its output notebook"
     if env.get(NOTEBOOK_ENV):
         return (
-            f"into the open notebook's metadata (`{saved.KEY}`, {os.path.basename(env[NOTEBOOK_ENV])}): "
-            "JupyterLab and Notebook 7 keep them at your next save"
+            f"for {os.path.basename(env[NOTEBOOK_ENV])}: JupyterLab and Notebook 7 with tfgpu_magic's "
+            f"extension put them in its metadata (`{saved.KEY}`), kept at your next save"
         )
     return (
         "nowhere: no notebook is open for this kernel; run the notebook with `tfgpu run NOTEBOOK`, "
