@@ -59,7 +59,17 @@ def test_each_layer_imports_only_the_layers_below_it(path):
 
 def test_every_module_lives_in_a_layer_or_is_a_documented_top_level_name():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "_version", "claims", "keras", "monitor", "safe_text", "simulated"]
+    assert top == [
+        "__init__",
+        "__main__",
+        "_version",
+        "claims",
+        "keras",
+        "monitor",
+        "notebook",
+        "safe_text",
+        "simulated",
+    ]
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(ALLOWED)
 
 
@@ -74,6 +84,7 @@ PUBLIC = {  # the documented entry points (README, docs, tutorials) -> the layer
     "simulated": ("gpus.simulated",),
     "claims": ("gpus.claims",),
     "keras": ("kernel.keras_callback",),
+    "notebook": ("command.saved",),
 }
 
 
