@@ -111,7 +111,10 @@ def _notebook_metadata(path: str) -> Any:
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
             return {}  # not a notebook we read at start; its settings (if any) apply with tfgpu run
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            notebook = json.loads(handle.read(MAX_NOTEBOOK_BYTES + 1))
+            raw = handle.read(MAX_NOTEBOOK_BYTES + 1)
+        if b'"tfgpu"' not in raw:  # most notebooks: no settings, and no parse of their outputs
+            return {}
+        notebook = json.loads(raw)
     except (OSError, ValueError):
         return {}  # a notebook being written, or not JSON: it has no settings we can read
     finally:
