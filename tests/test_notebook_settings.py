@@ -247,7 +247,7 @@ def test_gpu_save_displays_the_keys_for_the_front_end_and_says_where(gpu, shell,
     assert observed["by"] == "%gpu save"
     # GPU 1 of the simulated server: the freest, where this process holds 10 GiB (the driver's figure).
     assert observed["gpus"] == [
-        {"model": "NVIDIA A100-SXM4-80GB", "total_bytes": 80 * GIB, "driver_bytes": 10 * GIB}
+        {"index": 1, "model": "NVIDIA A100-SXM4-80GB", "total_bytes": 80 * GIB, "driver_bytes": 10 * GIB}
     ]
     assert keys["accelerator"] == "GPU" and keys["colab"] == {"gpuType": "A100"}
     assert saved.read(keys).requirements.gpus == 1  # what the front end writes reads back

@@ -48,6 +48,7 @@ __all__ = [
     "DEMO_KERNEL_PID",
     "MIG_READINGS",
     "READINGS",
+    "FileServerNvml",
     "HostKernelsNvml",
     "LiveKernelsNvml",
     "SimulatedGpu",
@@ -900,6 +901,145 @@ def host_kernels_server() -> HostKernelsNvml:
     )
 
 
+# -- a simulated server described by a file, shared by every process that reads it -------------------
+FILE_PREFIX = "file:"  # TFGPU_MAGIC_SIMULATED_SOURCE=file:/path/server.json
+MAX_SPEC_BYTES = 1024 * 1024  # a spec is a few hundred bytes; a larger file is refused, not read
+RELOAD_EVERY_S = 0.1  # how often a reading looks at the file's modification time
+CHOSEN_ENV = "TFGPU_MAGIC_CHOSEN_GPUS"  # the GPUs a runner chose for a kernel (kernel/notebook_settings.py)
+
+
+class FileServerNvml(LiveKernelsNvml):
+    """A simulated server read from a JSON file, so that separate processes (``tfgpu run``, the kernel
+    it starts, a test) read one server, and a change to the file is seen by all of them.
+
+    The file (at most :data:`MAX_SPEC_BYTES`)::
+
+        {"gpus": [{"name": "NVIDIA A100-SXM4-40GB", "total_mib": 40960, "utilization": 97,
+                   "compute_capability": "8.0",
+                   "processes": [{"pid": 4194305, "used_mib": 30720, "user": "alice",
+                                  "command": "python train.py"}]}],
+         "kernel_mib": 1024}
+
+    Every key but ``gpus`` is optional (a GPU's defaults are :class:`SimulatedGpu`'s, a process's
+    :class:`SimulatedProcess`'s); give listed processes pids above 2**22, which no real process
+    has.  ``kernel_mib``: each IPython kernel started with this same source in its environment holds
+    that much on each GPU a runner chose for it (``TFGPU_MAGIC_CHOSEN_GPUS``), or on GPU 0 when none
+    was chosen, as a framework would; its child processes hold nothing.  Its owner and command are
+    the real ones (psutil).
+
+    The file is read again when its modification time, size or inode changes (looked at every
+    :data:`RELOAD_EVERY_S` at most); replace it whole (write another file, then ``os.replace``) so
+    no reader meets half of one.  A file that cannot be read at the start makes NVML unavailable,
+    saying why; a later one that cannot be read is ignored (the last good one stays).  Keep the
+    number of GPUs: NVML counts them once, at its start, as a driver does.
+    """
+
+    def __init__(self, path: str, scan_ttl_s: float = 0.5) -> None:
+        self.path = path
+        self.kernel_mib = 0
+        self._seen: tuple[int, int, int] | None = None
+        self._looked_at = 0.0
+        gpus, why = self._read()
+        super().__init__(gpus or [], kernel_gpus=max(1, len(gpus or [])), scan_ttl_s=scan_ttl_s)
+        self.source_name = FILE_PREFIX + path
+        if why is not None:
+            self.init_error = RuntimeError(f"the simulated server's file {path} {why}")
+
+    def _read(self) -> tuple[list[SimulatedGpu] | None, str | None]:
+        """The file's GPUs (and ``kernel_mib``), or None and why not; records what was read."""
+        import json
+
+        try:
+            info = os.stat(self.path)
+            with open(self.path, "rb") as handle:
+                data = handle.read(MAX_SPEC_BYTES + 1)
+        except OSError as err:
+            return None, f"cannot be read ({err.strerror or err})"
+        if len(data) > MAX_SPEC_BYTES:
+            return None, f"is over {MAX_SPEC_BYTES} bytes"
+        try:
+            spec = json.loads(data)
+            gpus = [_gpu_from_spec(index, gpu) for index, gpu in enumerate(spec["gpus"])]
+            kernel_mib = int(spec.get("kernel_mib", 0))
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            return None, f"is not a server's description ({type(err).__name__}: {err})"
+        self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
+        self.kernel_mib = kernel_mib
+        return gpus, None
+
+    def _check(self) -> None:
+        super()._check()
+        now = time.monotonic()
+        if now - self._looked_at < RELOAD_EVERY_S:
+            return
+        self._looked_at = now
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return
+        if (info.st_mtime_ns, info.st_size, info.st_ino) != self._seen:
+            gpus, _ = self._read()
+            if gpus is not None:
+                self.gpus = gpus
+
+    def _scan(self) -> dict[int, list[SimulatedProcess]]:
+        from .process_tree import read_parent_map
+
+        if self.kernel_mib <= 0 or not self.gpus:
+            return {}
+        parents = read_parent_map()[0]
+        self._forget_exited(parents)
+        live: dict[int, list[SimulatedProcess]] = {}
+        for pid in sorted(parents):
+            gpus = self._remember(pid, self._kernel_gpus)
+            for index in gpus or ():
+                if 0 <= index < len(self.gpus):
+                    live.setdefault(index, []).append(SimulatedProcess(pid, self.kernel_mib, "", ""))
+        return live
+
+    def _kernel_gpus(self, pid: int) -> tuple[int, ...] | None:
+        """The GPUs a kernel of this server holds memory on, or None: not such a kernel (or not ours
+        to read: only a process's owner and root read its environment)."""
+        import psutil
+
+        try:
+            process = psutil.Process(pid)
+            if not is_ipython_kernel(process.cmdline()):
+                return None
+            env = process.environ()
+        except psutil.Error:
+            return None
+        if env.get(SOURCE_ENV) != self.source_name:
+            return None
+        chosen = env.get(CHOSEN_ENV, "")
+        try:
+            return tuple(int(part) for part in chosen.split(",") if part.strip()) or (0,)
+        except ValueError:
+            return (0,)
+
+
+def _gpu_from_spec(index: int, spec: dict[str, Any]) -> SimulatedGpu:
+    capability = str(spec.get("compute_capability", "8.0")).split(".")
+    return SimulatedGpu(
+        name=str(spec.get("name", SimulatedGpu.name)),
+        total_mib=int(spec.get("total_mib", SimulatedGpu.total_mib)),
+        base_used_mib=int(spec.get("base_used_mib", 0)),
+        utilization=int(spec.get("utilization", 0)),
+        uuid=f"GPU-{index:08x}-file-0000-0000-{index:012x}",
+        compute_capability=(int(capability[0]), int(capability[1])),
+        processes=[
+            SimulatedProcess(
+                int(p["pid"]),
+                None if p.get("used_mib") is None else int(p["used_mib"]),
+                str(p.get("user", "someone")),
+                str(p.get("command", "python train.py")),
+                alive=bool(p.get("alive", True)),
+            )
+            for p in spec.get("processes", [])
+        ],
+    )
+
+
 # -- a kernel of a Jupyter server on a simulated server reads the same one ---------------------------
 SOURCE_ENV = "TFGPU_MAGIC_SIMULATED_SOURCE"  # which simulated server a kernel reads (kernel_environment)
 KERNEL_NUMBER_ENV = "TFGPU_MAGIC_SIMULATED_KERNEL"  # a kernel's number on kernels_server
@@ -908,9 +1048,13 @@ _SOURCES = {"kernels_server": kernels_server, "host_kernels_server": host_kernel
 
 
 def from_environment(env: Any = None) -> LiveKernelsNvml | None:
-    """The simulated server a Jupyter server on one named in its kernel's environment
-    (``TFGPU_MAGIC_SIMULATED_SOURCE``, set by the server extension), or None: the real driver.
-    Only this module's servers are named, so the variable never imports anything."""
+    """The simulated server named in this process's environment (``TFGPU_MAGIC_SIMULATED_SOURCE``),
+    or None: the real driver.  The Jupyter server extension names one of this module's servers in
+    its kernels' environment; ``file:PATH`` names a :class:`FileServerNvml` (``tfgpu run`` and the
+    kernel it starts read one server; the tests change it by rewriting the file).  Only this
+    module's servers are named, so the variable never imports anything."""
     name = (os.environ if env is None else env).get(SOURCE_ENV)
+    if name and name.startswith(FILE_PREFIX) and len(name) > len(FILE_PREFIX):
+        return FileServerNvml(name[len(FILE_PREFIX) :])
     factory = _SOURCES.get(name) if name else None
     return factory() if factory is not None else None

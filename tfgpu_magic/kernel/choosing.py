@@ -18,7 +18,16 @@ from ..command.units import format_bytes
 from ..gpus import claims
 from ..gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 
-__all__ = ["ChoiceError", "NeverMet", "choose_gpus", "claim_key", "min_text", "release", "who_holds"]
+__all__ = [
+    "ChoiceError",
+    "Interrupted",
+    "NeverMet",
+    "choose_gpus",
+    "claim_key",
+    "min_text",
+    "release",
+    "who_holds",
+]
 
 POLL_S = 2.0  # how often --wait looks again
 PROGRESS_EVERY_S = 60.0  # how often --wait says it is still waiting
@@ -30,6 +39,10 @@ class ChoiceError(RuntimeError):
 
 class NeverMet(ChoiceError):
     """No GPU could be chosen, and waiting would not help: this machine cannot meet the request."""
+
+
+class Interrupted(ChoiceError):
+    """The wait was interrupted (Ctrl-C): nothing was chosen or claimed."""
 
 
 def claim_key(nvml: Nvml, index: int) -> str | None:
@@ -64,12 +77,14 @@ def choose_gpus(
     *,
     poll_s: float = POLL_S,
     progress_every_s: float = PROGRESS_EVERY_S,
+    how_to_stop: str = "interrupt the cell to stop",
 ) -> tuple[tuple[int, ...], str]:
     """Choose ``auto.count`` GPUs (nvidia-smi indices) and claim them for this process's lifetime.
 
     Most free memory first, ties to the lower utilization.  With ``auto.wait_seconds`` it looks
-    again every ``poll_s`` until enough GPUs qualify, saying so through ``progress``; Ctrl-C
-    stops the wait.  Returns the indices and a one-line reason; raises :class:`ChoiceError`.
+    again every ``poll_s`` until enough GPUs qualify, saying so through ``progress`` (with
+    ``how_to_stop``: a kernel's user interrupts the cell, a terminal's presses Ctrl-C); Ctrl-C
+    stops the wait (:class:`Interrupted`).  Returns the indices and a one-line reason; raises :class:`ChoiceError`.
     Claims this kernel held before are left alone: the session releases what it no longer
     requests once it has accepted the choice (so a refused choice changes nothing).
     """
@@ -89,11 +104,11 @@ def choose_gpus(
             if deadline is None or now >= deadline:
                 raise ChoiceError(_failure(auto, look, waited=deadline is not None))
             if last_said is None or now - last_said >= progress_every_s:
-                progress(_waiting(auto, look, deadline - now))
+                progress(_waiting(auto, look, deadline - now, how_to_stop))
                 last_said = now
             time.sleep(min(poll_s, max(0.0, deadline - now)))
     except KeyboardInterrupt:
-        raise ChoiceError("stopped waiting (interrupted); no GPU was chosen or claimed") from None
+        raise Interrupted("stopped waiting (interrupted); no GPU was chosen or claimed") from None
 
 
 def _check_machine(session: Any, auto: grammar.Auto) -> tuple[int, ...]:
@@ -355,11 +370,8 @@ def _context(look: _Look) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _waiting(auto: grammar.Auto, look: _Look, left_s: float) -> str:
-    return (
-        f"Waiting: {_shortfall(auto, look)}{_context(look)}; {_duration(left_s)} left "
-        "(interrupt the cell to stop)"
-    )
+def _waiting(auto: grammar.Auto, look: _Look, left_s: float, how_to_stop: str) -> str:
+    return f"Waiting: {_shortfall(auto, look)}{_context(look)}; {_duration(left_s)} left ({how_to_stop})"
 
 
 def _count_text(auto: grammar.Auto) -> str:

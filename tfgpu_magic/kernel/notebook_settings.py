@@ -243,6 +243,7 @@ def observed(session: Session, by: str = "%gpu save") -> dict[str, Any]:
             continue
         gpus.append(
             {
+                "index": index,  # nvidia-smi's, on the machine of that run (the runner adds its peaks by it)
                 "model": info.name,
                 "total_bytes": None if info.memory is None else info.memory.total_bytes,
                 "driver_bytes": mine.by_gpu.get(index),
