@@ -5,6 +5,8 @@
     frameworks/  the adapters to TensorFlow, PyTorch, JAX (command/, gpus/)
     kernel/      what runs in the user's kernel          (anything but server/)
     server/      the Jupyter server extension            (command/, gpus/)
+    runner/      tfgpu run and papermill's engine        (command/, gpus/, kernel/; imported by
+                 __main__.py's `tfgpu run` and papermill's entry point only)
 
 Read from the source (ast), so a lazy import inside a function counts as much as one at the top.
 """
@@ -24,6 +26,7 @@ ALLOWED = {
     "frameworks": {"command", "gpus", "frameworks"},
     "kernel": {"command", "gpus", "frameworks", "kernel"},
     "server": {"command", "gpus", "server"},
+    "runner": {"command", "gpus", "kernel", "runner"},
 }
 
 
@@ -71,6 +74,16 @@ def test_every_module_lives_in_a_layer_or_is_a_documented_top_level_name():
         "simulated",
     ]
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(ALLOWED)
+
+
+def test_only_the_terminal_command_imports_the_runner():
+    """The runner (tfgpu run, papermill's engine) is an entry point: no layer depends on it."""
+    importers = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.parent.name != "runner" and "runner" in _imported_parts(path)
+    )
+    assert importers == ["__main__.py"]
 
 
 def test_the_rule_reads_a_lazy_import_too():

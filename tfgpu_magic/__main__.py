@@ -1,5 +1,8 @@
 """``python -m tfgpu_magic`` / ``tfgpu``: the ``%gpu status`` picture in a terminal.
 
+``tfgpu run NOTEBOOK ...`` runs a notebook headless with its saved GPU settings
+(:mod:`tfgpu_magic.runner.run`, which has its own arguments and exit statuses).
+
 Needs neither IPython nor TensorFlow.  Exit status: 0 with GPU readings, 1 when NVML cannot be
 reached (the report still prints, saying why), 2 for a usage error, 141 when the reader of the
 output went away (``tfgpu | head -n 0``; the status a shell gives a tool ended by SIGPIPE).
@@ -26,7 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfgpu",
         description="Who holds what on this machine's GPUs: memory by owner, processes, claims.",
-        epilog="In a notebook: %load_ext tfgpu_magic, then %gpu status (or %gpu use auto to claim a GPU).",
+        epilog=(
+            "In a notebook: %load_ext tfgpu_magic, then %gpu status (or %gpu use auto to claim a GPU). "
+            "To run a notebook headless with its saved GPU settings: tfgpu run NOTEBOOK (tfgpu run --help)."
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
     parser.add_argument("--version", action="version", version=f"tfgpu {__version__}")
@@ -57,7 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # an ASCII or Latin-1 terminal: \\xb7, no traceback
-    args = _parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["run"]:  # `tfgpu run NOTEBOOK ...`: the runner has its own arguments
+        from .runner.run import main as run
+
+        return run(words[1:])
+    args = _parser().parse_args(words)
     from .gpus.nvml import Nvml
     from .kernel import status  # after parsing: `tfgpu --help` stays instant
     from .kernel.session import Session

@@ -274,7 +274,8 @@ def save(session: Session, env: Mapping[str, str] | None = None) -> tuple[str, d
 
 
 def _where(env: Mapping[str, str]) -> str:
-    if env.get(SETTINGS_ENV) is not None:
+    # A runner names itself even for a notebook that had no settings yet (its first `%gpu save`).
+    if env.get(SETTINGS_ENV) is not None or env.get(RUNNER_ENV):
         return f"for {env.get(RUNNER_ENV) or 'the runner'}, which writes them into its output notebook"
     if env.get(NOTEBOOK_ENV):
         return (

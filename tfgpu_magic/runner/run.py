@@ -1,0 +1,249 @@
+"""``tfgpu run NOTEBOOK``: execute a notebook headless with its saved GPU settings.
+
+Waits (``--wait``) until GPUs meet the notebook's requirements, claims them for the run, starts
+the kernel with the settings in force before the first cell, executes every cell (nbclient;
+papermill's parameters with ``-p``), writes the output notebook with this run's observations in
+its ``tfgpu`` metadata, and releases the claims whatever happens.
+
+Progress and outcome go to stderr, each line starting ``tfgpu run:``; the last line says where the
+output notebook is and why the run ended.  Exit status: 0 done, 1 a cell failed (the output
+notebook holds its error), 2 bad arguments or malformed metadata, 3 no GPU met the requirements
+within ``--wait``, 130 interrupted (Ctrl-C or SIGTERM).
+
+The output goes to ``-o OUTPUT``, by default ``NAME.out.ipynb`` beside ``NAME.ipynb``: a runner
+that overwrote its input would lose the notebook's outputs of the last interactive session.
+The kernel runs in the notebook's folder, as ``jupyter nbconvert --execute`` runs it, so the
+notebook's relative paths mean what they meant when it was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import flow, observing
+from .flow import EXIT_CELL_FAILED, EXIT_DONE, EXIT_INTERRUPTED, EXIT_USAGE, RunError
+
+__all__ = ["main"]
+
+PREFIX = "tfgpu run: "
+MAX_NOTEBOOK_BYTES = 256 * 1024 * 1024
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfgpu run",
+        description="Execute a notebook headless with its saved GPU settings (its `tfgpu` metadata).",
+        epilog=(
+            "Exit status: 0 done, 1 a cell failed, 2 bad arguments or metadata, 3 no GPU met the "
+            "requirements within --wait, 130 interrupted."
+        ),
+    )
+    parser.add_argument("notebook", help="the notebook to run (.ipynb)")
+    parser.add_argument(
+        "-o", "--output", help="where to write the executed notebook (default: NAME.out.ipynb beside it)"
+    )
+    parser.add_argument(
+        "--wait",
+        metavar="DURATION",
+        help="wait this long (30s, 10m, 1h) for GPUs that meet the requirements (default: no wait)",
+    )
+    parser.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "VALUE"),
+        default=[],
+        help="a papermill parameter (needs papermill); repeat for more",
+    )
+    parser.add_argument(
+        "-k", "--kernel", help="the kernel to start (default: the notebook's kernelspec, or python3)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="fail a cell that runs longer than this (default: never)",
+    )
+    return parser
+
+
+@dataclass
+class _Outcome:
+    status: int
+    reason: str
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # a usage error exits 2, as argparse does
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _main(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the run as Ctrl-C does: the claims are released, the kernel shut down
+
+
+def say(line: str) -> None:
+    print(PREFIX + line, file=sys.stderr, flush=True)
+
+
+def _main(args: argparse.Namespace) -> int:
+    nb = None
+    output = None
+    try:
+        source = Path(args.notebook)
+        output = Path(args.output) if args.output else source.with_name(source.stem + ".out.ipynb")
+        if not output.parent.is_dir():
+            raise RunError(f"the output's folder {output.parent} does not exist", EXIT_USAGE)
+        wait_s = flow.parse_wait(args.wait)
+        nb = _read_notebook(source)
+        kernel = args.kernel or nb.metadata.get("kernelspec", {}).get("name") or "python3"
+        if args.parameter:
+            nb = _parameterize(nb, args.parameter, kernel)
+        runner = f"tfgpu run (pid {os.getpid()})"
+        with flow.prepared(nb.metadata, wait_s=wait_s, say=say, runner=runner) as run:
+            outcome = _execute(nb, run, kernel, source.resolve().parent, args.timeout)
+    except RunError as err:
+        say(f"{err}; no output written (exit {err.status})")
+        return err.status
+    except KeyboardInterrupt:
+        where = "no output written"
+        if nb is not None and output is not None and _ran(nb):
+            try:
+                where = f"wrote {_write(nb, output)}"
+            except RunError as err:
+                where = str(err)
+        say(f"interrupted; the claims are released; {where} (exit {EXIT_INTERRUPTED})")
+        return EXIT_INTERRUPTED
+    try:
+        written = _write(nb, output)
+    except RunError as err:
+        say(f"{outcome.reason}, but {err} (exit {err.status})")
+        return err.status
+    say(f"wrote {written}: {outcome.reason} (exit {outcome.status})")
+    return outcome.status
+
+
+def _read_notebook(path: Path) -> Any:
+    import nbformat
+
+    try:
+        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            raise RunError(f"{path} is over {MAX_NOTEBOOK_BYTES // 2**20} MiB; not read", EXIT_USAGE)
+        return nbformat.read(path, as_version=4)
+    except OSError as err:
+        raise RunError(f"cannot read {path} ({err.strerror or err})", EXIT_USAGE) from None
+    except Exception as err:  # nbformat's NotJSONError, a validation error, ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunError(f"{path} is not a notebook ({first[:200]})", EXIT_USAGE) from None
+
+
+def _parameterize(nb: Any, pairs: list[list[str]], kernel: str) -> Any:
+    """papermill's parameters cell, injected as papermill does (after the cell tagged `parameters`)."""
+    try:
+        from papermill.parameterize import parameterize_notebook
+    except ImportError:
+        raise RunError(
+            "-p needs papermill, which is not installed: pip install papermill "
+            "(or pip install 'tfgpu_magic[run]')",
+            EXIT_USAGE,
+        ) from None
+    parameters = {name: _value(text) for name, text in pairs}
+    return parameterize_notebook(nb, parameters, kernel_name=kernel)
+
+
+def _value(text: str) -> Any:
+    """A parameter's value as papermill's `-p` reads it: a number, True/False/None, or the text."""
+    words: dict[str, Any] = {"True": True, "False": False, "None": None}
+    if text in words:
+        return words[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _execute(nb: Any, run: flow.Prepared, kernel: str, cwd: Path, timeout: float | None) -> _Outcome:
+    """Every cell in one kernel, stopping at the first that fails; the observations written in."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    client = NotebookClient(
+        nb,
+        kernel_name=kernel,
+        timeout=timeout,
+        extra_arguments=run.extra_arguments,
+        resources={"metadata": {"path": str(cwd)}},
+    )
+    watch = observing.Watch(run.nvml, by="tfgpu run")
+    outcome = _Outcome(EXIT_DONE, "done")
+    client.reset_execution_trackers()
+    try:
+        with client.setup_kernel(env=run.env):
+            watch.started(client)
+            asked = False
+            try:
+                outcome = _cells(client, nb, (CellExecutionError, CellTimeoutError))
+                watch.finish(client)
+                asked = True
+            finally:
+                if not asked:
+                    watch.finish(None)  # interrupted or the kernel died: stop sampling, ask nothing
+    except DeadKernelError:
+        outcome = _Outcome(EXIT_CELL_FAILED, "the kernel died")
+    finally:
+        _observations_into(nb, watch)
+    return outcome
+
+
+def _cells(client: Any, nb: Any, failures: tuple[type[BaseException], ...]) -> _Outcome:
+    for index, cell in enumerate(nb.cells):
+        try:
+            client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+        except failures as err:
+            return _Outcome(EXIT_CELL_FAILED, f"cell {index + 1} failed ({_error_line(cell, err)})")
+    return _Outcome(EXIT_DONE, f"done, {len(nb.cells)} cell{'s' if len(nb.cells) != 1 else ''}")
+
+
+def _error_line(cell: Any, err: BaseException) -> str:
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            return f"{output.get('ename')}: {output.get('evalue')}"[:200]
+    return type(err).__name__
+
+
+def _observations_into(nb: Any, watch: observing.Watch) -> None:
+    observing.write_saved_keys(nb)
+    observing.write_observed(nb, watch)
+
+
+def _ran(nb: Any) -> bool:
+    """Whether any cell ran (an interrupted wait ran none: there is nothing to write)."""
+    return any(cell.get("outputs") or cell.get("execution_count") for cell in nb.cells)
+
+
+def _write(nb: Any, output: Path) -> Path:
+    import nbformat
+
+    try:
+        nbformat.write(nb, output)
+    except OSError as err:
+        raise RunError(f"cannot write {output} ({err.strerror or err})", EXIT_USAGE) from None
+    return output
+
+
+if __name__ == "__main__":
+    sys.exit(main())
