@@ -36,6 +36,27 @@ def run_python(args: list[str], env: dict | None = None, timeout: int = 240) -> 
     Fresh processes are where TensorFlow starts, so `make test-fast` (``-m "not slow ..."``) must
     never meet one: a test that starts one without the marker fails, saying so.
     """
+    _must_be_slow(args)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=fresh_env(env), timeout=timeout, cwd=ROOT
+    )
+
+
+def start_python(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """Start ``python ARGS`` in a fresh process and return at once (stdout and stderr piped, text);
+    as :func:`run_python`, only from a test marked `slow`.  The caller waits for it (or kills it)."""
+    _must_be_slow(args)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=fresh_env(env),
+        cwd=ROOT,
+    )
+
+
+def _must_be_slow(args: list[str]) -> None:
     item = running[0]
     if item is not None and item.get_closest_marker("slow") is None:
         pytest.fail(
@@ -43,9 +64,6 @@ def run_python(args: list[str], env: dict | None = None, timeout: int = 240) -> 
             "`slow`: mark it, so that `make test-fast` never starts one",
             pytrace=False,
         )
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=fresh_env(env), timeout=timeout, cwd=ROOT
-    )
 
 
 def run_scenario(name: str, *args: str, env: dict | None = None, timeout: int = 240) -> dict:

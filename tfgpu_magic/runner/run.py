@@ -159,6 +159,16 @@ def _parameterize(nb: Any, pairs: list[list[str]], kernel: str) -> Any:
             "(or pip install 'tfgpu_magic[run]')",
             EXIT_USAGE,
         ) from None
+    from papermill import __version__ as version
+
+    # What papermill's own reader (papermill.iorw.load_notebook_node) adds, and its parameterizing reads.
+    nb.metadata.setdefault(
+        "papermill",
+        {"default_parameters": {}, "parameters": {}, "environment_variables": {}, "version": version},
+    )
+    for cell in nb.cells:
+        cell.metadata.setdefault("tags", [])
+        cell.metadata.setdefault("papermill", {})
     parameters = {name: _value(text) for name, text in pairs}
     return parameterize_notebook(nb, parameters, kernel_name=kernel)
 
