@@ -66,6 +66,9 @@ RUN_BY = {  # bash lines another test runs, and which
     'pip install ".[lab]"': "tests/test_install.py::test_the_wheel_installs_both_extensions_without_npm_or_a_build (without the extra: jupyterlab is the test environment's)",
     'pip install -e ".[cpu,test,docs]"': "make setup; tests/test_install.py::test_an_editable_install_of_a_fresh_checkout_puts_the_extension_in_place",
     "pip wheel --no-deps . -w dist": "tests/test_install.py (pip wheel --no-deps)",
+    "tfgpu run train.ipynb --wait 30m": "tests/test_runner.py::test_a_gpu_freed_within_the_wait_runs_the_notebook (the same form, on a simulated server)",
+    "tfgpu run train.ipynb -o runs/lr.ipynb -p lr 0.01": "tests/test_runner.py::test_parameters_reach_the_notebook and ::test_the_settings_are_in_force_before_the_first_cell_under_tfgpu_run (-o)",
+    "TFGPU_MAGIC_WAIT=30m papermill --engine tfgpu train.ipynb runs/out.ipynb": "tests/test_runner.py::test_papermills_command_line_says_one_line_not_a_traceback (papermill's command line with TFGPU_MAGIC_WAIT and the engine registered in-process: an editable install's entry point appears only after `pip install -e .`)",
 }
 NOT_RUN = {  # bash lines no test runs, and why
     'pip install ".[gpu,lab]"': "tensorflow[and-cuda] brings several GB of CUDA libraries; the install without it is tested",

@@ -155,8 +155,7 @@ def _parameterize(nb: Any, pairs: list[list[str]], kernel: str) -> Any:
         from papermill.parameterize import parameterize_notebook
     except ImportError:
         raise RunError(
-            "-p needs papermill, which is not installed: pip install papermill "
-            "(or pip install 'tfgpu_magic[run]')",
+            "-p needs papermill, which is not installed: pip install papermill",
             EXIT_USAGE,
         ) from None
     from papermill import __version__ as version
