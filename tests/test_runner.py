@@ -338,6 +338,28 @@ def test_bad_arguments_are_exit_2_in_one_line(tmp_path, monkeypatch, capsys, arg
     assert capsys.readouterr().err.splitlines() == [line]
 
 
+def test_without_nbclient_the_run_is_exit_2_with_the_install_line(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "nbclient" else real(name, *a)
+    )
+    assert run.main([str(notebook(tmp_path / "nb.ipynb", ["1"]))]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "tfgpu run: needs nbclient, which is not installed: pip install nbclient ipykernel; "
+        "no output written (exit 2)"
+    ]
+
+
+def test_a_kernel_that_does_not_exist_is_exit_2(tmp_path, capsys):
+    assert run.main([str(notebook(tmp_path / "nb.ipynb", ["1"])), "-k", "no-such-kernel"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "tfgpu run: no kernel named 'no-such-kernel' (`jupyter kernelspec list` lists them; -k names one); "
+        "no output written (exit 2)"
+    )
+
+
 def test_argparse_errors_are_exit_2(capsys):
     with pytest.raises(SystemExit) as info:
         run.main(["--wait"])

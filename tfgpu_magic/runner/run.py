@@ -102,6 +102,7 @@ def _main(args: argparse.Namespace) -> int:
     nb = None
     output = None
     try:
+        _check_installed()
         source = Path(args.notebook)
         output = Path(args.output) if args.output else source.with_name(source.stem + ".out.ipynb")
         if not output.parent.is_dir():
@@ -133,6 +134,19 @@ def _main(args: argparse.Namespace) -> int:
         return err.status
     say(f"wrote {written}: {outcome.reason} (exit {outcome.status})")
     return outcome.status
+
+
+def _check_installed() -> None:
+    """nbformat and nbclient are the `run` extra's, not the package's: their absence is one line."""
+    import importlib.util
+
+    missing = [name for name in ("nbformat", "nbclient") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RunError(
+            f"needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
+            f"installed: pip install {' '.join(missing)} ipykernel",
+            EXIT_USAGE,
+        )
 
 
 def _read_notebook(path: Path) -> Any:
@@ -187,6 +201,7 @@ def _value(text: str) -> Any:
 
 def _execute(nb: Any, run: flow.Prepared, kernel: str, cwd: Path, timeout: float | None) -> _Outcome:
     """Every cell in one kernel, stopping at the first that fails; the observations written in."""
+    from jupyter_client.kernelspec import NoSuchKernel
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -211,6 +226,10 @@ def _execute(nb: Any, run: flow.Prepared, kernel: str, cwd: Path, timeout: float
             finally:
                 if not asked:
                     watch.finish(None)  # interrupted or the kernel died: stop sampling, ask nothing
+    except NoSuchKernel:
+        raise RunError(
+            f"no kernel named {kernel!r} (`jupyter kernelspec list` lists them; -k names one)", EXIT_USAGE
+        ) from None
     except DeadKernelError:
         outcome = _Outcome(EXIT_CELL_FAILED, "the kernel died")
     finally:
