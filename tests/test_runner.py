@@ -220,6 +220,20 @@ def test_a_requirement_no_gpu_here_can_meet_is_exit_3_at_once(file_server):
     assert time.monotonic() - started < 60  # a safety net: it did not wait the 10 minutes
 
 
+def test_a_policy_line_that_cannot_apply_is_said_and_the_run_goes_on(file_server):
+    said = []
+    metadata = {"tfgpu": {"version": 1, "policy": ["grow", "frob 3"]}}
+    with flow.prepared(metadata, wait_s=None, say=said.append, runner="test") as ready:
+        assert json.loads(ready.env[SETTINGS_ENV])["policy"] == [
+            "grow",
+            "frob 3",
+        ]  # the kernel skips it itself
+    assert said == [
+        "the notebook's setting 'frob 3' will not be applied: \"frob\" is not a setting; "
+        "the policy holds grow, limit, split, allocator, precision"
+    ]
+
+
 def test_a_notebook_without_requirements_claims_nothing(file_server):
     for metadata in (
         {},

@@ -100,6 +100,9 @@ def prepared(
     Raises RunError: exit 2 for malformed metadata, 3 when no GPU met the requirements in time,
     130 when the wait was interrupted."""
     settings = read_settings(metadata)
+    for line, command, why in settings.commands() if settings is not None else ():
+        if command is None:  # the kernel skips it too, applies the others, and says so under cell 1
+            say(f"the notebook's setting {line!r} will not be applied: {why}")
     session = Session()  # reads the simulated server named in the environment, as the kernel will
     chosen: tuple[int, ...] = ()
     try:
