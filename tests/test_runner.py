@@ -412,6 +412,23 @@ def test_the_engine_is_declared_and_its_errors_are_one_line_for_papermills_comma
     assert (engine.MetadataError("x").exit_code, error.exit_code) == (2, 3)
 
 
+def _schema_errors(value: dict) -> list[str]:
+    """What the shipped JSON Schema of the key finds wrong with ``value``."""
+    from importlib.resources import files
+
+    import jsonschema
+
+    schema = json.loads(files("tfgpu_magic.command").joinpath("schema/notebook-settings.v1.json").read_text())
+    return [error.message for error in jsonschema.Draft202012Validator(schema).iter_errors(value)]
+
+
+def test_what_a_run_observes_is_valid_against_the_schema():
+    watch = observing.Watch(Nvml(lib=simulated.shared_server()), by="tfgpu run")
+    watch.why_not = "the kernel did not answer (TimeoutError)"
+    watch.driver_peaks = {1: 5 * GIB}
+    assert _schema_errors({**SETTINGS, "observed": watch.observed()}) == []
+
+
 # -- the command and papermill, with real kernels --------------------------------------------------------
 SAVE_CELLS = ["%load_ext tfgpu_magic", "%gpu limit 4G", "%gpu grow", "%gpu save"]
 FIRST_CELL = (
@@ -452,6 +469,7 @@ def test_a_notebook_saved_by_its_cells_comes_out_with_the_request_and_the_peaks(
     ]
     assert "sampled by tfgpu run every 0.5 s" in observed["driver"]
     assert saved.read(metadata).policy == ("grow", "limit 4096MiB")  # it reads back
+    assert _schema_errors(metadata["tfgpu"]) == []
     assert claim_files(claim_dir) == []
 
 
