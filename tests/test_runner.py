@@ -166,7 +166,9 @@ def test_the_kernels_environment_names_this_run_and_nothing_inherited():
 
 def test_the_gpus_are_claimed_for_the_run_and_released_after_it(file_server, claim_dir):
     said = []
-    with flow.prepared({"tfgpu": SETTINGS}, wait_s=None, say=said.append, runner="test") as ready:
+    with flow.prepared(
+        {"tfgpu": SETTINGS}, wait_s=None, say=said.append, runner="test", how_to_wait="wait"
+    ) as ready:
         assert ready.chosen == (1,)  # GPU 0 has 10 GiB free, GPU 1 80 GiB
         assert claims.held() == {UUIDS[1]}
         assert ready.extra_arguments == ["--InteractiveShellApp.extra_extensions=tfgpu_magic"]
@@ -177,7 +179,9 @@ def test_the_gpus_are_claimed_for_the_run_and_released_after_it(file_server, cla
 
 def test_the_claims_are_released_when_the_run_fails(file_server, claim_dir):
     with pytest.raises(RuntimeError, match="a cell"):
-        with flow.prepared({"tfgpu": SETTINGS}, wait_s=None, say=lambda line: None, runner="test"):
+        with flow.prepared(
+            {"tfgpu": SETTINGS}, wait_s=None, say=lambda line: None, runner="test", how_to_wait="wait"
+        ):
             assert claim_files(claim_dir) != []
             raise RuntimeError("a cell")
     assert claims.held() == set() and claim_files(claim_dir) == []
@@ -186,7 +190,9 @@ def test_the_claims_are_released_when_the_run_fails(file_server, claim_dir):
 def test_a_claim_held_before_the_run_is_kept(file_server):
     """Only the run's own claims are released: a kernel running papermill keeps its `%gpu use auto`."""
     assert claims.claim(UUIDS[0])
-    with flow.prepared({"tfgpu": SETTINGS}, wait_s=None, say=lambda line: None, runner="test"):
+    with flow.prepared(
+        {"tfgpu": SETTINGS}, wait_s=None, say=lambda line: None, runner="test", how_to_wait="wait"
+    ):
         pass
     assert claims.held() == {UUIDS[0]}
 
@@ -195,7 +201,7 @@ def test_no_gpu_within_the_wait_is_exit_3_saying_what_it_waited_for_and_who_hold
     write_server(file_server, free_mib=(1024, 2048))
     said = []
     with pytest.raises(flow.RunError) as info:
-        with flow.prepared({"tfgpu": SETTINGS}, wait_s=1, say=said.append, runner="test"):
+        with flow.prepared({"tfgpu": SETTINGS}, wait_s=1, say=said.append, runner="test", how_to_wait="wait"):
             pass
     assert info.value.status == flow.EXIT_NO_GPU
     assert said[0] == "the notebook needs 1 GPU with 4,096 MiB free; waiting up to 1s"
@@ -210,11 +216,30 @@ def test_no_gpu_within_the_wait_is_exit_3_saying_what_it_waited_for_and_who_hold
     assert claims.held() == set()
 
 
+def test_without_a_wait_the_advice_is_the_runners_own(file_server):
+    write_server(file_server, free_mib=(1024, 2048))
+    with pytest.raises(flow.RunError) as info:
+        with flow.prepared(
+            {"tfgpu": SETTINGS},
+            wait_s=None,
+            say=lambda line: None,
+            runner="test",
+            how_to_wait="add --wait 10m",
+        ):
+            pass
+    assert info.value.status == flow.EXIT_NO_GPU
+    assert "free now (the most free is 2,048 MiB, on GPU 1); add --wait 10m; who holds the GPUs: " in str(
+        info.value
+    )
+
+
 def test_a_requirement_no_gpu_here_can_meet_is_exit_3_at_once(file_server):
     too_much = {"version": 1, "requirements": {"gpus": 1, "min_free_bytes": 100 * GIB}}
     started = time.monotonic()
     with pytest.raises(flow.RunError, match=r"no GPU here has 100\.0 GiB in all") as info:
-        with flow.prepared({"tfgpu": too_much}, wait_s=600, say=lambda line: None, runner="test"):
+        with flow.prepared(
+            {"tfgpu": too_much}, wait_s=600, say=lambda line: None, runner="test", how_to_wait="wait"
+        ):
             pass
     assert info.value.status == flow.EXIT_NO_GPU
     assert time.monotonic() - started < 60  # a safety net: it did not wait the 10 minutes
@@ -223,7 +248,7 @@ def test_a_requirement_no_gpu_here_can_meet_is_exit_3_at_once(file_server):
 def test_a_policy_line_that_cannot_apply_is_said_and_the_run_goes_on(file_server):
     said = []
     metadata = {"tfgpu": {"version": 1, "policy": ["grow", "frob 3"]}}
-    with flow.prepared(metadata, wait_s=None, say=said.append, runner="test") as ready:
+    with flow.prepared(metadata, wait_s=None, say=said.append, runner="test", how_to_wait="wait") as ready:
         assert json.loads(ready.env[SETTINGS_ENV])["policy"] == [
             "grow",
             "frob 3",
@@ -240,7 +265,9 @@ def test_a_notebook_without_requirements_claims_nothing(file_server):
         {"tfgpu": {"version": 1, "policy": ["grow"]}},
         {"tfgpu": {"version": 1, "requirements": {"gpus": "all"}}},
     ):
-        with flow.prepared(metadata, wait_s=None, say=lambda line: None, runner="test") as ready:
+        with flow.prepared(
+            metadata, wait_s=None, say=lambda line: None, runner="test", how_to_wait="wait"
+        ) as ready:
             assert ready.chosen == () and claims.held() == set()
 
 

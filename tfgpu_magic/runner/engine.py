@@ -103,7 +103,10 @@ class TfgpuEngine(NBClientEngine):
                 tfgpu_wait or os.environ.get(WAIT_ENV), "the wait" if tfgpu_wait else WAIT_ENV
             )
             runner = f"{BY} (pid {os.getpid()})"
-            with flow.prepared(nb_man.nb.metadata, wait_s=wait_s, say=_say, runner=runner) as run:
+            how_to_wait = f"set {WAIT_ENV}=10m to wait for one"
+            with flow.prepared(
+                nb_man.nb.metadata, wait_s=wait_s, say=_say, runner=runner, how_to_wait=how_to_wait
+            ) as run:
                 # As NBClientEngine passes its options on, plus the kernel's argument.
                 timeout = execution_timeout if execution_timeout else kwargs.get("timeout")
                 kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)

@@ -22,6 +22,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,8 @@ class _Outcome:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # a usage error exits 2, as argparse does
+    if threading.current_thread() is not threading.main_thread():
+        return _main(args)  # only the main thread may handle signals (a caller's worker thread)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _main(args)
@@ -113,7 +116,10 @@ def _main(args: argparse.Namespace) -> int:
         if args.parameter:
             nb = _parameterize(nb, args.parameter, kernel)
         runner = f"tfgpu run (pid {os.getpid()})"
-        with flow.prepared(nb.metadata, wait_s=wait_s, say=say, runner=runner) as run:
+        how_to_wait = "run again with `--wait 10m` to wait for one"
+        with flow.prepared(
+            nb.metadata, wait_s=wait_s, say=say, runner=runner, how_to_wait=how_to_wait
+        ) as run:
             outcome = _execute(nb, run, kernel, source.resolve().parent, args.timeout)
     except RunError as err:
         say(f"{err}; no output written (exit {err.status})")
