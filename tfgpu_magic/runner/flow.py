@@ -167,7 +167,7 @@ def _choose(
             f"the notebook needs {needs}, and {err}; who holds the GPUs: {who_holds(session.nvml)}",
             EXIT_NO_GPU,
         ) from None
-    say(reason.replace("this kernel's lifetime", "this run"))
+    say(reason.replace("this kernel's lifetime", "this run"))  # the runner holds them, not a kernel
     return chosen
 
 
