@@ -62,6 +62,7 @@ from . import kernel_inventory, metrics
 from .activity import Activity, ActivityWatcher
 from .culler import Culler, CullPolicy, LiveState, StaleReading, epoch
 from .kernel_inventory import KernelDescription
+from .notebook_kernels import NotebookSettingsLoader
 
 __all__ = [
     "ROUTE",
@@ -629,6 +630,7 @@ class _Extension:
         self.source: StatusSource | None = None
         self.status: SharedRefresh[Reading] | None = None
         self.kernel_environment: KernelEnvironment | None = None
+        self.notebook_settings: NotebookSettingsLoader | None = None
         self.culling: asyncio.Future[Any] | None = None  # the culler's pass under way
         self.stopped = False
 
@@ -659,6 +661,8 @@ class _Extension:
             pending += self.source.stop()
         if self.watcher is not None:
             self.watcher.uninstall()
+        if self.notebook_settings is not None:  # installed last, so taken off first
+            self.notebook_settings.uninstall()
         if self.kernel_environment is not None:
             self.kernel_environment.uninstall()
         left: set[asyncio.Future[Any]] = set()
@@ -736,6 +740,9 @@ def _start(serverapp: Any, handlers: list[Any] | None) -> _Extension:
     if callable(variables):  # a simulated server: the kernels this server starts read it too
         started.kernel_environment = KernelEnvironment(serverapp.kernel_manager, variables)
         started.kernel_environment.install()
+    # A notebook with saved GPU settings: its kernel loads tfgpu_magic at start to apply them.
+    started.notebook_settings = NotebookSettingsLoader(serverapp.kernel_manager, serverapp.log)
+    started.notebook_settings.install()
     routes: list[tuple[str, Any] | tuple[str, Any, dict[str, Any]]] = [
         (url_path_join(*ROUTE), StatusHandler, {"status": status}),
         ("metrics", MetricsHandler),
