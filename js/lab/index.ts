@@ -5,6 +5,8 @@
 //   has no status bar and no ILabShell, and the panel still works there.
 // - `tfgpu-magic:side-area`: the widget behind `%gpu monitor --sidebar`, registered with
 //   ipywidgets' manager when it is there.
+// - `tfgpu-magic:notebook-settings`: what `%gpu save` displays is written into the open
+//   notebook's metadata (settings.ts), kept at the user's next save.
 //
 // One poller serves the panel and the status bar (see api.ts).
 
@@ -25,6 +27,7 @@ import { Widget } from '@lumino/widgets';
 import { StatusPoller } from './api';
 import { gpuIcon } from './icons';
 import { GpuPanel } from './panel';
+import { followNotebook } from './settings';
 import { GpuStatusItem } from './statusbar';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 
@@ -168,4 +171,15 @@ const sideArea: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [plugin, sideArea];
+const notebookSettings: JupyterFrontEndPlugin<void> = {
+  id: 'tfgpu-magic:notebook-settings',
+  description: 'Writes what `%gpu save` displays into the open notebook’s metadata (key `tfgpu`).',
+  autoStart: true,
+  requires: [INotebookTracker],
+  activate: (_app: JupyterFrontEnd, tracker: INotebookTracker): void => {
+    tracker.forEach(followNotebook);
+    tracker.widgetAdded.connect((_, panel) => followNotebook(panel));
+  }
+};
+
+export default [plugin, sideArea, notebookSettings];
