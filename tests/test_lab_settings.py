@@ -31,7 +31,7 @@ def a_value(rng: random.Random, depth: int = 0) -> Any:
     kind = rng.choice(kinds)
     if kind == "object":
         return {
-            rng.choice(KEYS + ["gpuType", "isGpuEnabled"]): a_value(rng, depth + 1)
+            rng.choice([*KEYS, "gpuType", "isGpuEnabled"]): a_value(rng, depth + 1)
             for _ in range(rng.randint(0, 3))
         }
     if kind == "list":
