@@ -134,3 +134,39 @@ def test_display_execute_result_and_update_carry_it_and_nothing_else_does(tmp_pa
     assert evaluate(
         tmp_path, [("updateFromMessage", [{"header": {"msg_type": "display_data"}, "content": None}])]
     ) == [None]
+
+
+# -- the question at a notebook's open: did its saved settings hold? -------------------------------
+def answer(data: Any, status: str = "ok") -> dict[str, Any]:
+    return {"status": "ok", "user_expressions": {"tfgpu": {"status": status, "data": data, "metadata": {}}}}
+
+
+def test_the_question_is_silent_and_asks_the_kernels_start_notice(tmp_path):
+    [request] = evaluate(tmp_path, [("noticeRequest", [])])
+    assert request["silent"] is True and request["store_history"] is False and request["code"] == ""
+    assert "notebook_settings" in request["user_expressions"]["tfgpu"]
+    assert "start_notice()" in request["user_expressions"]["tfgpu"]
+
+
+def test_the_notice_is_read_from_the_json_answer_and_nothing_else(tmp_path):
+    line = "tfgpu_magic: the notebook needs 1 GPU with 1,024 MiB free, and no GPU here has that much"
+    replies = [
+        answer({"application/json": {"notice": line}, "text/plain": "<StartNotice>"}),
+        answer({"application/json": {"notice": None}}),
+        answer({"application/json": {"notice": ""}}),
+        answer({"application/json": {"notice": 3}}),
+        answer({"text/plain": repr(line)}),  # a repr is never parsed
+        answer({"application/json": {"notice": line}}, status="error"),
+        {"status": "error"},
+        None,
+    ]
+    assert evaluate(tmp_path, [("readNotice", [reply]) for reply in replies]) == [line] + [None] * 7
+
+
+def test_a_long_line_is_a_headline_with_the_line_as_details_a_short_one_is_itself(tmp_path):
+    short = "tfgpu_magic: the notebook's setting 'grow' was not applied: no"
+    long = "tfgpu_magic: the notebook needs 1 GPU with 1,048,576.0 GiB free, and " + "x" * 100
+    found = evaluate(tmp_path, [("noticeMessage", [short]), ("noticeMessage", [long])])
+    assert found[0] == {"message": short, "details": None}
+    assert found[1]["details"] == long and len(found[1]["message"]) <= 140
+    assert found[1]["message"].startswith("tfgpu_magic: this notebook's saved GPU settings did not all hold")

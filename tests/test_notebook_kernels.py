@@ -22,6 +22,8 @@ from tfgpu_magic.kernel import notebook_settings
 from tfgpu_magic.server import notebook_kernels
 from tfgpu_magic.server.notebook_kernels import EXTENSION_ARGUMENT, has_settings, runs_ipykernel
 
+from support.typescript import run_in_node
+
 SETTINGS = {"version": 1, "requirements": {}, "policy": ["grow", "limit 1024MiB"]}
 LOADED = "print('tfgpu_magic' in get_ipython().extension_manager.loaded)"
 STATUS = "get_ipython().run_line_magic('gpu', 'status --json')"  # no %load_ext: loaded at start
@@ -165,6 +167,33 @@ def test_a_malformed_key_loads_it_and_the_kernel_says_the_one_line(jp_serverapp,
     assert "the notebook's metadata `tfgpu.policy` is a string" in notice
     report, _ = json.JSONDecoder().raw_decode(said[said.index("{") :])
     assert report["notebook_settings"]["error"] == notice.removeprefix("tfgpu_magic: ")
+
+
+def test_the_page_asks_at_open_and_reads_the_kernels_line_when_the_settings_did_not_hold(
+    jp_serverapp, open_notebook, run, tmp_path
+):
+    """The JupyterLab extension's question (js/lab/settings.ts: noticeRequest, readNotice), asked
+    of a real kernel: a requirement no GPU here can meet is the kernel's line; all held, none."""
+    [request] = run_in_node(tmp_path, "settings.js", [("noticeRequest", [])])
+    unmet = {"version": 1, "requirements": {"gpus": 1, "min_free_bytes": 2**50}, "policy": ["grow"]}
+    answers = {}
+    for name, settings in (("unmet.ipynb", unmet), ("train.ipynb", SETTINGS)):
+        kernel_id = open_notebook(name, {"tfgpu": settings})
+        answers[name] = run(ask(jp_serverapp, kernel_id, request))
+    notices = run_in_node(tmp_path, "settings.js", [("readNotice", [answers[n]]) for n in answers])
+    assert notices[0].startswith("tfgpu_magic: the notebook needs 1 GPU with ")
+    assert notices[1] is None
+
+
+async def ask(serverapp, kernel_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    client = serverapp.kernel_manager.get_kernel(kernel_id).client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        reply = await client.execute_interactive(**request, timeout=60)
+    finally:
+        client.stop_channels()
+    return reply["content"]
 
 
 def test_a_fault_is_a_warning_and_the_kernel_starts_all_the_same(

@@ -53,9 +53,13 @@ print("from:", report["notebook_settings"]["source"])"""
 SAVE = "%gpu limit 2G\n%gpu save"
 
 
-def notebook_with_settings() -> str:
+# No GPU of the simulated server has a PiB free: the requirement cannot be met.
+UNMET = {"version": 1, "requirements": {"gpus": 1, "min_free_bytes": 2**50}, "policy": ["grow"]}
+
+
+def notebook_with_settings(settings: dict = SETTINGS) -> str:
     document = json.loads(notebook(FIRST, SAVE))
-    document["metadata"]["tfgpu"] = SETTINGS
+    document["metadata"]["tfgpu"] = settings
     document["metadata"]["colab"] = {"provenance": []}  # another tool's key: kept by the merge
     return json.dumps(document)
 
@@ -66,9 +70,12 @@ def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("settings-home")
     for name in ("lab.ipynb", "nb7.ipynb"):
         (root / name).write_text(notebook_with_settings())
+    for name in ("unmet-lab.ipynb", "unmet-nb7.ipynb"):
+        (root / name).write_text(notebook_with_settings(UNMET))
     args = [
         "--TfgpuMagic.device_source=tfgpu_magic.gpus.simulated:kernels_server",
         "--ServerApp.jpserver_extensions=tfgpu_magic=True",
+        "--TfgpuMagic.refresh_interval=0.5",  # the status bar has the kernel by the screenshot
     ]
     with jupyter_server(root, home, log_name="notebook-settings-server.log", args=args) as running:
         yield running
@@ -102,15 +109,19 @@ def wait_for_saved_settings(path, timeout: float = 30.0) -> dict:
         time.sleep(0.25)
 
 
-@pytest.mark.parametrize("front_end", ["lab", "nb7"])
-def test_settings_apply_before_the_first_cell_and_gpu_save_is_kept_by_a_save(server, page, front_end):
-    name = f"{front_end}.ipynb"
+def open_notebook(page, server, front_end: str, name: str) -> None:
     if front_end == "lab":
-        page.goto(server.url(f"lab/workspaces/settings/tree/{name}", reset=""))
+        page.goto(server.url(f"lab/workspaces/{name.removesuffix('.ipynb')}/tree/{name}", reset=""))
     else:
         page.goto(server.url(f"notebooks/{name}"))
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     wait_for_kernel(page)
+
+
+@pytest.mark.parametrize("front_end", ["lab", "nb7"])
+def test_settings_apply_before_the_first_cell_and_gpu_save_is_kept_by_a_save(server, page, front_end):
+    name = f"{front_end}.ipynb"
+    open_notebook(page, server, front_end, name)
 
     run_cell(page, 0)
     said = wait_for_output(page, 0, "from:")
@@ -137,3 +148,46 @@ def test_settings_apply_before_the_first_cell_and_gpu_save_is_kept_by_a_save(ser
     assert metadata["kaggle"] == {"accelerator": "gpu", "isGpuEnabled": True}
     assert metadata["colab"]["provenance"] == []  # another tool's key under colab: kept
     assert metadata["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("front_end", ["lab", "nb7"])
+def test_settings_that_did_not_hold_are_said_as_the_notebook_opens(server, page, front_end):
+    """Before any cell runs: a warning with the kernel's line, which stays until closed; the
+    question was silent (the first cell the user runs is still [1])."""
+    open_notebook(page, server, front_end, f"unmet-{front_end}.ipynb")
+    # The kernel's line is longer than a notification shows (140 characters): a headline, and Details.
+    toast = page.locator(".jp-toast-message", has_text="saved GPU settings did not all hold")
+    toast.wait_for(timeout=30_000)
+    shot(page, f"notebook-settings-{front_end}-unmet.png")
+    page.locator(".jp-toast-button", has_text="Details").click()
+    dialog = page.locator(".jp-Dialog", has_text="GPU settings")
+    dialog.wait_for(timeout=10_000)
+    said = dialog.locator(".jp-Dialog-body").inner_text()
+    assert said.startswith("tfgpu_magic: the notebook needs 1 GPU with 1,048,576.0 GiB free, and "), said
+    shot(page, f"notebook-settings-{front_end}-unmet-details.png")
+    dialog.locator("button.jp-mod-accept").click()
+    dialog.wait_for(state="detached", timeout=10_000)
+    run_cell(page, 0)
+    wait_for_output(page, 0, "from:")
+    assert (
+        page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".jp-InputPrompt").inner_text().strip() == "[1]:"
+    )
+    # Asked once per kernel start: no second notification after a cell; a restart asks again.
+    toasts = page.locator(".jp-toast-message", has_text="saved GPU settings")
+    assert toasts.count() <= 1
+    while page.locator(".Toastify__close-button").count():
+        page.locator(".Toastify__close-button").first.click()
+    toasts.first.wait_for(state="detached", timeout=10_000)
+    restart_kernel(page)
+    toasts.first.wait_for(timeout=30_000)
+
+
+def restart_kernel(page) -> None:
+    """Restart the notebook's kernel as a user does: 0, 0 in command mode, then Restart."""
+    page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".jp-InputPrompt").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("0")
+    page.keyboard.press("0")
+    dialog = page.locator(".jp-Dialog", has_text="Restart")
+    dialog.locator("button.jp-mod-accept").click()
+    dialog.wait_for(state="detached", timeout=10_000)

@@ -6,7 +6,8 @@
 // - `tfgpu-magic:side-area`: the widget behind `%gpu monitor --sidebar`, registered with
 //   ipywidgets' manager when it is there.
 // - `tfgpu-magic:notebook-settings`: what `%gpu save` displays is written into the open
-//   notebook's metadata (settings.ts), kept at the user's next save.
+//   notebook's metadata (settings.ts), kept at the user's next save; a notebook whose saved
+//   settings did not hold as its kernel started says so at once (a notification).
 //
 // One poller serves the panel and the status bar (see api.ts).
 
@@ -16,7 +17,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -27,7 +28,7 @@ import { Widget } from '@lumino/widgets';
 import { StatusPoller } from './api';
 import { gpuIcon } from './icons';
 import { GpuPanel } from './panel';
-import { followNotebook } from './settings';
+import { followNotebook, noticeMessage } from './settings';
 import { GpuStatusItem } from './statusbar';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 
@@ -173,12 +174,21 @@ const sideArea: JupyterFrontEndPlugin<void> = {
 
 const notebookSettings: JupyterFrontEndPlugin<void> = {
   id: 'tfgpu-magic:notebook-settings',
-  description: 'Writes what `%gpu save` displays into the open notebook’s metadata (key `tfgpu`).',
+  description:
+    'Writes what `%gpu save` displays into the open notebook’s metadata (key `tfgpu`), and warns when saved settings did not hold.',
   autoStart: true,
   requires: [INotebookTracker],
   activate: (_app: JupyterFrontEnd, tracker: INotebookTracker): void => {
-    tracker.forEach(followNotebook);
-    tracker.widgetAdded.connect((_, panel) => followNotebook(panel));
+    // The kernel's line already names tfgpu_magic; it stays until the user closes it.
+    const warn = (line: string): void => {
+      const { message, details } = noticeMessage(line);
+      const showDetails = (): void =>
+        void showDialog({ title: 'GPU settings', body: details ?? '', buttons: [Dialog.okButton()] });
+      const actions = details ? [{ label: 'Details', callback: showDetails }] : [];
+      Notification.warning(message, { autoClose: false, actions });
+    };
+    tracker.forEach(panel => followNotebook(panel, warn));
+    tracker.widgetAdded.connect((_, panel) => followNotebook(panel, warn));
   }
 };
 

@@ -1,7 +1,13 @@
+// A notebook's saved GPU settings (metadata `tfgpu`) in the page.
+//
 // `%gpu save` writes into the open notebook: the kernel displays the metadata keys to set under
 // METADATA_MIME (with a text/plain line for people), and this module writes them into the
 // notebook's model, so the user's next save keeps them.  Nothing writes the file behind the
 // editor's back: the model is the editor's own, and it shows the notebook as changed.
+//
+// As a notebook with settings opens (its kernel started with them applied, by the server), the
+// page asks the kernel whether they held, and warns the user at once when they did not, rather
+// than under the first cell the user runs.
 //
 // Only type imports: the compiled module runs on its own in Node (tests/test_lab_settings.py
 // compares mergeMetadata with tfgpu_magic.command.saved.merge_metadata).
@@ -101,12 +107,84 @@ export function writeIntoModel(panel: NotebookPanel, update: JsonObject): void {
   }
 }
 
-/** Follow a notebook's kernel (whichever it has now, restarts and changes included). */
-export function followNotebook(panel: NotebookPanel): void {
-  panel.sessionContext.iopubMessage.connect((_, message) => {
+// What the page asks a notebook's kernel as it starts, when the notebook has saved settings:
+// tfgpu_magic.kernel.notebook_settings.start_notice(), a JSON {"notice": line or null}.  Silent: no
+// execution count, no output, no history; the server loaded the extension in that kernel.
+const NOTICE_EXPRESSION =
+  "__import__('tfgpu_magic.kernel.notebook_settings', fromlist=['start_notice']).start_notice()";
+
+/** The execute request that asks it (kernel.requestExecute's content). */
+export function noticeRequest(): KernelMessage.IExecuteRequestMsg['content'] {
+  return {
+    code: '',
+    silent: true,
+    store_history: false,
+    user_expressions: { tfgpu: NOTICE_EXPRESSION },
+    allow_stdin: false
+  };
+}
+
+/** The notice in the kernel's reply (the line to show), or null: none, or a reply it cannot be read from. */
+export function readNotice(content: unknown): string | null {
+  if (!isObject(content) || !isObject(content.user_expressions)) {
+    return null;
+  }
+  const answer = content.user_expressions.tfgpu;
+  if (!isObject(answer) || answer.status !== 'ok' || !isObject(answer.data)) {
+    return null;
+  }
+  const json = answer.data['application/json'];
+  return isObject(json) && typeof json.notice === 'string' && json.notice ? json.notice : null;
+}
+
+// JupyterLab cuts a notification's message at 140 characters (its toast and its list alike).
+export const NOTIFICATION_CHARS = 140;
+const HEADLINE = "tfgpu_magic: this notebook's saved GPU settings did not all hold as its kernel started";
+
+/** What the notification says: the kernel's line when it fits, else a headline and the line as details. */
+export function noticeMessage(line: string): { message: string; details: string | null } {
+  if (line.length <= NOTIFICATION_CHARS) {
+    return { message: line, details: null };
+  }
+  return { message: HEADLINE, details: line };
+}
+
+/** Ask the notebook's kernel whether its saved settings held at its start; `warn` shows the line. */
+async function askForNotice(panel: NotebookPanel, warn: (line: string) => void): Promise<void> {
+  const kernel = panel.sessionContext.session?.kernel;
+  if (!kernel || !isObject(panel.content.model?.getMetadata(SETTINGS_KEY))) {
+    return; // no settings: nothing was applied, nothing to say
+  }
+  const reply = await kernel.requestExecute(noticeRequest(), true).done;
+  const notice = readNotice(reply.content);
+  if (notice) {
+    warn(notice);
+  }
+}
+
+/**
+ * Follow a notebook's kernel (whichever it has now, restarts and changes included): write what
+ * `%gpu save` displays into the notebook, and once the kernel is up after each start, ask whether
+ * the notebook's saved settings held (`warn` shows the kernel's line when they did not).
+ */
+export function followNotebook(panel: NotebookPanel, warn: (line: string) => void): void {
+  const context = panel.sessionContext;
+  context.iopubMessage.connect((_, message) => {
     const update = updateFromMessage(message);
     if (update) {
       writeIntoModel(panel, update);
+    }
+  });
+  let due = true; // a kernel started that has not been asked yet
+  context.kernelChanged.connect(() => {
+    due = true;
+  });
+  context.statusChanged.connect((_, status) => {
+    if (status === 'starting' || status === 'restarting' || status === 'autorestarting') {
+      due = true;
+    } else if (status === 'idle' && due) {
+      due = false;
+      askForNotice(panel, warn).catch(() => undefined); // a kernel gone meanwhile: nothing to say
     }
   });
 }

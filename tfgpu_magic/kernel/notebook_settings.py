@@ -29,16 +29,18 @@ from typing import Any
 from ..command import grammar, saved
 from ..command.plan import PlanError
 from . import choosing
-from .session import Session, SessionError
+from .session import Session, SessionError, get_session
 
 __all__ = [
     "CHOSEN_ENV",
     "RUNNER_ENV",
     "SETTINGS_ENV",
     "SettingsRecord",
+    "StartNotice",
     "apply_at_start",
     "observed",
     "save",
+    "start_notice",
 ]
 
 SETTINGS_ENV = "TFGPU_MAGIC_NOTEBOOK_SETTINGS"
@@ -291,3 +293,23 @@ def _where(env: Mapping[str, str]) -> str:
 def bundle(text: str, keys: dict[str, Any]) -> dict[str, Any]:
     """The display bundle: the line for people, the keys for a front end or a runner."""
     return {"text/plain": text, saved.MIME_TYPE: keys}
+
+
+# -- the front end's question at a notebook's open ---------------------------------------------------
+class StartNotice:
+    """What the JupyterLab / Notebook 7 extension asks a notebook's kernel as it opens (a silent
+    request's ``user_expressions``, js/lab/settings.ts): ``{"notice": line or null}``, the line
+    the kernel says under the first cell when the notebook's settings did not hold at its start.
+    Formatted as JSON (``_repr_json_``), so the page reads it without parsing a Python repr."""
+
+    def __init__(self, notice: str | None) -> None:
+        self.notice = notice
+
+    def _repr_json_(self) -> dict[str, Any]:
+        return {"notice": self.notice}
+
+
+def start_notice() -> StartNotice:
+    """This kernel's :class:`StartNotice` (``notice`` null: no settings, or they all held)."""
+    record = get_session().notebook_record
+    return StartNotice(None if record is None else record.notice())
