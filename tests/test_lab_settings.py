@@ -145,7 +145,7 @@ def test_the_question_is_silent_and_asks_the_kernels_start_notice(tmp_path):
     [request] = evaluate(tmp_path, [("noticeRequest", [])])
     assert request["silent"] is True and request["store_history"] is False and request["code"] == ""
     assert "notebook_settings" in request["user_expressions"]["tfgpu"]
-    assert "start_notice()" in request["user_expressions"]["tfgpu"]
+    assert "'start_notice'" in request["user_expressions"]["tfgpu"]
 
 
 def test_the_notice_is_read_from_the_json_answer_and_nothing_else(tmp_path):

@@ -180,9 +180,14 @@ def test_the_page_asks_at_open_and_reads_the_kernels_line_when_the_settings_did_
     for name, settings in (("unmet.ipynb", unmet), ("train.ipynb", SETTINGS)):
         kernel_id = open_notebook(name, {"tfgpu": settings})
         answers[name] = run(ask(jp_serverapp, kernel_id, request))
+    plain = open_notebook("plain.ipynb", {})  # e.g. its key saved after its kernel started
+    answers["plain.ipynb"] = run(ask(jp_serverapp, plain, request))
     notices = run_in_node(tmp_path, "settings.js", [("readNotice", [answers[n]]) for n in answers])
     assert notices[0].startswith("tfgpu_magic: the notebook needs 1 GPU with ")
-    assert notices[1] is None
+    assert notices[1:] == [None, None]
+    # The question imports nothing into a kernel that did not load tfgpu_magic.
+    imported = "import sys; print(any(name.startswith('tfgpu_magic') for name in sys.modules))"
+    assert run(execute(jp_serverapp, plain, imported)).strip() == "False"
 
 
 async def ask(serverapp, kernel_id: str, request: dict[str, Any]) -> dict[str, Any]:

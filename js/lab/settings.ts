@@ -109,9 +109,10 @@ export function writeIntoModel(panel: NotebookPanel, update: JsonObject): void {
 
 // What the page asks a notebook's kernel as it starts, when the notebook has saved settings:
 // tfgpu_magic.kernel.notebook_settings.start_notice(), a JSON {"notice": line or null}.  Silent: no
-// execution count, no output, no history; the server loaded the extension in that kernel.
+// execution count, no output, no history.  Looked up, never imported: a kernel that applied no
+// settings (started before the key was saved) answers None and gets nothing of tfgpu_magic.
 const NOTICE_EXPRESSION =
-  "__import__('tfgpu_magic.kernel.notebook_settings', fromlist=['start_notice']).start_notice()";
+  "getattr(__import__('sys').modules.get('tfgpu_magic.kernel.notebook_settings'), 'start_notice', lambda: None)()";
 
 /** The execute request that asks it (kernel.requestExecute's content). */
 export function noticeRequest(): KernelMessage.IExecuteRequestMsg['content'] {
