@@ -16,6 +16,9 @@ browser tabs polling cost one reading.  The reply is encoded once per reading.
 The same reading feeds the server's ``/metrics`` (:mod:`.metrics`) and the GPU idle culler
 (:mod:`.culler`): one inventory per interval, whoever asks.
 
+A notebook with saved GPU settings (metadata ``tfgpu``) gets an IPython kernel that loads
+tfgpu_magic as it starts, so they apply before its first cell (:mod:`.notebook_kernels`).
+
 Configuration (traitlets, section ``TfgpuMagic``)::
 
     c.TfgpuMagic.device_source = "tfgpu_magic.simulated:kernels_server"   # default: the real driver
