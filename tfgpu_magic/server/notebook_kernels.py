@@ -76,7 +76,10 @@ def _notebook_metadata(path: str) -> Any:
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
             return {}
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            notebook = json.loads(handle.read(MAX_NOTEBOOK_BYTES + 1))
+            raw = handle.read(MAX_NOTEBOOK_BYTES + 1)
+        if b'"tfgpu"' not in raw:  # most notebooks, as the kernel reads them: no parse of their outputs
+            return {}
+        notebook = json.loads(raw)
     except (OSError, ValueError):
         return {}
     finally:
