@@ -20,7 +20,12 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403  the fixtures: jp_serv
 
 from tfgpu_magic.kernel import notebook_settings
 from tfgpu_magic.server import notebook_kernels
-from tfgpu_magic.server.notebook_kernels import EXTENSION_ARGUMENT, has_settings, runs_ipykernel
+from tfgpu_magic.server.notebook_kernels import (
+    EXTENSION_ARGUMENT,
+    NotebookSettingsLoader,
+    has_settings,
+    runs_ipykernel,
+)
 
 from support.typescript import run_in_node
 
@@ -82,6 +87,15 @@ def test_a_link_a_folder_a_large_file_or_not_json_have_no_settings(tmp_path, mon
         assert not has_settings(str(tmp_path / name)), name
     monkeypatch.setattr(notebook_kernels, "MAX_NOTEBOOK_BYTES", 100)
     assert not has_settings(str(real))
+
+
+def test_a_session_named_by_its_api_path_is_found_under_the_servers_root():
+    class Manager:
+        root_dir = "/srv/notebooks"
+
+    loader = NotebookSettingsLoader(Manager(), logging.getLogger("test"))
+    assert loader.notebook_path("/home/me/a.ipynb") == "/home/me/a.ipynb"
+    assert loader.notebook_path("work/a.ipynb") == "/srv/notebooks/work/a.ipynb"
 
 
 def test_the_server_reads_no_larger_notebook_than_the_kernel_does():

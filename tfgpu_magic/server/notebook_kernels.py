@@ -116,29 +116,26 @@ class NotebookSettingsLoader:
 
     async def _extra_arguments(self, kernel_name: str | None, env: Mapping[str, str] | None) -> list[str]:
         """The arguments to add: :data:`EXTENSION_ARGUMENT` or none; never raises."""
-        path = self._notebook_path(env)
-        if path is None:
-            return []
+        name = (env or {}).get(NOTEBOOK_ENV)
+        if not name or not name.endswith(".ipynb"):
+            return []  # no notebook: a console, a kernel started through the REST API alone
         try:
-            if await asyncio.to_thread(self._wanted, kernel_name, path):
+            if await asyncio.to_thread(self._wanted, kernel_name, self.notebook_path(name)):
                 return [EXTENSION_ARGUMENT]
         except Exception as err:  # a kernel must start whatever its notebook or its kernelspec hold
             self._log.warning(
                 "tfgpu_magic: could not tell whether %s has saved GPU settings (%s: %s); "
                 "its kernel starts without loading tfgpu_magic",
-                os.path.basename(path),
+                os.path.basename(name),
                 type(err).__name__,
                 err,
             )
         return []
 
-    def _notebook_path(self, env: Mapping[str, str] | None) -> str | None:
-        """The notebook's file, from the session's environment (None: no notebook, e.g. a console)."""
-        name = (env or {}).get(NOTEBOOK_ENV)
-        if not name or not name.endswith(".ipynb"):
-            return None
-        # jupyter_server names it by its absolute path when the front end gives the session a
-        # name (JupyterLab and Notebook 7 do), else by its API path, under the server's root.
+    def notebook_path(self, name: str) -> str:
+        """The notebook's file from ``JPY_SESSION_NAME``: jupyter_server gives its absolute path when
+        the front end names the session (JupyterLab and Notebook 7 do), else its API path, under
+        the server's root."""
         return name if os.path.isabs(name) else os.path.join(str(self._manager.root_dir), name)
 
     def _wanted(self, kernel_name: str | None, path: str) -> bool:
