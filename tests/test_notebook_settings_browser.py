@@ -178,8 +178,20 @@ def test_settings_that_did_not_hold_are_said_as_the_notebook_opens(server, page,
     while page.locator(".Toastify__close-button").count():
         page.locator(".Toastify__close-button").first.click()
     toasts.first.wait_for(state="detached", timeout=10_000)
+    if front_end == "lab":  # a second view of the notebook shares its kernel: still one question
+        open_second_view(page)
     restart_kernel(page)
     toasts.first.wait_for(timeout=30_000)
+    run_cell(page, 0)  # the notebook in front settled: any second answer has arrived by now
+    wait_for_output(page, 0, "from:")
+    assert toasts.count() == 1
+
+
+def open_second_view(page) -> None:
+    """The tab's context menu, *New View for Notebook*: a second panel on the same notebook."""
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current").click(button="right")
+    page.locator(".lm-Menu-itemLabel", has_text="New View for").first.click()
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").nth(1).wait_for(timeout=10_000)
 
 
 def restart_kernel(page) -> None:

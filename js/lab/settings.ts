@@ -12,7 +12,7 @@
 // Only type imports: the compiled module runs on its own in Node (tests/test_lab_settings.py
 // compares mergeMetadata with tfgpu_magic.command.saved.merge_metadata).
 
-import type { NotebookPanel } from '@jupyterlab/notebook';
+import type { INotebookModel, NotebookPanel } from '@jupyterlab/notebook';
 import type { KernelMessage } from '@jupyterlab/services';
 
 /** tfgpu_magic.command.saved.MIME_TYPE: what `%gpu save` displays. */
@@ -97,11 +97,7 @@ export function updateFromMessage(message: KernelMessage.IMessage): JsonObject |
 }
 
 /** Write `update` into the notebook's model, key by key (the model marks itself changed). */
-export function writeIntoModel(panel: NotebookPanel, update: JsonObject): void {
-  const model = panel.content.model;
-  if (!model) {
-    return;
-  }
+export function writeIntoModel(model: INotebookModel, update: JsonObject): void {
   for (const [key, value] of Object.entries(update)) {
     model.setMetadata(key, mergedValue(key, model.getMetadata(key), value));
   }
@@ -150,10 +146,13 @@ export function noticeMessage(line: string): { message: string; details: string 
   return { message: HEADLINE, details: line };
 }
 
+type NotebookContext = NotebookPanel['context'];
+const followed = new WeakSet<NotebookContext>(); // the notebooks followNotebook follows
+
 /** Ask the notebook's kernel whether its saved settings held at its start; `warn` shows the line. */
-async function askForNotice(panel: NotebookPanel, warn: (line: string) => void): Promise<void> {
-  const kernel = panel.sessionContext.session?.kernel;
-  if (!kernel || !isObject(panel.content.model?.getMetadata(SETTINGS_KEY))) {
+async function askForNotice(notebook: NotebookContext, warn: (line: string) => void): Promise<void> {
+  const kernel = notebook.sessionContext.session?.kernel;
+  if (!kernel || !isObject(notebook.model.getMetadata(SETTINGS_KEY))) {
     return; // no settings: nothing was applied, nothing to say
   }
   const reply = await kernel.requestExecute(noticeRequest(), true).done;
@@ -169,23 +168,29 @@ async function askForNotice(panel: NotebookPanel, warn: (line: string) => void):
  * the notebook's saved settings held (`warn` shows the kernel's line when they did not).
  */
 export function followNotebook(panel: NotebookPanel, warn: (line: string) => void): void {
-  const context = panel.sessionContext;
-  context.iopubMessage.connect((_, message) => {
+  // Views of one notebook (New View for Notebook) share its context: it is followed once.
+  const notebook = panel.context;
+  if (followed.has(notebook)) {
+    return;
+  }
+  followed.add(notebook);
+  const session = notebook.sessionContext;
+  session.iopubMessage.connect((_, message) => {
     const update = updateFromMessage(message);
     if (update) {
-      writeIntoModel(panel, update);
+      writeIntoModel(notebook.model, update);
     }
   });
   let due = true; // a kernel started that has not been asked yet
-  context.kernelChanged.connect(() => {
+  session.kernelChanged.connect(() => {
     due = true;
   });
-  context.statusChanged.connect((_, status) => {
+  session.statusChanged.connect((_, status) => {
     if (status === 'starting' || status === 'restarting' || status === 'autorestarting') {
       due = true;
     } else if (status === 'idle' && due) {
       due = false;
-      askForNotice(panel, warn).catch(() => undefined); // a kernel gone meanwhile: nothing to say
+      askForNotice(notebook, warn).catch(() => undefined); // a kernel gone meanwhile: nothing to say
     }
   });
 }
