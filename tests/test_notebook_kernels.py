@@ -30,7 +30,7 @@ from tfgpu_magic.server.notebook_kernels import (
 from support.typescript import run_in_node
 
 SETTINGS = {"version": 1, "requirements": {}, "policy": ["grow", "limit 1024MiB"]}
-LOADED = "print('tfgpu_magic' in get_ipython().extension_manager.loaded)"
+LOADED = "print('gpu' in get_ipython().magics_manager.magics['line'])"  # %gpu is there: loaded at start
 STATUS = "get_ipython().run_line_magic('gpu', 'status --json')"  # no %load_ext: loaded at start
 
 

@@ -528,3 +528,24 @@ def test_the_schema_and_the_reader_agree_on_every_key(value):
         assert read
     if "observed" not in value:
         assert read == valid
+
+
+def test_a_load_ext_after_the_start_changes_nothing(shell, session, monkeypatch):
+    """The kernel loaded the extension at its start (kernel.at_start); the notebook's own
+    `%load_ext tfgpu_magic` cell must neither apply the settings again nor undo what came since."""
+    from IPython.utils.capture import capture_output
+
+    import tfgpu_magic
+    from tfgpu_magic.kernel import at_start
+    from tfgpu_magic.kernel import session as session_module
+
+    monkeypatch.setattr(session_module, "_SESSION", session)
+    monkeypatch.setenv(SETTINGS_ENV, json.dumps({"version": 1, "policy": ["grow"]}))
+    with capture_output():
+        at_start.load_ipython_extension(shell)
+    shell.run_line_magic("gpu", "grow off")
+    with capture_output() as again:
+        tfgpu_magic.load_ipython_extension(shell)
+    assert again.stdout == "" and again.outputs == []
+    assert session.requested.growth is False
+    assert saved.KERNEL_ARGUMENT == "--InteractiveShellApp.extra_extensions=tfgpu_magic.kernel.at_start"

@@ -171,7 +171,7 @@ def test_the_gpus_are_claimed_for_the_run_and_released_after_it(file_server, cla
     ) as ready:
         assert ready.chosen == (1,)  # GPU 0 has 10 GiB free, GPU 1 80 GiB
         assert claims.held() == {UUIDS[1]}
-        assert ready.extra_arguments == ["--InteractiveShellApp.extra_extensions=tfgpu_magic"]
+        assert ready.extra_arguments == ["--InteractiveShellApp.extra_extensions=tfgpu_magic.kernel.at_start"]
     assert claims.held() == set() and claim_files(claim_dir) == []
     assert said[0] == "the notebook needs 1 GPU with 4,096 MiB free"
     assert said[1].startswith("Chose GPU 1: ") and said[1].endswith("claimed for this run")
@@ -483,7 +483,11 @@ def test_a_notebook_saved_by_its_cells_comes_out_with_the_request_and_the_peaks(
         lines_of(done.stderr)[-1]
         == f"tfgpu run: wrote {tmp_path / 'train.out.ipynb'}: done, 4 cells (exit 0)"
     )
-    metadata = nbformat.read(tmp_path / "train.out.ipynb", as_version=4).metadata
+    out = nbformat.read(tmp_path / "train.out.ipynb", as_version=4)
+    # The kernel loaded the extension as it started: the notebook's own %load_ext adds nothing,
+    # not even IPython's "already loaded" lines.
+    assert out.cells[0].outputs == []
+    metadata = out.metadata
     assert metadata["tfgpu"]["policy"] == ["grow", "limit 4096MiB"]
     assert metadata["tfgpu"]["requirements"] == {}
     assert metadata["accelerator"] == "GPU" and metadata["colab"] == {"gpuType": "A100"}

@@ -16,22 +16,11 @@ __all__ = ["__version__", "load_ipython_extension", "set_device_source", "unload
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext tfgpu_magic``: register ``%gpu`` and apply an administrator's defaults."""
-    from .kernel.magics import GpuMagics, complete, register_completion
+    """``%load_ext tfgpu_magic``: register ``%gpu`` and apply an administrator's defaults, then the
+    notebook's saved settings (once per kernel: see :func:`tfgpu_magic.kernel.magics.load`)."""
+    from .kernel.magics import load
 
-    magics = GpuMagics(ipython)
-    ipython.register_magics(magics)
-    register_completion(ipython)  # %gpu's words first and alone, ahead of Jedi's names
-    ipython.set_hook("complete_command", complete, str_key="%gpu")  # `gpu ...` without the %
-    magics.session.prepare()
-    from .kernel.oom_handler import install as explain_out_of_memory  # hooks in when a framework is imported
-
-    explain_out_of_memory(ipython, magics.session)
-    from .kernel.allocator_figures import install as publish_after_each_cell  # for the memory panel
-
-    publish_after_each_cell(ipython, magics.session)
-    magics.apply_defaults()
-    magics.apply_notebook_settings()  # the notebook's saved settings, after (over) the defaults
+    load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -35,6 +35,7 @@ from .plan import Plan
 from .units import MIB, format_bytes
 
 __all__ = [
+    "KERNEL_ARGUMENT",
     "KEY",
     "MIME_TYPE",
     "VERSION",
@@ -52,6 +53,12 @@ VERSION = 1
 # What `%gpu save` displays for a front end or a runner to write into the notebook's metadata: the
 # top-level metadata keys to set (see merge_metadata).
 MIME_TYPE = "application/vnd.tfgpu.notebook-metadata+json"
+# How a kernel's starter (`tfgpu run`, papermill's engine, the Jupyter server for a notebook with
+# the key) has an IPython kernel load the extension as it starts, so the settings are in force
+# before the first cell.  The start-up module has a name of its own: a notebook's own
+# `%load_ext tfgpu_magic` cell then finds nothing loaded under that name, and adds nothing (the
+# session is loaded once) instead of IPython's "already loaded" lines.
+KERNEL_ARGUMENT = "--InteractiveShellApp.extra_extensions=tfgpu_magic.kernel.at_start"
 MAX_POLICY_LINES = 32
 MAX_LINE_CHARS = 200
 MAX_BYTES = 2**53  # a JSON number every reader (JavaScript's included) holds exactly

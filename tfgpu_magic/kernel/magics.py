@@ -20,7 +20,7 @@ from ..command.plan import Plan, PlanError
 from . import allocator_figures
 from .session import DefaultsRecord, Session, SessionError, get_session
 
-__all__ = ["COMPLETION_ID", "MANUAL", "GpuMagics", "complete", "register_completion"]
+__all__ = ["COMPLETION_ID", "MANUAL", "GpuMagics", "complete", "load", "register_completion"]
 
 MANUAL = grammar.manual()  # generated from grammar.TABLE, where each verb is declared once
 
@@ -175,6 +175,31 @@ class GpuMagics(Magics):
 
 SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use, grammar.Allocator, grammar.Precision)
 SETTING_VERBS = ("use", "grow", "limit", "split", "allocator", "precision")
+
+
+def load(ipython: Any) -> None:
+    """What loading the extension does: ``%gpu`` and its completion, the out-of-memory explanation,
+    the panel's figures after each cell, the defaults, then the notebook's saved settings.
+
+    Once per session and shell: a kernel started for a notebook's settings loaded it already
+    (:mod:`.at_start`), and the notebook's own ``%load_ext tfgpu_magic`` cell then changes nothing,
+    where a second load would apply the defaults and the settings over what the user did since."""
+    from .allocator_figures import install as publish_after_each_cell  # for the memory panel
+    from .oom_handler import install as explain_out_of_memory  # hooks in when a framework is imported
+
+    session = get_session()
+    if session.loaded_into is ipython:
+        return
+    magics = GpuMagics(ipython, session=session)
+    ipython.register_magics(magics)
+    register_completion(ipython)  # %gpu's words first and alone, ahead of Jedi's names
+    ipython.set_hook("complete_command", complete, str_key="%gpu")  # `gpu ...` without the %
+    session.prepare()
+    explain_out_of_memory(ipython, session)
+    publish_after_each_cell(ipython, session)
+    session.loaded_into = ipython
+    magics.apply_defaults()
+    magics.apply_notebook_settings()  # the notebook's saved settings, after (over) the defaults
 
 
 def _notice_under_first_cell(shell: Any, notice: str) -> None:

@@ -94,6 +94,7 @@ class Session:
         self.auto_request: grammar.Auto | None = None
         # The notebook's saved settings as they were met at the kernel's start (notebook_settings.py).
         self.notebook_record: Any = None
+        self.loaded_into: Any = None  # the IPython shell the extension was loaded into (magics.load)
         self.hook_errors: list[str] = []
         self.notes: list[str] = []  # said once, shown by `%gpu` afterwards
         # The frameworks' allocator figures, read on the user's thread and published for the panel.

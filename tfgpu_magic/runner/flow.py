@@ -45,7 +45,8 @@ EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM (128 + SIGINT, what a shell reports)
 
 # IPython's trait for extensions named on the command line: the kernel loads tfgpu_magic as it
 # starts, which applies the settings before the first cell (ipykernel 7 / IPython 9 checked).
-EXTENSION_ARGUMENT = "--InteractiveShellApp.extra_extensions=tfgpu_magic"
+# The same argument as the Jupyter server's (saved.KERNEL_ARGUMENT says why its module is named so).
+EXTENSION_ARGUMENT = saved.KERNEL_ARGUMENT
 POLL_S = 0.5  # how often a wait looks again (a `--wait 5s` looks ten times)
 PROGRESS_EVERY_S = 5.0  # how often a wait says it is still waiting
 # What the runner's own environment may hold from where it was started (a notebook's `!tfgpu run`,

@@ -3,8 +3,8 @@
 A kernel applies a notebook's ``tfgpu`` metadata key when tfgpu_magic loads in it
 (:mod:`tfgpu_magic.kernel.notebook_settings`); a user who opens such a notebook has not run
 ``%load_ext`` yet.  So when this server starts an IPython kernel for a notebook whose file has
-the key, the kernel is started with ``--InteractiveShellApp.extra_extensions=tfgpu_magic`` (the
-kernel's command line: jupyter_client keeps it for restarts, which reuse the launch's arguments).
+the key, the kernel is started with :data:`~tfgpu_magic.command.saved.KERNEL_ARGUMENT` (on the kernel's
+command line: jupyter_client keeps it for restarts, which reuse the launch's arguments).
 
 The notebook is the one jupyter_server names in the kernel's environment (``JPY_SESSION_NAME``,
 set for every session's kernel).  It is read in a worker thread, at most
@@ -36,7 +36,7 @@ __all__ = [
     "runs_ipykernel",
 ]
 
-EXTENSION_ARGUMENT = "--InteractiveShellApp.extra_extensions=tfgpu_magic"
+EXTENSION_ARGUMENT = saved.KERNEL_ARGUMENT
 NOTEBOOK_ENV = "JPY_SESSION_NAME"
 # The kernel reads no larger notebook at its start (kernel/notebook_settings.py, the same bound):
 # loading the extension for one would apply nothing.
