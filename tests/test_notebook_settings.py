@@ -236,9 +236,8 @@ def test_gpu_save_displays_the_keys_for_the_front_end_and_says_where(gpu, shell,
     (output,) = captured.outputs
     text, keys = output.data["text/plain"], output.data[saved.MIME_TYPE]
     assert text == (
-        "Saved this notebook's GPU settings (needs 1 GPU with 8,192 MiB free; policy: grow, limit 4096MiB) "
-        "for train.ipynb: JupyterLab and Notebook 7 with tfgpu_magic's extension put them in its metadata "
-        "(`tfgpu`), kept at your next save"
+        "Saved this notebook's GPU settings: needs 1 GPU with 8,192 MiB free; policy: grow, limit 4096MiB.\n"
+        "tfgpu_magic's extension writes them into train.ipynb's metadata (`tfgpu`); save the notebook to keep them."
     )
     tfgpu = keys["tfgpu"]
     assert tfgpu["requirements"] == {"gpus": 1, "min_free_bytes": 8 * GIB}
@@ -264,8 +263,8 @@ def test_gpu_save_without_a_notebook_names_tfgpu_run(gpu, monkeypatch):
         captured.outputs[0]
         .data["text/plain"]
         .endswith(
-            "nowhere: no notebook is open for this kernel; run the notebook with `tfgpu run NOTEBOOK`, "
-            "which writes them into its output"
+            "No notebook is open for this kernel, so they went nowhere: run the notebook with "
+            "`tfgpu run NOTEBOOK`, which writes them into its output."
         )
     )
 

@@ -131,7 +131,7 @@ def test_settings_apply_before_the_first_cell_and_gpu_save_is_kept_by_a_save(ser
 
     run_cell(page, 1)
     line = wait_for_output(page, 1, "Saved this notebook's GPU settings")
-    assert "policy: grow, limit 2048MiB" in line and f"for {name}" in line
+    assert "policy: grow, limit 2048MiB" in line and f"writes them into {name}'s metadata" in line
     outputs = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
     assert "No renderer" not in " ".join(outputs.all_inner_texts())
     # The bundle's text line is what is shown: its other type has no renderer, and needs none.

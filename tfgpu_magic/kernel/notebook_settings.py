@@ -261,7 +261,8 @@ def observed(session: Session, by: str = "%gpu save") -> dict[str, Any]:
 
 
 def save(session: Session, env: Mapping[str, str] | None = None) -> tuple[str, dict[str, Any]]:
-    """``%gpu save``: the line to print and the metadata keys to write (``{key: value}``)."""
+    """``%gpu save``: what to print (what was saved, then where it goes: two short lines, which a
+    notebook's output area shows unbroken) and the metadata keys to write (``{key: value}``)."""
     env = os.environ if env is None else env
     auto = getattr(session, "auto_request", None)
     seen = observed(session)
@@ -272,21 +273,21 @@ def save(session: Session, env: Mapping[str, str] | None = None) -> tuple[str, d
         [f"needs {settings.requirements.describe()}"]
         + (["policy: " + ", ".join(settings.policy)] if settings.policy else [])
     )
-    return f"Saved this notebook's GPU settings ({what}) {_where(env)}", keys
+    return f"Saved this notebook's GPU settings: {what}.\n{_where(env)}", keys
 
 
 def _where(env: Mapping[str, str]) -> str:
     # A runner names itself even for a notebook that had no settings yet (its first `%gpu save`).
     if env.get(SETTINGS_ENV) is not None or env.get(RUNNER_ENV):
-        return f"for {env.get(RUNNER_ENV) or 'the runner'}, which writes them into its output notebook"
+        return f"{env.get(RUNNER_ENV) or 'The runner'} writes them into its output notebook."
     if env.get(NOTEBOOK_ENV):
         return (
-            f"for {os.path.basename(env[NOTEBOOK_ENV])}: JupyterLab and Notebook 7 with tfgpu_magic's "
-            f"extension put them in its metadata (`{saved.KEY}`), kept at your next save"
+            f"tfgpu_magic's extension writes them into {os.path.basename(env[NOTEBOOK_ENV])}'s metadata "
+            f"(`{saved.KEY}`); save the notebook to keep them."
         )
     return (
-        "nowhere: no notebook is open for this kernel; run the notebook with `tfgpu run NOTEBOOK`, "
-        "which writes them into its output"
+        "No notebook is open for this kernel, so they went nowhere: run the notebook with "
+        "`tfgpu run NOTEBOOK`, which writes them into its output."
     )
 
 
