@@ -17,7 +17,8 @@ __all__ = ["__version__", "load_ipython_extension", "set_device_source", "unload
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext tfgpu_magic``: register ``%gpu`` and apply an administrator's defaults, then the
-    notebook's saved settings (once per kernel: see :func:`tfgpu_magic.kernel.magics.load`)."""
+    notebook's saved settings, once per kernel (a kernel started for a notebook's settings loaded
+    them already: a later ``%load_ext`` adds nothing)."""
     from .kernel.magics import load
 
     load(ipython)
