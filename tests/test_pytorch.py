@@ -80,6 +80,7 @@ def test_status_json_keeps_every_key_and_adds_frameworks(torch_kernel):
             "gpus",
             "in_force",
             "me",
+            "notebook_settings",
             "notes",
             "nvml_error",
             "requested",
