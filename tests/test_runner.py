@@ -213,7 +213,25 @@ def test_no_gpu_within_the_wait_is_exit_3_saying_what_it_waited_for_and_who_hold
         "the notebook needs 1 GPU with 4,096 MiB free, and no unclaimed GPU has 4,096 MiB free after waiting 1s"
     )
     assert str(info.value).endswith("who holds the GPUs: GPU 0: alice 39.0 GiB; GPU 1: bob 78.0 GiB")
+    assert "wait longer (e.g. `--wait 30m`) or ask for less free memory" in str(info.value)
     assert claims.held() == set()
+
+
+def test_a_wait_that_ran_out_names_the_runners_own_way_to_wait_longer(file_server):
+    """papermill's command line has no --wait: its engine's advice is its environment variable."""
+    write_server(file_server, free_mib=(1024, 2048))
+    with pytest.raises(flow.RunError) as info:
+        with flow.prepared(
+            {"tfgpu": SETTINGS},
+            wait_s=0.1,
+            say=lambda line: None,
+            runner="test",
+            how_to_wait="wait",
+            how_to_wait_longer="`TFGPU_MAGIC_WAIT=30m`",
+        ):
+            pass
+    assert "wait longer (e.g. `TFGPU_MAGIC_WAIT=30m`) or ask" in str(info.value)
+    assert "--wait" not in str(info.value)
 
 
 def test_without_a_wait_the_advice_is_the_runners_own(file_server):
@@ -588,7 +606,9 @@ def test_papermills_command_line_says_one_line_not_a_traceback(file_server, tmp_
     )
     assert done.returncode == status, done.stderr
     assert "Traceback" not in done.stderr
-    assert next(text for text in lines_of(done.stderr) if text.startswith("Error:")).startswith(line)
+    error = next(text for text in lines_of(done.stderr) if text.startswith("Error:"))
+    assert error.startswith(line)
+    assert "--wait" not in error  # papermill has no such option; a wait is TFGPU_MAGIC_WAIT
 
 
 @pytest.mark.slow
