@@ -213,7 +213,25 @@ def test_no_gpu_within_the_wait_is_exit_3_saying_what_it_waited_for_and_who_hold
         "the notebook needs 1 GPU with 4,096 MiB free, and no unclaimed GPU has 4,096 MiB free after waiting 1s"
     )
     assert str(info.value).endswith("who holds the GPUs: GPU 0: alice 39.0 GiB; GPU 1: bob 78.0 GiB")
+    assert "wait longer (e.g. `--wait 30m`) or ask for less free memory" in str(info.value)
     assert claims.held() == set()
+
+
+def test_a_wait_that_ran_out_names_the_runners_own_way_to_wait_longer(file_server):
+    """papermill's command line has no --wait: its engine's advice is its environment variable."""
+    write_server(file_server, free_mib=(1024, 2048))
+    with pytest.raises(flow.RunError) as info:
+        with flow.prepared(
+            {"tfgpu": SETTINGS},
+            wait_s=0.1,
+            say=lambda line: None,
+            runner="test",
+            how_to_wait="wait",
+            how_to_wait_longer="`TFGPU_MAGIC_WAIT=30m`",
+        ):
+            pass
+    assert "wait longer (e.g. `TFGPU_MAGIC_WAIT=30m`) or ask" in str(info.value)
+    assert "--wait" not in str(info.value)
 
 
 def test_without_a_wait_the_advice_is_the_runners_own(file_server):
@@ -528,6 +546,26 @@ def test_the_settings_are_in_force_before_the_first_cell_under_tfgpu_run(file_se
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect: the kernel counts the runner's claim on the GPU it chose for the run as another "
+    "kernel's, so the notebook's own `%gpu use auto` cell (the one `%gpu save` came from) looks elsewhere "
+    "and fails when no other GPU qualifies",
+)
+def test_the_notebooks_own_use_auto_cell_keeps_the_gpu_the_runner_chose(file_server, tmp_path, claim_dir):
+    """The documented workflow: `%gpu use auto --min-free 4G` in the notebook, `%gpu save`, then
+    `tfgpu run`. Only GPU 1 has 4 GiB free; the runner claims it for the run, and the notebook's own
+    cell must find it (as a kernel JupyterLab started finds its own start-time claim), not fail."""
+    write_server(file_server, free_mib=(1024, 81920))
+    path = notebook(
+        tmp_path / "train.ipynb", ["%load_ext tfgpu_magic", "%gpu use auto --min-free 4G"], tfgpu=SETTINGS
+    )
+    done = tfgpu_run(str(path), "-o", str(tmp_path / "out.ipynb"))
+    assert done.returncode == 0, lines_of(done.stderr)
+    assert claim_files(claim_dir) == []
+
+
+@pytest.mark.slow
 def test_the_settings_are_in_force_before_the_first_cell_under_papermills_engine(
     file_server, tmp_path, claim_dir, kernel_env
 ):
@@ -588,7 +626,9 @@ def test_papermills_command_line_says_one_line_not_a_traceback(file_server, tmp_
     )
     assert done.returncode == status, done.stderr
     assert "Traceback" not in done.stderr
-    assert next(text for text in lines_of(done.stderr) if text.startswith("Error:")).startswith(line)
+    error = next(text for text in lines_of(done.stderr) if text.startswith("Error:"))
+    assert error.startswith(line)
+    assert "--wait" not in error  # papermill has no such option; a wait is TFGPU_MAGIC_WAIT
 
 
 @pytest.mark.slow

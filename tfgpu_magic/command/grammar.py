@@ -720,7 +720,7 @@ TABLE: tuple[Verb, ...] = (
         manual=(
             (
                 "%gpu save",
-                "keep this notebook's GPU needs and settings in its metadata, applied when it opens",
+                "keep this notebook's GPU needs and settings in its metadata, applied when its kernel starts",
             ),
         ),
     ),

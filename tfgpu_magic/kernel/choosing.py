@@ -79,6 +79,7 @@ def choose_gpus(
     progress_every_s: float = PROGRESS_EVERY_S,
     how_to_stop: str = "interrupt the cell to stop",
     how_to_wait: str | None = None,
+    how_to_wait_longer: str = "`--wait 30m`",
 ) -> tuple[tuple[int, ...], str]:
     """Choose ``auto.count`` GPUs (nvidia-smi indices) and claim them for this process's lifetime.
 
@@ -86,7 +87,8 @@ def choose_gpus(
     again every ``poll_s`` until enough GPUs qualify, saying so through ``progress`` (with
     ``how_to_stop``: a kernel's user interrupts the cell, a terminal's presses Ctrl-C); Ctrl-C
     stops the wait (:class:`Interrupted`).  ``how_to_wait`` is the advice when nothing qualifies
-    without a wait (default: the ``%gpu use auto ... --wait 10m`` to type).  Returns the indices and a one-line reason; raises :class:`ChoiceError`.
+    without a wait (default: the ``%gpu use auto ... --wait 10m`` to type), ``how_to_wait_longer`` the
+    example of a longer wait when a wait ran out (``--wait 30m``: ``%gpu`` and ``tfgpu run`` alike).  Returns the indices and a one-line reason; raises :class:`ChoiceError`.
     Claims this kernel held before are left alone: the session releases what it no longer
     requests once it has accepted the choice (so a refused choice changes nothing).
     """
@@ -104,7 +106,7 @@ def choose_gpus(
                 return chosen
             now = time.monotonic()
             if deadline is None or now >= deadline:
-                raise ChoiceError(_failure(auto, look, deadline is not None, how_to_wait))
+                raise ChoiceError(_failure(auto, look, deadline is not None, how_to_wait, how_to_wait_longer))
             if last_said is None or now - last_said >= progress_every_s:
                 progress(_waiting(auto, look, deadline - now, how_to_stop))
                 last_said = now
@@ -333,12 +335,14 @@ def _reason(auto: grammar.Auto, taken: list[GpuInfo], look: _Look) -> str:
     )
 
 
-def _failure(auto: grammar.Auto, look: _Look, waited: bool, how_to_wait: str | None) -> str:
+def _failure(
+    auto: grammar.Auto, look: _Look, waited: bool, how_to_wait: str | None, how_to_wait_longer: str
+) -> str:
     context = _context(look)
     if waited:
         return (
             f"{_shortfall(auto, look)} after waiting {_duration(auto.wait_seconds or 0)}{context}; "
-            f"wait longer (e.g. `--wait 30m`){' or ask for less free memory' if auto.min_free_bytes else ''}"
+            f"wait longer (e.g. {how_to_wait_longer}){' or ask for less free memory' if auto.min_free_bytes else ''}"
         )
     advice = how_to_wait or f"try `%gpu use auto{_count_text(auto)}{min_text(auto)} --wait 10m`"
     return f"{_shortfall(auto, look)} now{context}; {advice}"

@@ -105,7 +105,13 @@ class TfgpuEngine(NBClientEngine):
             runner = f"{BY} (pid {os.getpid()})"
             how_to_wait = f"set {WAIT_ENV}=10m to wait for one"
             with flow.prepared(
-                nb_man.nb.metadata, wait_s=wait_s, say=_say, runner=runner, how_to_wait=how_to_wait
+                nb_man.nb.metadata,
+                wait_s=wait_s,
+                say=_say,
+                runner=runner,
+                how_to_wait=how_to_wait,
+                # papermill's command line has no --wait
+                how_to_wait_longer='`tfgpu_wait="30m"`' if tfgpu_wait else f"`{WAIT_ENV}=30m`",
             ) as run:
                 # As NBClientEngine passes its options on, plus the kernel's argument.
                 timeout = execution_timeout if execution_timeout else kwargs.get("timeout")

@@ -93,12 +93,19 @@ class Prepared:
 
 @contextlib.contextmanager
 def prepared(
-    metadata: Any, *, wait_s: float | None, say: Callable[[str], None], runner: str, how_to_wait: str
+    metadata: Any,
+    *,
+    wait_s: float | None,
+    say: Callable[[str], None],
+    runner: str,
+    how_to_wait: str,
+    how_to_wait_longer: str = "`--wait 30m`",
 ) -> Iterator[Prepared]:
     """Settings read, GPUs claimed, the kernel's environment made; claims released on leaving.
 
     ``runner`` names who starts the kernel ("tfgpu run (pid 12)"), as the kernel reports it;
-    ``how_to_wait`` says how to ask it for a wait ("run again with `--wait 10m`").
+    ``how_to_wait`` says how to ask it for a wait ("run again with `--wait 10m`"), and
+    ``how_to_wait_longer`` for a longer one when a wait ran out (```--wait 30m```).
     Raises RunError: exit 2 for malformed metadata, 3 when no GPU met the requirements in time,
     130 when the wait was interrupted."""
     settings = read_settings(metadata)
@@ -108,7 +115,7 @@ def prepared(
     session = Session()  # reads the simulated server named in the environment, as the kernel will
     chosen: tuple[int, ...] = ()
     try:
-        chosen = _choose(session, settings, wait_s, say, how_to_wait)
+        chosen = _choose(session, settings, wait_s, say, how_to_wait, how_to_wait_longer)
         env = kernel_environment(os.environ, settings, chosen, runner)
         yield Prepared(settings, chosen, env, [EXTENSION_ARGUMENT], session.nvml)
     finally:
@@ -135,6 +142,7 @@ def _choose(
     wait_s: float | None,
     say: Callable[[str], None],
     how_to_wait: str,
+    how_to_wait_longer: str,
 ) -> tuple[int, ...]:
     """Choose and claim the GPUs the requirements ask for; () when they name no count (the kernel
     then applies ``use all`` or ``use none`` itself, or takes the GPUs it is given)."""
@@ -158,6 +166,7 @@ def _choose(
             progress_every_s=PROGRESS_EVERY_S,
             how_to_stop="Ctrl-C to stop",
             how_to_wait=how_to_wait,
+            how_to_wait_longer=how_to_wait_longer,
         )
     except choosing.Interrupted as err:
         raise RunError(str(err), EXIT_INTERRUPTED) from None
