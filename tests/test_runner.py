@@ -546,12 +546,6 @@ def test_the_settings_are_in_force_before_the_first_cell_under_tfgpu_run(file_se
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: the kernel counts the runner's claim on the GPU it chose for the run as another "
-    "kernel's, so the notebook's own `%gpu use auto` cell (the one `%gpu save` came from) looks elsewhere "
-    "and fails when no other GPU qualifies",
-)
 def test_the_notebooks_own_use_auto_cell_keeps_the_gpu_the_runner_chose(file_server, tmp_path, claim_dir):
     """The documented workflow: `%gpu use auto --min-free 4G` in the notebook, `%gpu save`, then
     `tfgpu run`. Only GPU 1 has 4 GiB free; the runner claims it for the run, and the notebook's own
@@ -562,6 +556,8 @@ def test_the_notebooks_own_use_auto_cell_keeps_the_gpu_the_runner_chose(file_ser
     )
     done = tfgpu_run(str(path), "-o", str(tmp_path / "out.ipynb"))
     assert done.returncode == 0, lines_of(done.stderr)
+    said = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[1].outputs[0].text
+    assert said.startswith("Chose GPU 1:") and "the process that started this kernel" in said
     assert claim_files(claim_dir) == []
 
 

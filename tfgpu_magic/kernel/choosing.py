@@ -8,6 +8,7 @@ lock (:mod:`tfgpu_magic.gpus.claims`), so two kernels started together get diffe
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ class _Look:
     ready: list[GpuInfo]  # best first
     skipped: dict[int, str]  # nvidia-smi index -> why not
     best_free: GpuInfo | None
+    ours: frozenset[int] = frozenset()  # claimed for this kernel by its starter (see _for_us)
 
 
 def choose_gpus(
@@ -221,8 +223,12 @@ def _try_once(
             held_before = claims.held()
             taken: list[GpuInfo] = []
             for gpu in look.ready:
+                if len(taken) >= auto.count:
+                    break
+                if gpu.index in look.ours:  # its starter's claim holds it for this kernel already
+                    taken.append(gpu)
                 # _why_not: a ready GPU's uuid is known
-                if len(taken) < auto.count and gpu.uuid is not None and claims.claim(gpu.uuid):
+                elif gpu.uuid is not None and claims.claim(gpu.uuid):
                     taken.append(gpu)
             if len(taken) < auto.count:  # a process outside the protocol holds the lock file
                 for gpu in taken:
@@ -237,6 +243,11 @@ def _try_once(
 def _look(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> _Look:
     gpus = [nvml.gpu(i) for i in allowed]
     holders = {g.index: claims.holder(g.uuid) for g in gpus if not g.lost and g.uuid}
+    ours = frozenset(
+        index
+        for index, holder in holders.items()
+        if holder is not None and _for_us(holder) and not holder.this_process
+    )
     skipped: dict[int, str] = {}
     fits: list[GpuInfo] = []
     for gpu in gpus:
@@ -247,7 +258,21 @@ def _look(nvml: Nvml, auto: grammar.Auto, allowed: tuple[int, ...]) -> _Look:
             fits.append(gpu)
     # The best the user could get by waiting or asking for less: free memory on usable GPUs.
     usable = [g for g in gpus if g in fits or skipped.get(g.index, "").endswith(" free")]
-    return _Look(sorted(fits, key=_rank), skipped, max(usable, key=_free, default=None))
+    # GPUs claimed for this kernel come first: the run's GPU stays the run's.
+    ranked = sorted(fits, key=lambda g: (g.index not in ours, _rank(g)))
+    return _Look(ranked, skipped, max(usable, key=_free, default=None), ours)
+
+
+def _for_us(holder: claims.Holder) -> bool:
+    """A claim this kernel may use as its own: its own, or one its starter holds for it.
+
+    ``tfgpu run`` and papermill's ``tfgpu`` engine choose and claim GPUs, then start the kernel as
+    their child; the notebook's own ``%gpu use auto`` cell must find that claim usable, not another
+    kernel's.  The claim's owner (the file's uid, which nobody can forge) must be this user, and its
+    process this kernel's parent: a process that is neither cannot lend its claim."""
+    if holder.this_process:
+        return True
+    return holder.uid == os.getuid() and holder.pid is not None and holder.pid == os.getppid()
 
 
 def _why_not(gpu: GpuInfo, holder: claims.Holder | None, auto: grammar.Auto) -> str | None:
@@ -259,7 +284,7 @@ def _why_not(gpu: GpuInfo, holder: claims.Holder | None, auto: grammar.Auto) -> 
         return "in MIG mode (name a MIG instance yourself)"
     if gpu.uuid is None:
         return "without a readable UUID (its claim would have no stable name)"
-    if holder is not None and not holder.this_process:
+    if holder is not None and not _for_us(holder):
         return f"claimed by {holder.describe()}"
     if auto.min_capability is not None:
         capability = gpu.compute_capability
@@ -328,10 +353,16 @@ def _reason(auto: grammar.Auto, taken: list[GpuInfo], look: _Look) -> str:
         f"GPU {i} {why}" for i, why in sorted(look.skipped.items()) if why.startswith("claimed")
     )
     tail = f" (skipped: {skipped})" if skipped else ""
+    lent = [g.index for g in taken if g.index in look.ours]
+    held = (
+        "claimed for this kernel's lifetime"
+        if not lent
+        else f"GPU {_indices(lent)} claimed for it by the process that started this kernel, "
+        "for as long as that process runs"
+    )
     return (
         f"Chose GPU {_indices(sorted(g.index for g in taken))}: {what} with the most free memory{floor} "
-        f"not claimed by another kernel ({'; '.join(_describe(g) for g in taken)}){tail}; "
-        "claimed for this kernel's lifetime"
+        f"not claimed by another kernel ({'; '.join(_describe(g) for g in taken)}){tail}; {held}"
     )
 
 
