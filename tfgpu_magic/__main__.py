@@ -28,6 +28,10 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head -1` reports for `yes`
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfgpu",
+        usage=(
+            "tfgpu [-h] [--json] [--version] [--demo]\n"
+            "       tfgpu run NOTEBOOK [-o OUTPUT] [--wait DURATION] [-p NAME VALUE] ..."
+        ),
         description="Who holds what on this machine's GPUs: memory by owner, processes, claims.",
         epilog=(
             "In a notebook: %load_ext tfgpu_magic, then %gpu status (or %gpu use auto to claim a GPU). "
