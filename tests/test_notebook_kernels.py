@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,18 @@ def test_a_link_a_folder_a_large_file_or_not_json_have_no_settings(tmp_path, mon
         assert not has_settings(str(tmp_path / name)), name
     monkeypatch.setattr(notebook_kernels, "MAX_NOTEBOOK_BYTES", 100)
     assert not has_settings(str(real))
+
+
+def test_a_notebook_nested_past_the_parsers_limit_or_a_fifo_has_no_settings(tmp_path):
+    """As the kernel reads them (no settings it can read), without an error in the server's log;
+    a FIFO planted under the notebook's name does not block the worker thread."""
+    deep = tmp_path / "deep.ipynb"
+    deep.write_text('{"metadata": {"tfgpu": {"version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}}}")
+    assert has_settings(str(deep)) is False
+    assert notebook_settings._notebook_metadata(str(deep)) == {}
+    fifo = tmp_path / "fifo.ipynb"
+    os.mkfifo(fifo)
+    assert has_settings(str(fifo)) is False
 
 
 def test_a_session_named_by_its_api_path_is_found_under_the_servers_root():

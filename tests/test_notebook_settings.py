@@ -548,3 +548,67 @@ def test_a_load_ext_after_the_start_changes_nothing(shell, session, monkeypatch)
     assert again.stdout == "" and again.outputs == []
     assert session.requested.growth is False
     assert saved.KERNEL_ARGUMENT == "--InteractiveShellApp.extra_extensions=tfgpu_magic.kernel.at_start"
+
+
+# -- a hostile notebook: whatever its file holds, the kernel starts and says at most one line ---------------
+DEEP = 100_000  # far past any JSON parser's recursion limit
+
+
+def _deep_settings() -> str:
+    return '{"version": 1, "observed": {"x": ' + "[" * DEEP + "]" * DEEP + "}}"
+
+
+def test_metadata_nested_too_deep_to_read_is_no_traceback_at_load_ext(shell, session, tmp_path, monkeypatch):
+    """`%load_ext tfgpu_magic` in a notebook whose file nests its metadata past the parser's limit:
+    the notebook has no settings this kernel can read, and the extension loads."""
+    from tfgpu_magic.kernel import session as session_module
+
+    notebook = tmp_path / "deep.ipynb"
+    notebook.write_text('{"cells": [], "metadata": {"tfgpu": ' + _deep_settings() + "}}")
+    monkeypatch.setattr(session_module, "_SESSION", session)
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    monkeypatch.setenv("JPY_SESSION_NAME", str(notebook))
+    assert apply_at_start(session, use, {"JPY_SESSION_NAME": str(notebook)}, print) is None
+    magics.load(shell)
+    assert session.loaded_into is shell and session.requested == Plan()
+
+
+def test_a_runners_settings_nested_too_deep_are_one_line(session):
+    said = []
+    record = apply_at_start(session, use, {SETTINGS_ENV: _deep_settings()}, said.append)
+    assert record.error is not None and said == [f"tfgpu_magic: {record.error}"] and "\n" not in said[0]
+    assert session.requested == Plan()
+
+
+def test_observed_nested_as_deep_as_the_parser_allows_is_one_line_or_read():
+    """saved.read raises only SettingsError, however deep the parser let `observed` be: at the
+    deepest the parser reads here, measuring `observed` (a few calls deeper) must not overflow."""
+    value = None
+    for depth in range(900, 3000):
+        try:
+            value = json.loads('{"version": 1, "observed": {"x": ' + "[" * depth + "]" * depth + "}}")
+        except RecursionError:
+            break
+    assert value is not None
+    try:
+        saved.read({"tfgpu": value})
+    except saved.SettingsError as err:
+        assert "\n" not in str(err)
+
+
+def test_the_notebooks_name_is_shown_escaped(gpu, session, monkeypatch, tmp_path):
+    """A notebook's file name is chosen by whoever wrote the file (a shared folder): `%gpu save` and
+    the record name it with its control characters escaped."""
+    from IPython.utils.capture import capture_output
+
+    name = str(tmp_path / "x\x1b]0;pwned\x07\u202e.ipynb")
+    monkeypatch.setenv("JPY_SESSION_NAME", name)
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    with capture_output() as captured:
+        gpu("save")
+    text = captured.outputs[0].data["text/plain"]
+    assert "\x1b" not in text and "\u202e" not in text and "x\\x1b]0;pwned\\x07\\u202e.ipynb" in text
+    with open(name, "w") as handle:
+        json.dump({"metadata": settings_of(policy=["grow"])}, handle)
+    record = apply_at_start(session, use, {"JPY_SESSION_NAME": name}, print)
+    assert record.source == "the notebook's metadata (x\\x1b]0;pwned\\x07\\u202e.ipynb)"

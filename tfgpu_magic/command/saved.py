@@ -188,11 +188,14 @@ def read(metadata: Any) -> NotebookSettings | None:
         )
     if version < 1:
         raise _bad(".version", f"is {version}; versions start at 1")
-    return NotebookSettings(
-        _requirements(value.get("requirements", {})),
-        _policy(value.get("policy", [])),
-        _observed(value.get("observed")),
-    )
+    try:
+        return NotebookSettings(
+            _requirements(value.get("requirements", {})),
+            _policy(value.get("policy", [])),
+            _observed(value.get("observed")),
+        )
+    except RecursionError:  # a value nested as deep as the parser allowed, measured a few calls deeper
+        raise _bad("", "is nested too deep to read") from None
 
 
 def _requirements(value: Any) -> Requirements:

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..command import grammar, saved
 from ..command.plan import PlanError
+from ..safe_text import safe
 from . import choosing
 from .session import Session, SessionError, get_session
 
@@ -93,13 +94,14 @@ def _from_environment(env: Mapping[str, str]) -> tuple[str, Any] | None:
     if text is not None:
         source = env.get(RUNNER_ENV) or "the runner that started this kernel"
         try:
-            return source, {saved.KEY: json.loads(text)}
-        except ValueError:
-            return source, {saved.KEY: "not JSON"}
+            return safe(source), {saved.KEY: json.loads(text)}
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's limit
+            return safe(source), {saved.KEY: "not JSON"}
     path = env.get(NOTEBOOK_ENV)
     if not path or not path.endswith(".ipynb"):
         return None
-    return f"the notebook's metadata ({os.path.basename(path)})", _notebook_metadata(path)
+    # The file's name is whoever wrote it's choice (a shared folder): shown escaped.
+    return f"the notebook's metadata ({safe(os.path.basename(path))})", _notebook_metadata(path)
 
 
 def _notebook_metadata(path: str) -> Any:
@@ -117,8 +119,8 @@ def _notebook_metadata(path: str) -> Any:
         if b'"tfgpu"' not in raw:  # most notebooks: no settings, and no parse of their outputs
             return {}
         notebook = json.loads(raw)
-    except (OSError, ValueError):
-        return {}  # a notebook being written, or not JSON: it has no settings we can read
+    except (OSError, ValueError, RecursionError):
+        return {}  # a notebook being written, not JSON, or nested past the parser's limit: no settings we can read
     finally:
         os.close(fd)
     return notebook.get("metadata") if isinstance(notebook, dict) else {}
@@ -279,10 +281,10 @@ def save(session: Session, env: Mapping[str, str] | None = None) -> tuple[str, d
 def _where(env: Mapping[str, str]) -> str:
     # A runner names itself even for a notebook that had no settings yet (its first `%gpu save`).
     if env.get(SETTINGS_ENV) is not None or env.get(RUNNER_ENV):
-        return f"{env.get(RUNNER_ENV) or 'The runner'} writes them into its output notebook."
+        return f"{safe(env.get(RUNNER_ENV) or 'The runner')} writes them into its output notebook."
     if env.get(NOTEBOOK_ENV):
         return (
-            f"tfgpu_magic's extension writes them into {os.path.basename(env[NOTEBOOK_ENV])}'s metadata "
+            f"tfgpu_magic's extension writes them into {safe(os.path.basename(env[NOTEBOOK_ENV]))}'s metadata "
             f"(`{saved.KEY}`); save the notebook to keep them."
         )
     return (

@@ -27,6 +27,7 @@ from typing import Any
 from jupyter_server.utils import ensure_async
 
 from ..command import saved
+from ..safe_text import safe
 
 __all__ = [
     "EXTENSION_ARGUMENT",
@@ -80,7 +81,7 @@ def _notebook_metadata(path: str) -> Any:
         if b'"tfgpu"' not in raw:  # most notebooks, as the kernel reads them: no parse of their outputs
             return {}
         notebook = json.loads(raw)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser's limit
         return {}
     finally:
         os.close(fd)
@@ -126,9 +127,9 @@ class NotebookSettingsLoader:
             self._log.warning(
                 "tfgpu_magic: could not tell whether %s has saved GPU settings (%s: %s); "
                 "its kernel starts without loading tfgpu_magic",
-                os.path.basename(name),
+                safe(os.path.basename(name)),  # a shared folder's file names are others' choice
                 type(err).__name__,
-                err,
+                safe(str(err)),
             )
         return []
 
