@@ -164,6 +164,14 @@ def test_the_kernels_environment_names_this_run_and_nothing_inherited():
     assert SETTINGS_ENV not in bare and CHOSEN_ENV not in bare
 
 
+def test_the_kernel_is_given_the_settings_it_applies_not_what_was_observed():
+    depth = 900  # as deep as the runner's parser reads; the kernel's may refuse it
+    observed = json.loads('{"x": ' + "[" * depth + "]" * depth + "}")
+    settings = saved.read({"tfgpu": {**SETTINGS, "observed": observed}})
+    env = flow.kernel_environment({}, settings, (1,), "tfgpu run (pid 9)")
+    assert json.loads(env[SETTINGS_ENV]) == SETTINGS
+
+
 def test_the_gpus_are_claimed_for_the_run_and_released_after_it(file_server, claim_dir):
     said = []
     with flow.prepared(
@@ -765,3 +773,109 @@ def test_parameters_reach_the_notebook(file_server, tmp_path):
     assert done.returncode == 0, done.stderr
     out = nbformat.read(tmp_path / "train.out.ipynb", as_version=4)
     assert out.cells[-1].outputs[0].text == "42\n"
+
+
+# -- a careless or hostile caller: every bad input is one line, exit 2, before any kernel starts ----------
+@pytest.mark.parametrize(
+    "kernelspec, line",
+    [
+        ("python3", "the notebook's metadata `kernelspec` is not an object; give -k KERNEL"),
+        (["python3"], "the notebook's metadata `kernelspec` is not an object; give -k KERNEL"),
+        ({"name": 5}, "the notebook's metadata `kernelspec.name` is not a kernel's name; give -k KERNEL"),
+        ({"name": "\x1b]0;pwned\x07"}, None),  # a string: looked up, and refused as a missing kernel
+    ],
+)
+def test_an_odd_kernelspec_is_one_line(tmp_path, capsys, kernelspec, line):
+    path = notebook(tmp_path / "nb.ipynb", ["1"])
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["kernelspec"] = kernelspec
+    nbformat.write(nb, path)
+    assert run.main([str(path)]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert len([s for s in said if s.startswith("tfgpu run:")]) == 1
+    assert "\x1b" not in "".join(said)
+    if line is not None:
+        assert said == [f"tfgpu run: {line}; no output written (exit 2)"]
+
+
+def test_a_fractional_timeout_is_whole_seconds_rounded_up():
+    assert run.timeout_of(None) is None and run.timeout_of("1.5") == 2 and run.timeout_of("60") == 60
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_is_not_a_number_of_seconds_is_one_line(tmp_path, capsys, value):
+    path = notebook(tmp_path / "nb.ipynb", ["1"])
+    assert run.main([str(path), "--timeout", value]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tfgpu run: --timeout {value!r} is not a number of seconds above 0; no output written (exit 2)"
+    ]
+
+
+@pytest.mark.parametrize("name", [".", "/", "nb.ipynb/.."])
+def test_a_notebook_path_without_a_name_is_one_line(tmp_path, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)
+    assert run.main([name]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("tfgpu run: ") and line.endswith("; no output written (exit 2)")
+
+
+@pytest.mark.timeout(60)  # the safety net: a reader that blocks on the FIFO fails here, not hangs
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_notebook_that_is_not_a_regular_file_is_not_read(tmp_path, capsys, kind):
+    """A FIFO (a neighbour's, in a shared folder) would block the read for ever; /dev/zero would
+    read until memory ran out: neither is opened for reading, each is one line."""
+    path = tmp_path / "nb.ipynb"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    assert run.main([str(path)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"tfgpu run: {path} is not a regular file; no output written (exit 2)"
+
+
+def test_the_output_is_written_in_place_of_a_planted_link_never_through_it(tmp_path):
+    """In a shared folder a neighbour can plant NAME.out.ipynb as a link to a file of the user's:
+    the output replaces the link, and the file it pointed to is untouched."""
+    victim = tmp_path / "bashrc"
+    victim.write_text("mine\n")
+    victim.chmod(0o600)
+    output = tmp_path / "nb.out.ipynb"
+    output.symlink_to(victim)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    assert run._write(nb, output) == output
+    assert victim.read_text() == "mine\n"
+    assert not output.is_symlink() and nbformat.read(output, as_version=4).cells[0].source == "1"
+    assert output.stat().st_mode & 0o777 == 0o666 & ~_umask()  # as an ordinary write makes it
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_an_output_that_is_a_folder_is_one_line_before_the_run(tmp_path, capsys):
+    path = notebook(tmp_path / "nb.ipynb", ["1"])
+    (tmp_path / "out.ipynb").mkdir()
+    assert run.main([str(path), "-o", str(tmp_path / "out.ipynb"), "-k", "no-such-kernel"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tfgpu run: the output {tmp_path / 'out.ipynb'} is a folder; no output written (exit 2)"
+    ]
+
+
+def test_a_cells_error_reaches_the_terminal_escaped():
+    """The output's last line quotes the failed cell's error, whose text the notebook chose."""
+    cell = nbformat.v4.new_code_cell("raise ValueError(...)")
+    cell.outputs = [
+        nbformat.v4.new_output("error", ename="ValueError", evalue="\x1b]0;pwned\x07\x1b[2J\nfake line")
+    ]
+    line = run._error_line(cell, RuntimeError())
+    assert line == "ValueError: \\x1b]0;pwned\\x07\\x1b[2J\\nfake line"
+
+
+def test_every_line_the_runner_says_is_escaped(capsys):
+    run.say("the notebook's \x1b[2J line\nfake")
+    assert capsys.readouterr().err == "tfgpu run: the notebook's \\x1b[2J line\\nfake\n"

@@ -26,6 +26,7 @@ from papermill.exceptions import PapermillException
 from papermill.log import logger
 from papermill.utils import merge_kwargs, remove_args
 
+from ..safe_text import safe
 from . import flow, observing
 
 __all__ = ["WAIT_ENV", "EngineError", "MetadataError", "NoGpuError", "TfgpuEngine"]
@@ -62,7 +63,7 @@ _ERRORS: dict[int, type[EngineError]] = {
 
 
 def _say(line: str) -> None:
-    print(f"tfgpu engine: {line}", file=sys.stderr, flush=True)
+    print(f"tfgpu engine: {safe(line)}", file=sys.stderr, flush=True)
 
 
 class _WatchedClient(PapermillNotebookClient):
@@ -134,4 +135,4 @@ class TfgpuEngine(NBClientEngine):
                     observing.write_saved_keys(nb_man.nb)
                     observing.write_observed(nb_man.nb, watch)
         except flow.RunError as err:  # papermill's command line prints it as one line, `Error: ...`
-            raise _ERRORS.get(err.status, EngineError)(f"tfgpu engine: {err}") from None
+            raise _ERRORS.get(err.status, EngineError)(f"tfgpu engine: {safe(str(err))}") from None

@@ -129,7 +129,10 @@ def kernel_environment(
     """The kernel's environment: the runner's, with the settings, the GPUs chosen and who started it."""
     env = {name: value for name, value in base.items() if name not in NOT_INHERITED}
     if settings is not None:
-        env[SETTINGS_ENV] = json.dumps(settings.as_json())
+        # Without `observed`: information the kernel never applies, and the one part of the key
+        # whose size and depth the notebook chose (up to 64 KiB, as deep as the runner's parser
+        # allowed, which the kernel's, a few calls deeper, might refuse).
+        env[SETTINGS_ENV] = json.dumps({k: v for k, v in settings.as_json().items() if k != "observed"})
     if chosen:
         env[CHOSEN_ENV] = ",".join(map(str, chosen))
     env[RUNNER_ENV] = runner

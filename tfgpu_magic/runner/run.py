@@ -19,15 +19,20 @@ notebook's relative paths mean what they meant when it was written.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import signal
+import stat
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..safe_text import bounded, safe
 from . import flow, observing
 from .flow import EXIT_CELL_FAILED, EXIT_DONE, EXIT_INTERRUPTED, EXIT_USAGE, RunError
 
@@ -69,7 +74,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
         metavar="SECONDS",
         help="fail a cell that runs longer than this (default: never)",
     )
@@ -98,7 +102,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def say(line: str) -> None:
-    print(PREFIX + line, file=sys.stderr, flush=True)
+    """One line on stderr; what the notebook, its path or its cells chose is shown, never obeyed."""
+    print(PREFIX + safe(line), file=sys.stderr, flush=True)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -107,12 +112,17 @@ def _main(args: argparse.Namespace) -> int:
     try:
         _check_installed()
         source = Path(args.notebook)
+        if not source.name:  # `tfgpu run .`, `tfgpu run /`: no notebook is named
+            raise RunError(f"{source} names no notebook file", EXIT_USAGE)
         output = Path(args.output) if args.output else source.with_name(source.stem + ".out.ipynb")
         if not output.parent.is_dir():
             raise RunError(f"the output's folder {output.parent} does not exist", EXIT_USAGE)
+        if output.is_dir():  # said now, not after the run
+            raise RunError(f"the output {output} is a folder", EXIT_USAGE)
         wait_s = flow.parse_wait(args.wait)
+        timeout = timeout_of(args.timeout)
         nb = _read_notebook(source)
-        kernel = args.kernel or nb.metadata.get("kernelspec", {}).get("name") or "python3"
+        kernel = args.kernel or _kernel_of(nb.metadata)
         if args.parameter:
             nb = _parameterize(nb, args.parameter, kernel)
         runner = f"tfgpu run (pid {os.getpid()})"
@@ -120,7 +130,7 @@ def _main(args: argparse.Namespace) -> int:
         with flow.prepared(
             nb.metadata, wait_s=wait_s, say=say, runner=runner, how_to_wait=how_to_wait
         ) as run:
-            outcome = _execute(nb, run, kernel, source.resolve().parent, args.timeout)
+            outcome = _execute(nb, run, kernel, source.resolve().parent, timeout)
     except RunError as err:
         say(f"{err}; no output written (exit {err.status})")
         return err.status
@@ -155,16 +165,62 @@ def _check_installed() -> None:
         )
 
 
+def timeout_of(text: str | None) -> int | None:
+    """``--timeout``: seconds above 0, rounded up to whole seconds (nbclient counts in them)."""
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RunError(f"--timeout {text!r} is not a number of seconds above 0", EXIT_USAGE)
+    return math.ceil(seconds)
+
+
+def _kernel_of(metadata: Any) -> str:
+    """The notebook's kernelspec name (python3 where it names none); RunError for one that is odd."""
+    spec = metadata.get("kernelspec")
+    if spec is None:
+        return "python3"
+    if not isinstance(spec, dict):
+        raise RunError("the notebook's metadata `kernelspec` is not an object; give -k KERNEL", EXIT_USAGE)
+    name = spec.get("name")
+    if name is None or name == "":
+        return "python3"
+    if not isinstance(name, str):
+        raise RunError(
+            "the notebook's metadata `kernelspec.name` is not a kernel's name; give -k KERNEL", EXIT_USAGE
+        )
+    return name
+
+
 def _read_notebook(path: Path) -> Any:
+    """The notebook, read through one descriptor: never a FIFO (whose open would block) or a device
+    (/dev/zero reads for ever), at most MAX_NOTEBOOK_BYTES."""
     import nbformat
 
     try:
-        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-            raise RunError(f"{path} is over {MAX_NOTEBOOK_BYTES // 2**20} MiB; not read", EXIT_USAGE)
-        return nbformat.read(path, as_version=4)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise RunError(f"cannot read {path} ({err.strerror or err})", EXIT_USAGE) from None
-    except Exception as err:  # nbformat's NotJSONError, a validation error, ...
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RunError(f"{path} is not a regular file", EXIT_USAGE)
+        if info.st_size > MAX_NOTEBOOK_BYTES:
+            raise RunError(f"{path} is over {MAX_NOTEBOOK_BYTES // 2**20} MiB; not read", EXIT_USAGE)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            raw = handle.read(MAX_NOTEBOOK_BYTES + 1)
+    except OSError as err:
+        raise RunError(f"cannot read {path} ({err.strerror or err})", EXIT_USAGE) from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_NOTEBOOK_BYTES:  # it grew as it was read
+        raise RunError(f"{path} is over {MAX_NOTEBOOK_BYTES // 2**20} MiB; not read", EXIT_USAGE)
+    try:
+        return nbformat.reads(raw.decode("utf-8"), as_version=4)
+    except Exception as err:  # not UTF-8, nbformat's NotJSONError, nested too deep, ...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunError(f"{path} is not a notebook ({first[:200]})", EXIT_USAGE) from None
 
@@ -253,9 +309,10 @@ def _cells(client: Any, nb: Any, failures: tuple[type[BaseException], ...]) -> _
 
 
 def _error_line(cell: Any, err: BaseException) -> str:
+    """The failed cell's error in one line, escaped: the notebook chose its text."""
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
-            return f"{output.get('ename')}: {output.get('evalue')}"[:200]
+            return bounded(f"{output.get('ename')}: {output.get('evalue')}", 200)
     return type(err).__name__
 
 
@@ -270,13 +327,38 @@ def _ran(nb: Any) -> bool:
 
 
 def _write(nb: Any, output: Path) -> Path:
+    """Write the notebook whole under a new name beside ``output``, then rename it over ``output``:
+    a link planted there (a neighbour's, in a shared folder) is replaced, never written through,
+    and a reader never sees half a notebook."""
     import nbformat
 
     try:
-        nbformat.write(nb, output)
+        text = nbformat.writes(nb)
+        fd, temporary = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     except OSError as err:
         raise RunError(f"cannot write {output} ({err.strerror or err})", EXIT_USAGE) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~_umask())  # as an ordinary write would make it
+            handle.write(text)
+            if not text.endswith("\n"):
+                handle.write("\n")
+        os.replace(temporary, output)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise RunError(f"cannot write {output} ({err.strerror or err})", EXIT_USAGE) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     return output
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 if __name__ == "__main__":
