@@ -879,3 +879,23 @@ def test_a_cells_error_reaches_the_terminal_escaped():
 def test_every_line_the_runner_says_is_escaped(capsys):
     run.say("the notebook's \x1b[2J line\nfake")
     assert capsys.readouterr().err == "tfgpu run: the notebook's \\x1b[2J line\\nfake\n"
+
+
+@pytest.mark.parametrize("how", ["same", "link", "hard link"])
+def test_the_output_is_never_the_input(tmp_path, monkeypatch, capsys, how):
+    """The docs promise the input is never overwritten: `-o` naming the notebook itself (as it is
+    named, or by a link) is one line, and the notebook is untouched."""
+    monkeypatch.chdir(tmp_path)
+    path = notebook(tmp_path / "nb.ipynb", ["1"])
+    before = path.read_bytes()
+    output = {"same": "nb.ipynb", "link": "other.ipynb", "hard link": "hard.ipynb"}[how]
+    if how == "link":
+        (tmp_path / output).symlink_to(path)
+    elif how == "hard link":
+        os.link(path, tmp_path / output)
+    assert run.main(["nb.ipynb", "-o", output]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tfgpu run: the output {output} is the notebook itself, whose outputs it would replace; "
+        "give -o another file; no output written (exit 2)"
+    ]
+    assert path.read_bytes() == before

@@ -119,6 +119,12 @@ def _main(args: argparse.Namespace) -> int:
             raise RunError(f"the output's folder {output.parent} does not exist", EXIT_USAGE)
         if output.is_dir():  # said now, not after the run
             raise RunError(f"the output {output} is a folder", EXIT_USAGE)
+        if _same_file(source, output):  # the docs promise the input is never overwritten
+            raise RunError(
+                f"the output {output} is the notebook itself, whose outputs it would replace; "
+                "give -o another file",
+                EXIT_USAGE,
+            )
         wait_s = flow.parse_wait(args.wait)
         timeout = timeout_of(args.timeout)
         nb = _read_notebook(source)
@@ -163,6 +169,13 @@ def _check_installed() -> None:
             f"installed: pip install {' '.join(missing)} ipykernel",
             EXIT_USAGE,
         )
+
+
+def _same_file(source: Path, output: Path) -> bool:
+    try:
+        return os.path.samefile(source, output)
+    except OSError:  # either is not there (yet): not the same file
+        return False
 
 
 def timeout_of(text: str | None) -> int | None:
