@@ -121,6 +121,41 @@ def test_a_file_that_cannot_be_read_makes_nvml_unavailable_saying_why(tmp_path):
             nvml.device_count()
 
 
+@pytest.mark.timeout(60)  # the safety net: a reader that blocks on the FIFO fails here, not hangs
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"gpus": [{"compute_capability": "8"}]}',
+        '{"gpus": [{"total_mib": 1e400}]}',
+        '{"gpus": [{"processes": [{"pid": 1e400}]}]}',
+        '{"gpus": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "fifo",
+    ],
+)
+def test_any_file_is_a_server_or_nvml_unavailable_saying_why(tmp_path, content):
+    """Whatever the file holds (or is: a FIFO would block every reader), NVML is unavailable with
+    the one line, never an exception out of the reading."""
+    path = tmp_path / "server.json"
+    if content == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text(content)
+    nvml = Nvml(lib=simulated.from_environment({simulated.SOURCE_ENV: f"file:{path}"}))
+    assert not nvml.available()
+    with pytest.raises(Exception, match=f"the simulated server's file {path} ") as info:
+        nvml.device_count()
+    assert "\n" not in str(info.value)
+
+
+def test_a_file_replaced_by_a_fifo_later_keeps_the_last_good_server(file_server):
+    nvml = Nvml(lib=simulated.from_environment())
+    assert nvml.device_count() == 2
+    file_server.unlink()
+    os.mkfifo(file_server)
+    time.sleep(simulated.RELOAD_EVERY_S * 2)  # a reading looks at the file at most this often
+    assert nvml.gpu(0).memory.free_bytes == 10240 * MIB
+
+
 def test_an_unknown_source_is_the_real_driver_and_imports_nothing():
     assert simulated.from_environment({simulated.SOURCE_ENV: "os:system"}) is None
     assert simulated.from_environment({simulated.SOURCE_ENV: "file:"}) is None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -949,20 +950,32 @@ class FileServerNvml(LiveKernelsNvml):
         """The file's GPUs (and ``kernel_mib``), or None and why not; records what was read."""
         import json
 
+        from ..safe_text import safe
+
+        try:  # never a FIFO's open, which would block every reading (O_NONBLOCK), nor a device
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as err:
+            return None, f"cannot be read ({err.strerror or err})"
         try:
-            info = os.stat(self.path)
-            with open(self.path, "rb") as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return None, "is not a regular file"
+            with os.fdopen(fd, "rb", closefd=False) as handle:
                 data = handle.read(MAX_SPEC_BYTES + 1)
         except OSError as err:
             return None, f"cannot be read ({err.strerror or err})"
+        finally:
+            os.close(fd)
         if len(data) > MAX_SPEC_BYTES:
             return None, f"is over {MAX_SPEC_BYTES} bytes"
         try:
             spec = json.loads(data)
             gpus = [_gpu_from_spec(index, gpu) for index, gpu in enumerate(spec["gpus"])]
             kernel_mib = int(spec.get("kernel_mib", 0))
-        except (ValueError, TypeError, KeyError, AttributeError) as err:
-            return None, f"is not a server's description ({type(err).__name__}: {err})"
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as err:
+            return None, f"is not a server's description ({type(err).__name__}: {safe(str(err))[:200]})"
+        except RecursionError:
+            return None, "is not a server's description (nested too deep)"
         self._seen = (info.st_mtime_ns, info.st_size, info.st_ino)
         self.kernel_mib = kernel_mib
         return gpus, None
