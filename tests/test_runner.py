@@ -358,6 +358,18 @@ def test_every_save_is_written_in_order_and_the_last_one_wins():
     assert nb.metadata["accelerator"] == "GPU" and "kernelspec" not in nb.metadata  # only %gpu save's keys
 
 
+def test_an_output_without_the_settings_key_writes_nothing_as_the_front_end_ignores_it():
+    """An output under the MIME type with Colab's or Kaggle's keys alone is not %gpu save's:
+    js/lab/settings.ts (readUpdate) writes nothing for it, and neither does the runner."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
+    nb.metadata["accelerator"] = "GPU"
+    nb.cells[0].outputs = [
+        nbformat.from_dict(_save_output({"accelerator": "TPU", "colab": {"gpuType": "x"}}))
+    ]
+    assert observing.write_saved_keys(nb) == 0
+    assert nb.metadata["accelerator"] == "GPU" and "colab" not in nb.metadata
+
+
 def test_observed_joins_the_kernels_record_and_the_drivers_peaks():
     watch = observing.Watch(Nvml(lib=simulated.shared_server()), by="tfgpu run")
     watch.kernel = {

@@ -194,8 +194,9 @@ def write_saved_keys(nb: Any) -> int:
             if not isinstance(keys, dict):
                 continue
             update = {key: value for key, value in keys.items() if key in SAVED_KEYS}
-            try:
-                saved.read(update)  # what a front end would refuse is not written
+            try:  # what a front end would refuse is not written: no settings key, or a malformed one
+                if saved.read(update) is None:
+                    continue
             except saved.SettingsError:
                 continue
             nb.metadata = nbformat.from_dict(saved.merge_metadata(dict(nb.metadata), update))
