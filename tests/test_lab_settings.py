@@ -118,6 +118,9 @@ def test_anything_else_a_kernel_displays_is_ignored(tmp_path):
         bundle({"tfgpu": {"version": "1"}}),
         bundle({"tfgpu": {"version": 1.5}}),
         bundle({"tfgpu": []}),
+        bundle(
+            {"tfgpu": {"version": 1, "observed": {"note": "x" * 200_000}}}
+        ),  # far past what %gpu save writes
     ]
     assert evaluate(tmp_path, [("readUpdate", [data]) for data in wrong]) == [None] * len(wrong)
 

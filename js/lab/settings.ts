@@ -64,8 +64,13 @@ export function mergeMetadata(metadata: JsonObject, update: JsonObject): JsonObj
 /**
  * The metadata keys a display bundle asks to set, or null when it asks none: an object under
  * METADATA_MIME whose `tfgpu` is an object with a whole-number version.  It comes from a kernel,
- * so anything else is ignored, and so are the keys `%gpu save` never writes.
+ * so anything else is ignored, and so are the keys `%gpu save` never writes, and an update larger
+ * than MAX_UPDATE_CHARS (it would weigh down the notebook the user saves).
  */
+// The most a kept update may weigh, as JSON: `%gpu save` writes a few KiB (its `observed` is
+// refused by the reader past 64 KiB), so anything near this is not its output.
+export const MAX_UPDATE_CHARS = 128 * 1024;
+
 export function readUpdate(data: unknown): JsonObject | null {
   if (!isObject(data)) {
     return null;
@@ -84,7 +89,7 @@ export function readUpdate(data: unknown): JsonObject | null {
       kept[key] = update[key];
     }
   }
-  return kept;
+  return JSON.stringify(kept).length <= MAX_UPDATE_CHARS ? kept : null;
 }
 
 /** The update an IOPub message carries (see readUpdate), or null. */
