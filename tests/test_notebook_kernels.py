@@ -19,6 +19,7 @@ import psutil
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403  the fixtures: jp_serverapp, jp_fetch, ...
 
+from tfgpu_magic.command import saved
 from tfgpu_magic.kernel import notebook_settings
 from tfgpu_magic.server import notebook_kernels
 from tfgpu_magic.server.notebook_kernels import (
@@ -86,7 +87,7 @@ def test_a_link_a_folder_a_large_file_or_not_json_have_no_settings(tmp_path, mon
     (tmp_path / "half.ipynb").write_text(notebook({"tfgpu": SETTINGS})[:40])
     for name in ("link.ipynb", "folder.ipynb", "half.ipynb", "gone.ipynb"):
         assert not has_settings(str(tmp_path / name)), name
-    monkeypatch.setattr(notebook_kernels, "MAX_NOTEBOOK_BYTES", 100)
+    monkeypatch.setattr(saved, "MAX_NOTEBOOK_BYTES", 100)
     assert not has_settings(str(real))
 
 
@@ -96,7 +97,7 @@ def test_a_notebook_nested_past_the_parsers_limit_or_a_fifo_has_no_settings(tmp_
     deep = tmp_path / "deep.ipynb"
     deep.write_text('{"metadata": {"tfgpu": {"version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}}}")
     assert has_settings(str(deep)) is False
-    assert notebook_settings._notebook_metadata(str(deep)) == {}
+    assert saved.metadata_from_file(str(deep)) == {}
     fifo = tmp_path / "fifo.ipynb"
     os.mkfifo(fifo)
     assert has_settings(str(fifo)) is False
@@ -111,8 +112,14 @@ def test_a_session_named_by_its_api_path_is_found_under_the_servers_root():
     assert loader.notebook_path("work/a.ipynb") == "/srv/notebooks/work/a.ipynb"
 
 
-def test_the_server_reads_no_larger_notebook_than_the_kernel_does():
-    assert notebook_kernels.MAX_NOTEBOOK_BYTES == notebook_settings.MAX_NOTEBOOK_BYTES
+def test_the_server_reads_the_notebook_as_the_kernel_does():
+    """One reader (saved.metadata_from_file) and one bound for both: the server loads the extension
+    for exactly the notebooks whose settings the kernel will find."""
+    assert (
+        notebook_kernels.MAX_NOTEBOOK_BYTES
+        == notebook_settings.MAX_NOTEBOOK_BYTES
+        == saved.MAX_NOTEBOOK_BYTES
+    )
     assert notebook_kernels.NOTEBOOK_ENV == notebook_settings.NOTEBOOK_ENV
 
 

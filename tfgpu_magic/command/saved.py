@@ -26,6 +26,8 @@ machine; whether a GPU can meet the requirements is the kernel's and the runner'
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,7 @@ __all__ = [
     "SettingsError",
     "accelerator_keys",
     "merge_metadata",
+    "metadata_from_file",
     "read",
     "settings_from_plan",
 ]
@@ -67,6 +70,10 @@ SETTING_VERBS = ("grow", "limit", "split", "allocator", "precision")  # what `po
 _SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Allocator, grammar.Precision)
 # Colab's `colab.gpuType` values, by a word of NVIDIA's model name (what Colab can open it on).
 _COLAB_TYPES = ("T4", "L4", "A100", "H100", "V100")
+
+
+# A notebook larger than this is not read when its kernel starts (its settings apply with `tfgpu run`).
+MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
 
 
 class SettingsError(ValueError):
@@ -277,6 +284,31 @@ def _shown(value: Any) -> str:
 
 def _bad(where: str, what: str) -> SettingsError:
     return SettingsError(f"the notebook's metadata `{KEY}{where}` {what}; nothing of it was applied")
+
+
+def metadata_from_file(path: str) -> Any:
+    """The metadata of the notebook file at ``path``, as a kernel's starter and the kernel read it at
+    its start: {} for a file that is gone, a link, not a regular file (a FIFO would block the
+    open), larger than :data:`MAX_NOTEBOOK_BYTES`, not JSON (a notebook being written) or nested
+    past the parser's limit.  Most notebooks have no ``tfgpu`` key: those are read, not parsed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
+            return {}
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            raw = handle.read(MAX_NOTEBOOK_BYTES + 1)
+        if f'"{KEY}"'.encode() not in raw:
+            return {}
+        notebook = json.loads(raw)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    finally:
+        os.close(fd)
+    return notebook.get("metadata", {}) if isinstance(notebook, dict) else {}
 
 
 # -- writing ------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ Where the settings come from, read once when the extension loads (:func:`apply_a
   jupyter/nbconvert#2213).  ``TFGPU_MAGIC_CHOSEN_GPUS`` then names the GPUs the runner chose and
   claimed for this run, and ``TFGPU_MAGIC_RUNNER`` who it is.
 * otherwise ``JPY_SESSION_NAME``, the notebook jupyter_server started this kernel for (JupyterLab,
-  Notebook 7), read from disk at most :data:`MAX_NOTEBOOK_BYTES`, without following a link.
+  Notebook 7), read by :func:`tfgpu_magic.command.saved.metadata_from_file` (bounded, no links).
 
 What was applied is recorded once (:class:`SettingsRecord`, ``session.notebook_record``); ``%gpu``,
 ``--json`` and the first cell's notice read that record.  ``%gpu save`` builds the key from the
@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +47,7 @@ SETTINGS_ENV = "TFGPU_MAGIC_NOTEBOOK_SETTINGS"
 CHOSEN_ENV = "TFGPU_MAGIC_CHOSEN_GPUS"
 RUNNER_ENV = "TFGPU_MAGIC_RUNNER"
 NOTEBOOK_ENV = "JPY_SESSION_NAME"  # set by jupyter_server for a session's kernel
-MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024  # a notebook larger than this is not read at start (said so)
+MAX_NOTEBOOK_BYTES = saved.MAX_NOTEBOOK_BYTES  # a larger notebook is not read at start
 
 
 @dataclass(frozen=True)
@@ -101,29 +100,7 @@ def _from_environment(env: Mapping[str, str]) -> tuple[str, Any] | None:
     if not path or not path.endswith(".ipynb"):
         return None
     # The file's name is whoever wrote it's choice (a shared folder): shown escaped.
-    return f"the notebook's metadata ({safe(os.path.basename(path))})", _notebook_metadata(path)
-
-
-def _notebook_metadata(path: str) -> Any:
-    """The notebook's metadata, or a string saying why it could not be read (reported as malformed)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:  # gone, a link, not ours to read: nothing is known of its settings
-        return {}
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
-            return {}  # not a notebook we read at start; its settings (if any) apply with tfgpu run
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            raw = handle.read(MAX_NOTEBOOK_BYTES + 1)
-        if b'"tfgpu"' not in raw:  # most notebooks: no settings, and no parse of their outputs
-            return {}
-        notebook = json.loads(raw)
-    except (OSError, ValueError, RecursionError):
-        return {}  # a notebook being written, not JSON, or nested past the parser's limit: no settings we can read
-    finally:
-        os.close(fd)
-    return notebook.get("metadata") if isinstance(notebook, dict) else {}
+    return f"the notebook's metadata ({safe(os.path.basename(path))})", saved.metadata_from_file(path)
 
 
 # -- applying them --------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ from . import kernel_inventory, metrics
 from .activity import Activity, ActivityWatcher
 from .culler import Culler, CullPolicy, LiveState, StaleReading, epoch
 from .kernel_inventory import KernelDescription
+from .kernel_start import KernelStartHook
 from .notebook_kernels import NotebookSettingsLoader
 
 __all__ = [
@@ -592,33 +593,19 @@ class MetricsHandler(PrometheusMetricsHandler):
 STOP_TIMEOUT_S = 5.0  # the most the extension's stop waits for its own tasks to end
 
 
-class KernelEnvironment:
+class KernelEnvironment(KernelStartHook):
     """Variables for each kernel the server starts, from a device source that has some to give
     (``kernel_environment()``: the simulated servers name themselves, so a kernel reads the same
     one): added to the kernel's environment when the kernel manager starts it, and kept on restarts
     (jupyter_client starts a restarted kernel with the same environment)."""
 
     def __init__(self, manager: Any, variables: Callable[[], dict[str, str]]) -> None:
-        self._manager = manager
+        super().__init__(manager)
         self._variables = variables
-        self._original: Any = None
 
-    def install(self) -> None:
-        manager, start = self._manager, self._manager.start_kernel
-        self._original = vars(manager).get("start_kernel")
-
-        async def start_kernel(*args: Any, **kwargs: Any) -> Any:
-            env = kwargs.get("env")
-            kwargs["env"] = {**(os.environ if env is None else env), **self._variables()}
-            return await ensure_async(start(*args, **kwargs))
-
-        manager.start_kernel = start_kernel
-
-    def uninstall(self) -> None:
-        if self._original is None:
-            vars(self._manager).pop("start_kernel", None)  # the class's own method again
-        else:
-            self._manager.start_kernel = self._original
+    async def adjust(self, kwargs: dict[str, Any]) -> None:
+        env = kwargs.get("env")
+        kwargs["env"] = {**(os.environ if env is None else env), **self._variables()}
 
 
 class _Extension:

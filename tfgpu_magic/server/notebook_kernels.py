@@ -8,7 +8,8 @@ command line: jupyter_client keeps it for restarts, which reuse the launch's arg
 
 The notebook is the one jupyter_server names in the kernel's environment (``JPY_SESSION_NAME``,
 set for every session's kernel).  It is read in a worker thread, at most
-:data:`MAX_NOTEBOOK_BYTES`, never through a link; :func:`tfgpu_magic.command.saved.read` decides:
+:data:`MAX_NOTEBOOK_BYTES`, never through a link (:func:`tfgpu_magic.command.saved.metadata_from_file`,
+the kernel's own reader); :func:`tfgpu_magic.command.saved.read` decides:
 a key it cannot read loads the extension all the same, and the kernel then says the one line
 saying what is wrong.  Nothing here ever stops a kernel from starting: a fault is a warning in
 the server's log, and the kernel starts as it would have without this module.
@@ -17,17 +18,14 @@ the server's log, and the kernel starts as it would have without this module.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jupyter_server.utils import ensure_async
-
 from ..command import saved
 from ..safe_text import safe
+from .kernel_start import KernelStartHook
 
 __all__ = [
     "EXTENSION_ARGUMENT",
@@ -39,9 +37,9 @@ __all__ = [
 
 EXTENSION_ARGUMENT = saved.KERNEL_ARGUMENT
 NOTEBOOK_ENV = "JPY_SESSION_NAME"
-# The kernel reads no larger notebook at its start (kernel/notebook_settings.py, the same bound):
-# loading the extension for one would apply nothing.
-MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
+# The kernel reads no larger notebook at its start (the same reader): loading the extension for
+# one would apply nothing.
+MAX_NOTEBOOK_BYTES = saved.MAX_NOTEBOOK_BYTES
 _IPYKERNEL_MODULES = ("ipykernel_launcher", "ipykernel")
 
 
@@ -58,62 +56,25 @@ def runs_ipykernel(argv: Sequence[str]) -> bool:
 def has_settings(path: str) -> bool:
     """Whether the notebook at ``path`` has the ``tfgpu`` key (readable or not: a malformed key
     loads the extension, which says what is wrong).  Blocking: call it in a thread."""
-    metadata = _notebook_metadata(path)
+    metadata = saved.metadata_from_file(path)
     try:
         return saved.read(metadata) is not None
     except saved.SettingsError:
         return True
 
 
-def _notebook_metadata(path: str) -> Any:
-    """The notebook's metadata; {} for a file that is gone, a link, not a regular file, too large,
-    or not JSON (a notebook being written): no settings are known of it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
-            return {}
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            raw = handle.read(MAX_NOTEBOOK_BYTES + 1)
-        if b'"tfgpu"' not in raw:  # most notebooks, as the kernel reads them: no parse of their outputs
-            return {}
-        notebook = json.loads(raw)
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser's limit
-        return {}
-    finally:
-        os.close(fd)
-    return notebook.get("metadata", {}) if isinstance(notebook, dict) else {}
-
-
-class NotebookSettingsLoader:
+class NotebookSettingsLoader(KernelStartHook):
     """Wraps the server's kernel manager's ``start_kernel``: a notebook with saved settings gets
     :data:`EXTENSION_ARGUMENT` among its kernel's extra arguments (see the module's docstring)."""
 
     def __init__(self, manager: Any, log: logging.Logger) -> None:
-        self._manager = manager
+        super().__init__(manager)
         self._log = log
-        self._original: Any = None
 
-    def install(self) -> None:
-        manager, start = self._manager, self._manager.start_kernel
-        self._original = vars(manager).get("start_kernel")
-
-        async def start_kernel(*args: Any, **kwargs: Any) -> Any:
-            extra = await self._extra_arguments(kwargs.get("kernel_name"), kwargs.get("env"))
-            if extra:
-                kwargs["extra_arguments"] = [*(kwargs.get("extra_arguments") or []), *extra]
-            return await ensure_async(start(*args, **kwargs))
-
-        manager.start_kernel = start_kernel
-
-    def uninstall(self) -> None:
-        if self._original is None:
-            vars(self._manager).pop("start_kernel", None)  # the class's own method again
-        else:
-            self._manager.start_kernel = self._original
+    async def adjust(self, kwargs: dict[str, Any]) -> None:
+        extra = await self._extra_arguments(kwargs.get("kernel_name"), kwargs.get("env"))
+        if extra:
+            kwargs["extra_arguments"] = [*(kwargs.get("extra_arguments") or []), *extra]
 
     async def _extra_arguments(self, kernel_name: str | None, env: Mapping[str, str] | None) -> list[str]:
         """The arguments to add: :data:`EXTENSION_ARGUMENT` or none; never raises."""
