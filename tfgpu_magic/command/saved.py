@@ -40,6 +40,7 @@ __all__ = [
     "KERNEL_ARGUMENT",
     "KEY",
     "MIME_TYPE",
+    "NOTEBOOK_ENV",
     "VERSION",
     "NotebookSettings",
     "Requirements",
@@ -72,6 +73,9 @@ _SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Allocator, gram
 _COLAB_TYPES = ("T4", "L4", "A100", "H100", "V100")
 
 
+# Where jupyter_server names the notebook a session's kernel was started for (JupyterLab,
+# Notebook 7); the server and the kernel both read the notebook's settings from that file.
+NOTEBOOK_ENV = "JPY_SESSION_NAME"
 # A notebook larger than this is not read when its kernel starts (its settings apply with `tfgpu run`).
 MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
 

@@ -46,7 +46,7 @@ __all__ = [
 SETTINGS_ENV = "TFGPU_MAGIC_NOTEBOOK_SETTINGS"
 CHOSEN_ENV = "TFGPU_MAGIC_CHOSEN_GPUS"
 RUNNER_ENV = "TFGPU_MAGIC_RUNNER"
-NOTEBOOK_ENV = "JPY_SESSION_NAME"  # set by jupyter_server for a session's kernel
+NOTEBOOK_ENV = saved.NOTEBOOK_ENV  # set by jupyter_server for a session's kernel
 MAX_NOTEBOOK_BYTES = saved.MAX_NOTEBOOK_BYTES  # a larger notebook is not read at start
 
 

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 EXTENSION_ARGUMENT = saved.KERNEL_ARGUMENT
-NOTEBOOK_ENV = "JPY_SESSION_NAME"
+NOTEBOOK_ENV = saved.NOTEBOOK_ENV
 # The kernel reads no larger notebook at its start (the same reader): loading the extension for
 # one would apply nothing.
 MAX_NOTEBOOK_BYTES = saved.MAX_NOTEBOOK_BYTES
