@@ -5,9 +5,16 @@ never imports its framework: it is handed the module once the user's import has 
 
 from __future__ import annotations
 
-from .base import Framework
+from typing import TYPE_CHECKING
 
-__all__ = ["adapters"]
+if TYPE_CHECKING:  # importing this package stays light: `%load_ext` reads WATCHED_MODULES only
+    from .base import Framework
+
+__all__ = ["WATCHED_MODULES", "adapters"]
+
+# Every module an adapter hears the import of (its framework's, and its side_imports()): what
+# `%load_ext` watches before the session is built (tests/test_lazy_load.py checks the list).
+WATCHED_MODULES = ("tensorflow", "keras", "torch", "jax")
 
 
 def adapters(

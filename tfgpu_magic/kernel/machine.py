@@ -16,7 +16,7 @@ Nothing is read from NVML or a framework when a Machine is created.
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from ..command.plan import MachineFacts, Resolution
 from ..command.units import MIB
@@ -55,6 +55,14 @@ class Machine:
                 self.inherited.setdefault(name, self.env.get(name))
 
     # -- the environment ------------------------------------------------------------------------
+    def met_at_load(self, environment: Mapping[str, str], written: Mapping[str, str | None]) -> None:
+        """The machine is made after the extension loaded (at the first ``%gpu`` or framework
+        import): what the kernel inherited is the environment as it was at load (``environment``,
+        a copy taken then), and ``written`` is what loading set in it since."""
+        for name in self.inherited:
+            self.inherited[name] = environment.get(name)
+        self._written.update(written)
+
     def set_env(self, name: str, value: str | None) -> None:
         """Set (or, with None, remove) a variable CUDA or a framework reads, remembering we did."""
         if value is None:

@@ -2,27 +2,72 @@
 
 The logic lives in :mod:`session`, :mod:`status` and friends; this class only turns their
 errors into IPython's one-line ``UsageError``.  ``%gpu?`` shows :data:`MANUAL`.
+
+Importing this module imports no part of the command language, the session or the adapters:
+``%load_ext`` registers the magic, its completion and the import hooks, and the rest is built
+at the first ``%gpu`` (see :func:`load`).
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
-from typing import Any
+import stat
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.completer import SimpleCompletion, context_matcher
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import List, Unicode, observe
 
-from ..command import grammar
-from ..command.plan import Plan, PlanError
-from . import allocator_figures
-from .session import DefaultsRecord, Session, SessionError, get_session
+from . import deferred
+
+if TYPE_CHECKING:
+    from .session import Session
+
+    MANUAL: str
 
 __all__ = ["COMPLETION_ID", "MANUAL", "GpuMagics", "complete", "load", "register_completion"]
 
-MANUAL = grammar.manual()  # generated from grammar.TABLE, where each verb is declared once
+
+def __getattr__(name: str) -> Any:
+    """``MANUAL``: ``%gpu?``, generated from grammar.TABLE (where each verb is declared once) when first read."""
+    if name == "MANUAL":
+        return _manual()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_MANUAL: list[str] = []
+
+
+def _manual() -> str:
+    if not _MANUAL:
+        from ..command import grammar
+
+        _MANUAL.append(grammar.manual())
+    return _MANUAL[0]
+
+
+class _GpuMagic:
+    """``%gpu`` as IPython calls it: the magics' ``gpu``, whose docstring (``%gpu?``, the manual)
+    is generated when first read rather than at ``%load_ext``."""
+
+    def __init__(self, magics: GpuMagics) -> None:
+        self._magics: Any = magics
+
+    def __call__(self, line: str, cell: str | None = None) -> Any:
+        __tracebackhide__ = True  # an error in the user's cell should not show this frame
+        return self._magics.gpu(line, cell)
+
+    @property
+    def __doc__(self) -> str:  # type: ignore[override]
+        return _manual()
+
+    def getdoc(self) -> str:
+        """What IPython's ``?`` asks first."""
+        return _manual()
 
 
 @magics_class
@@ -34,10 +79,32 @@ class GpuMagics(Magics):
     ).tag(config=True)
 
     def __init__(self, shell: Any = None, session: Session | None = None, **kwargs: Any) -> None:
-        self.session = session or get_session()
+        self._session = session  # None: the kernel's, built when first needed
         self._loaded = False  # config values set during __init__ wait for apply_defaults()
         super().__init__(shell, **kwargs)
-        self._handlers: dict[type, Callable[[Any], str | None]] = {
+        for kind in ("line", "cell"):
+            self.magics[kind]["gpu"] = _GpuMagic(self)
+        self._handler_table: dict[type, Callable[[Any], str | None]] | None = None
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            from .session import get_session
+
+            self._session = get_session()
+        return self._session
+
+    @session.setter
+    def session(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def _handlers(self) -> dict[type, Callable[[Any], str | None]]:
+        if self._handler_table is not None:
+            return self._handler_table
+        from ..command import grammar
+
+        self._handler_table = {
             grammar.Status: self._status,
             grammar.Use: self._use,
             grammar.Grow: self._configure,
@@ -51,12 +118,17 @@ class GpuMagics(Magics):
             grammar.Trace: self._trace,
             grammar.Save: self._save,
         }
+        return self._handler_table
 
     @line_cell_magic
     def gpu(self, line: str, cell: str | None = None) -> Any:
         __tracebackhide__ = True  # an error in the user's cell should not show this frame
         if cell is not None:
             return self._cell(line, cell)
+        from ..command import grammar
+        from . import allocator_figures
+        from .session import SessionError
+
         try:
             command = grammar.parse(line)
             handler = self._handlers.get(type(command))
@@ -70,15 +142,13 @@ class GpuMagics(Magics):
         if answer:
             print(answer)
 
-    gpu.__doc__ = MANUAL
-
     def _configure(self, command: Any) -> str:
         return self.session.configure(command)
 
-    def _use(self, command: grammar.Use) -> str:
+    def _use(self, command: Any) -> str:
         return use(self.session, command, progress=print)
 
-    def _monitor(self, command: grammar.Monitor) -> str | None:
+    def _monitor(self, command: Any) -> str | None:
         from . import monitor, panels
 
         if command.off:
@@ -88,12 +158,12 @@ class GpuMagics(Magics):
         )
         return None  # the panel displays itself; returning it would show it twice
 
-    def _trace(self, command: grammar.Trace) -> str:
+    def _trace(self, command: Any) -> str:
         from . import trace
 
         return trace.set_tracing(self.shell, self.session, command.on)
 
-    def _save(self, command: grammar.Save) -> None:
+    def _save(self, command: Any) -> None:
         from IPython.display import display
 
         from . import notebook_settings
@@ -113,14 +183,16 @@ class GpuMagics(Magics):
     def _cell(self, line: str, cell: str) -> Any:
         """``%%gpu budget 2G`` and ``%%gpu on 1``: run the cell under a condition."""
         __tracebackhide__ = True
+        from ..command import grammar
         from . import cells
+        from .session import SessionError
 
         try:
             return cells.run_cell_magic(self.shell, self.session, line, cell)
         except (grammar.GrammarError, SessionError) as err:
             raise UsageError(str(err)) from err
 
-    def _status(self, command: grammar.Status) -> None:
+    def _status(self, command: Any) -> None:
         from . import status  # not at import: keeps `%load_ext` light
 
         report = status.build_report(self.session)
@@ -150,13 +222,17 @@ class GpuMagics(Magics):
         own, not whatever else was requested before them.
         """
         self._loaded = True  # whatever happens below, later `%config` changes are honoured
+        from ..command import grammar
+        from ..command.plan import Plan, PlanError
+        from .session import DefaultsRecord, SessionError
+
         session = self.session
         defaults = Plan()
         not_applied: list[tuple[str, str]] = []
         for line in self.defaults:
             try:
                 command = grammar.parse(str(line))
-                if type(command) not in SETTINGS:
+                if type(command) not in _settings():
                     raise grammar.GrammarError(
                         f"{line!r} is not a setting; defaults take {', '.join(SETTING_VERBS)}"
                     )
@@ -173,33 +249,135 @@ class GpuMagics(Magics):
         session.defaults_record = DefaultsRecord(tuple(map(str, self.defaults)), tuple(not_applied))
 
 
-SETTINGS = (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use, grammar.Allocator, grammar.Precision)
+def _settings() -> tuple[type, ...]:
+    """The commands a default may be."""
+    from ..command import grammar
+
+    return (grammar.Grow, grammar.Limit, grammar.Split, grammar.Use, grammar.Allocator, grammar.Precision)
+
+
 SETTING_VERBS = ("use", "grow", "limit", "split", "allocator", "precision")
 
 
 def load(ipython: Any) -> None:
-    """What loading the extension does: ``%gpu`` and its completion, the out-of-memory explanation,
-    the panel's figures after each cell, the defaults, then the notebook's saved settings.
+    """What loading the extension does: ``%gpu`` and its completion, the import hooks, the
+    out-of-memory explanation, the panel's figures after each cell, the defaults, then the
+    notebook's saved settings.
 
     Once per session and shell: a kernel started for a notebook's settings loaded it already
     (:mod:`.at_start`), and the notebook's own ``%load_ext tfgpu_magic`` cell then changes nothing,
-    where a second load would apply the defaults and the settings over what the user did since."""
-    from .allocator_figures import install as publish_after_each_cell  # for the memory panel
-    from .oom_handler import install as explain_out_of_memory  # hooks in when a framework is imported
+    where a second load would apply the defaults and the settings over what the user did since.
 
-    session = get_session()
-    if session.loaded_into is ipython:
+    Light when nothing needs the session now (:func:`_session_needed_now`): the magic, its
+    completion and a hook per framework module are registered, ``CUDA_DEVICE_ORDER`` is set, and
+    the session (the command language, the adapters, their dataclasses) is built at the first
+    ``%gpu`` or framework import, which finishes the load then (:mod:`.deferred`)."""
+    if _loaded_into(ipython):
         return
-    magics = GpuMagics(ipython, session=session)
+    magics = GpuMagics(ipython)
     ipython.register_magics(magics)
     register_completion(ipython)  # %gpu's words first and alone, ahead of Jedi's names
     ipython.set_hook("complete_command", complete, str_key="%gpu")  # `gpu ...` without the %
+    if not _session_needed_now(magics, os.environ):
+        _load_lightly(ipython, magics)
+        return
+    from .allocator_figures import install as publish_after_each_cell  # for the memory panel
+    from .oom_handler import install as explain_out_of_memory  # hooks in when a framework is imported
+
+    session = magics.session
     session.prepare()
     explain_out_of_memory(ipython, session)
     publish_after_each_cell(ipython, session)
     session.loaded_into = ipython
     magics.apply_defaults()
     magics.apply_notebook_settings()  # the notebook's saved settings, after (over) the defaults
+
+
+def _loaded_into(ipython: Any) -> bool:
+    """Whether the extension is loaded into ``ipython`` already (its session built or not)."""
+    if deferred.pending(ipython):
+        return True
+    session_module = sys.modules.get(f"{__package__}.session")
+    built = getattr(session_module, "_SESSION", None)
+    return built is not None and built.loaded_into is ipython
+
+
+def _session_needed_now(magics: GpuMagics, env: Mapping[str, str]) -> bool:
+    """Whether loading has work for the session: a session built already (a script's device
+    source), an administrator's defaults, the notebook's saved settings, a CUDA variable
+    inherited (said or met at load), or a framework imported before the extension."""
+    from ..frameworks import WATCHED_MODULES
+
+    session_module = sys.modules.get(f"{__package__}.session")
+    if getattr(session_module, "_SESSION", None) is not None or magics.defaults:
+        return True
+    if "CUDA_VISIBLE_DEVICES" in env or "CUDA_DEVICE_ORDER" in env:
+        return True
+    if any(name in sys.modules for name in WATCHED_MODULES):
+        return True
+    return _may_have_saved_settings(env)
+
+
+SETTINGS_KEY = b'"tfgpu"'  # command.saved.KEY as it is written in a notebook (tests/test_lazy_load.py)
+MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024  # command.saved.MAX_NOTEBOOK_BYTES (the same test)
+
+
+def _may_have_saved_settings(env: Mapping[str, str]) -> bool:
+    """Whether notebook_settings.apply_at_start could find settings: a runner's, or a notebook
+    file holding the ``tfgpu`` key (the same bounded reading as saved.metadata_from_file's first
+    look; a file it would not read has none)."""
+    if "TFGPU_MAGIC_NOTEBOOK_SETTINGS" in env:
+        return True
+    path = env.get("JPY_SESSION_NAME")
+    if not path or not path.endswith(".ipynb"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
+            return False
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return SETTINGS_KEY in handle.read(MAX_NOTEBOOK_BYTES + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _load_lightly(ipython: Any, magics: GpuMagics) -> None:
+    """The load without its session: what the session's prepare() does to the environment now
+    (before anything starts CUDA), a hook per framework module, the rest when the session is built."""
+    from ..frameworks import WATCHED_MODULES
+    from ..frameworks.import_hooks import run_after_import
+
+    environment = dict(os.environ)  # as the kernel inherited it (the machine's record, later)
+    written = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA numbers the GPUs as nvidia-smi does
+    os.environ.update(written)
+    magics._loaded = True  # no defaults: a later `%config GpuMagics.defaults = [...]` applies them
+
+    def finish(session: Session) -> None:
+        from .allocator_figures import install as publish_after_each_cell
+        from .oom_handler import install as explain_out_of_memory
+
+        session.machine.met_at_load(environment, written)
+        session.install_import_hooks()
+        explain_out_of_memory(ipython, session)
+        publish_after_each_cell(ipython, session)
+        session.loaded_into = ipython
+
+    deferred.defer(ipython, finish)
+    for name in WATCHED_MODULES:
+        run_after_import(name, _build_session)  # the session hears of the import from its own hooks
+
+
+def _build_session(module: Any) -> None:
+    """A framework was imported after a light load: build the session (it finishes the load)."""
+    from .session import get_session
+
+    get_session()
 
 
 def _notice_under_first_cell(shell: Any, notice: str) -> None:
@@ -218,6 +396,9 @@ def use(session: Session, command: Any, progress: Any = print) -> str:
     A refused choice changes nothing: GPUs claimed for it are given back, and the claims the
     kernel held before stay (the session releases them only once it accepts the new request).
     """
+    from ..command import grammar
+    from .session import SessionError
+
     if not (isinstance(command, grammar.Use) and isinstance(command.gpus, grammar.Auto)):
         answer = session.configure(command)
         if isinstance(command, grammar.Use):
@@ -245,6 +426,8 @@ def use(session: Session, command: Any, progress: Any = print) -> str:
 
 def _planned(session: Session, command: Any) -> Any:
     """The command as the session planned it (``use auto`` became GPU numbers)."""
+    from ..command import grammar
+
     if isinstance(command, grammar.Use) and isinstance(command.gpus, grammar.Auto):
         visible = session.requested.visible
         if visible is not None:  # the GPUs `use auto` chose
@@ -254,6 +437,8 @@ def _planned(session: Session, command: Any) -> Any:
 
 def complete(shell: Any, event: Any) -> list[str]:
     """Tab completion: verbs after ``%gpu``, then each verb's words (see grammar.complete)."""
+    from ..command import grammar
+
     return grammar.complete(event.line)
 
 
@@ -288,6 +473,8 @@ def gpu_matcher(context: Any) -> dict[str, Any]:
         return none
     typed = line[match.start(1) if match.group(1) else match.start(2) :]
     fragment = "" if typed[-1].isspace() else typed.split()[-1]
+    from ..command import grammar
+
     words = grammar.complete(typed)
     found = [w for w in words if w.startswith(fragment)] or [
         w

@@ -34,7 +34,7 @@ from ..frameworks.base import Change, Framework, Refusal, ReportView, Stage
 from ..frameworks.import_hooks import run_after_import
 from ..gpus import numbering
 from ..gpus.nvml import Nvml
-from . import allocator_figures, shares
+from . import allocator_figures, deferred, shares
 from .machine import Machine
 
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
@@ -131,7 +131,7 @@ class Session:
 
     def prepare(self, say: Callable[[str], None] = print) -> None:
         """At extension load: watch for each framework's import, and number CUDA's GPUs as nvidia-smi does."""
-        self._install_import_hooks()
+        self.install_import_hooks()
         if self.machine.inherited["CUDA_VISIBLE_DEVICES"] is not None:
             odd = self.machine.allocation().note  # an invalid entry: which, and what CUDA does with it
             if odd:
@@ -679,7 +679,7 @@ class Session:
         return next((f.name for f in self._frameworks if f.enumerated()), None)
 
     # -- import hooks ---------------------------------------------------------------------------------
-    def _install_import_hooks(self) -> None:
+    def install_import_hooks(self) -> None:
         """Hand the request to each framework the moment its import finishes (and to the modules
         it must hear of besides: Keras, for TensorFlow's precision)."""
         for framework in self._frameworks:
@@ -790,7 +790,7 @@ def _fields(plan: Plan) -> dict[str, Any]:
 
 
 _SESSION: Session | None = None
-_SESSION_LOCK = threading.Lock()
+_SESSION_LOCK = threading.RLock()  # a load finished under it may ask again
 
 
 def get_session() -> Session:
@@ -803,6 +803,9 @@ def get_session() -> Session:
     with _SESSION_LOCK:
         if _SESSION is None:
             _SESSION = Session()
+            finish = deferred.take()
+            if finish is not None:  # `%load_ext` left its session-side part for now (magics.load)
+                finish(_SESSION)
         return _SESSION
 
 

@@ -1,0 +1,131 @@
+"""`%load_ext tfgpu_magic` registers the magic, its completion and the import hooks, and builds the
+session (the command language, the adapters, their dataclasses) only when loading has work for it:
+an administrator's defaults, a notebook's saved settings, an inherited CUDA variable, a framework
+imported already.  Otherwise the first `%gpu` (or framework import) builds it and finishes the load."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfgpu_magic import frameworks
+from tfgpu_magic.command import saved
+from tfgpu_magic.kernel import deferred, magics
+from tfgpu_magic.kernel import session as session_module
+
+LOAD_TIME_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "TFGPU_MAGIC_NOTEBOOK_SETTINGS",
+    "JPY_SESSION_NAME",
+)
+
+
+def test_the_watched_modules_are_the_adapters_imports():
+    named = []
+    for adapter in frameworks.adapters():
+        named += [adapter.module, *adapter.side_imports()]
+    assert sorted(frameworks.WATCHED_MODULES) == sorted(named)
+
+
+def test_the_settings_pre_check_reads_as_saved_does():
+    assert magics.SETTINGS_KEY == f'"{saved.KEY}"'.encode()
+    assert magics.MAX_NOTEBOOK_BYTES == saved.MAX_NOTEBOOK_BYTES
+
+
+@pytest.fixture
+def light(monkeypatch):
+    """No session yet, nothing deferred, no load-time variable, no framework watched is imported."""
+    monkeypatch.setattr(session_module, "_SESSION", None)
+    monkeypatch.setattr(deferred, "_finish", None)
+    monkeypatch.setattr(deferred, "_shell", None)
+    monkeypatch.setattr(frameworks, "WATCHED_MODULES", ("tfgpu_test_never_imported",))
+    for name in LOAD_TIME_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_load_builds_no_session_until_the_first_gpu(shell, light):
+    magics.load(shell)
+    assert session_module._SESSION is None and deferred.pending(shell)
+    assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # before anything can start CUDA
+    assert shell.find_line_magic("gpu").__doc__ == magics.MANUAL
+    magics.load(shell)  # a second load adds nothing
+    assert session_module._SESSION is None
+
+    shell.run_line_magic("gpu", "grow")
+    session = session_module._SESSION
+    assert session is not None and not deferred.pending(shell)
+    assert session.loaded_into is shell and session.requested.growth is True
+    # What the kernel inherited is the environment at load, not what loading set since.
+    assert session.machine.inherited["CUDA_DEVICE_ORDER"] is None
+    assert session.machine.unmanaged_value("CUDA_DEVICE_ORDER") is None
+    magics.load(shell)  # loaded: nothing again
+    assert session_module._SESSION is session and session.requested.growth is True
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("CUDA_VISIBLE_DEVICES", "1"),
+        ("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+        ("TFGPU_MAGIC_NOTEBOOK_SETTINGS", "{}"),
+    ],
+)
+def test_what_needs_the_session_at_load(light, variable, value):
+    gpu = magics.GpuMagics(None, session=None)
+    assert not magics._session_needed_now(gpu, {})
+    assert magics._session_needed_now(gpu, {variable: value})
+
+
+def test_a_framework_imported_before_load_needs_the_session(light, monkeypatch):
+    gpu = magics.GpuMagics(None, session=None)
+    monkeypatch.setattr(frameworks, "WATCHED_MODULES", ("os",))
+    assert magics._session_needed_now(gpu, {})
+
+
+def test_defaults_need_the_session(light):
+    gpu = magics.GpuMagics(None, session=None)
+    gpu._loaded = True  # not applied by the observer here
+    gpu.defaults = ["grow"]
+    assert magics._session_needed_now(gpu, {})
+
+
+def test_a_notebook_is_read_for_the_key_only(light, tmp_path):
+    gpu = magics.GpuMagics(None, session=None)
+    plain, with_key = tmp_path / "plain.ipynb", tmp_path / "saved.ipynb"
+    plain.write_text('{"cells": [], "metadata": {}}')
+    with_key.write_text('{"cells": [], "metadata": {"tfgpu": {"version": 1}}}')
+    assert not magics._session_needed_now(gpu, {"JPY_SESSION_NAME": str(plain)})
+    assert not magics._session_needed_now(gpu, {"JPY_SESSION_NAME": str(tmp_path / "gone.ipynb")})
+    assert magics._session_needed_now(gpu, {"JPY_SESSION_NAME": str(with_key)})
+    link = tmp_path / "link.ipynb"
+    link.symlink_to(with_key)
+    assert not magics._session_needed_now(gpu, {"JPY_SESSION_NAME": str(link)})  # as saved: no links
+
+
+@pytest.mark.slow
+def test_load_ext_in_a_fresh_python_imports_no_command_language_nor_session():
+    code = (
+        "import json, sys\n"
+        "from IPython.testing.globalipapp import start_ipython\n"
+        "ip = start_ipython(); ip.run_line_magic('load_ext', 'tfgpu_magic')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('tfgpu_magic.'))\n"
+        "ip.run_line_magic('gpu', 'grow')\n"
+        "print(json.dumps([loaded, 'tfgpu_magic.kernel.session' in sys.modules]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in LOAD_TIME_VARIABLES}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    loaded, built_at_first_gpu = json.loads(out.stdout.strip().splitlines()[-1])
+    assert built_at_first_gpu
+    assert loaded == [
+        "tfgpu_magic._version",
+        "tfgpu_magic.frameworks",
+        "tfgpu_magic.frameworks.import_hooks",
+        "tfgpu_magic.kernel",
+        "tfgpu_magic.kernel.deferred",
+        "tfgpu_magic.kernel.magics",
+    ]
