@@ -189,7 +189,9 @@ def startup(table: Table, rounds: int) -> dict[str, Any]:
     found = result["contenders"]
     print(
         f"\n[startup] in a fresh kernel, {rounds} kernels each; `import tfgpu_magic` alone "
-        f"{_figure(tuple(found['tfgpu_magic (import only)']['fresh']), 'ms')}"
+        f"{_figure(tuple(found['tfgpu_magic (import only)']['fresh']), 'ms')}; the first `%gpu` after "
+        f"`%load_ext` (the session built) "
+        f"{_figure(tuple(found['tfgpu_magic: the first %gpu (grow)']['fresh']), 'ms')}"
     )
     for peer, line in (("nvitop", "import nvitop"), ("gpustat", "import gpustat")):
         table.add(
