@@ -28,8 +28,10 @@ The contract (what callers may rely on)
 * :meth:`Nvml.uuid`, :meth:`Nvml.name`, :meth:`Nvml.total_bytes` (static facts, read once and
   cached) return ``None`` when unreadable or lost, and raise nothing else; a failed reading
   is not cached, so a later call tries again.  :meth:`Nvml.gpu` reads those, the PCI bus id
-  and the compute capability (static too) once per GPU the same way; memory in use,
-  utilization and MIG mode are read on every call.
+  and the compute capability (static too) once per GPU the same way; memory in use and
+  utilization are read on every call.  MIG mode is read once per device handle (see
+  :meth:`Nvml._mig_mode`): the driver changes it only while the GPU is idle, by unbinding or
+  resetting it, which the handle does not outlive here.
 * :meth:`Nvml.memory` (the sampling path: one NVML call when the handle is known) and
   :meth:`Nvml.processes` raise :class:`GpuLost` when the GPU stopped answering and
   :class:`ReadingFailed` for any other failure (``str()`` is the reason, ``.note`` is
@@ -201,6 +203,8 @@ class Nvml:
         self._retry_at = 0.0  # when a failed start may be tried again (clock time)
         self._exit_registered = False
         self._handles: dict[int, Any] = {}
+        # index -> (the GPU's MIG mode, None: not supported; the note that says why), once per handle
+        self._mig_modes: dict[int, tuple[bool | None, str | None]] = {}
         self._count = 0
         self.count_note: str | None = None  # why the device count was capped, if it was
         self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total"|"pci"|"cc": value}
@@ -279,6 +283,7 @@ class Nvml:
                 return
             self._started = False
             self._handles.clear()
+            self._mig_modes.clear()
             self._static.clear()  # a later start may see other GPUs
             self._system.clear()
             try:
@@ -391,7 +396,7 @@ class Nvml:
                 memory=memory,
                 utilization_percent=optional(UTILIZATION, _utilization),
                 compute_capability=capability,
-                mig_enabled=optional(MIG, _mig_enabled),
+                mig_enabled=self._mig_mode_noted(index, lib, handle, notes),
                 notes=tuple(notes),
             )
         except GpuLost as err:
@@ -440,13 +445,7 @@ class Nvml:
         """
         lib = self._ensure_started()
         handle = self._handle(index)
-        try:
-            enabled = _mig_enabled(lib, handle)
-        except Exception as err:
-            if _not_supported(lib, err) or isinstance(err, (AttributeError, TypeError)):
-                return []  # no MIG support, or a binding without the function
-            raise self._failed(index, MIG, err) from err
-        if not enabled:
+        if not self._mig_mode(index, lib, handle)[0]:  # off, not supported, or no such function
             return []
         count = self._read(
             index, MIG_DEVICES, lambda lib, h: int(lib.nvmlDeviceGetMaxMigDeviceCount(h)), lib, handle
@@ -507,6 +506,41 @@ class Nvml:
             found.setdefault(proc.pid, proc)
         return list(found.values())
 
+    def _mig_mode(self, index: int, lib: Any, handle: Any) -> tuple[bool | None, str | None]:
+        """The GPU's current MIG mode, and None; or (None, the note that says why) when it has no
+        MIG support (or the binding lacks the function).  Raises like :meth:`processes` for any
+        other failure (not remembered: the next reading tries again).
+
+        Read once per handle.  The current mode changes only when a pending one is activated:
+        ``nvmlDeviceSetMigMode`` (or ``nvidia-smi -mig``) "may unbind or reset the device to
+        activate the requested mode", fails with ``IN_USE`` unless the device is idle, and tells its
+        caller to query the device's attributes again; a reset needs every client of the GPU gone.
+        A handle that then answers ``GPU is lost`` is dropped with its mode, as is every handle
+        when NVML is shut down or restarted: the next reading starts from the driver again."""
+        if index in self._mig_modes and self._handles.get(index) is handle:
+            return self._mig_modes[index]
+        try:
+            mode: tuple[bool | None, str | None] = (_mig_enabled(lib, handle), None)
+        except Exception as err:
+            if not (_not_supported(lib, err) or isinstance(err, (AttributeError, TypeError))):
+                raise self._failed(index, MIG, err) from err
+            mode = (None, f"{MIG}: {_reason(err, _is_nvml_error(lib, err))}")
+        if self._handles.get(index) is handle:
+            self._mig_modes[index] = mode
+        return mode
+
+    def _mig_mode_noted(self, index: int, lib: Any, handle: Any, notes: list[str]) -> bool | None:
+        """:meth:`_mig_mode` for :meth:`gpu`: no support is its note (``MIG mode: Not Supported``) on
+        every reading, as is any other failure."""
+        try:
+            mode, note = self._mig_mode(index, lib, handle)
+        except ReadingFailed as err:
+            notes.append(err.note)
+            return None
+        if note is not None:
+            notes.append(note)
+        return mode
+
     # -- helpers --------------------------------------------------------------------------
     def _handle(self, index: int) -> Any:
         """The device handle (cached once had); raises GpuLost or ReadingFailed."""
@@ -534,6 +568,7 @@ class Nvml:
         note = f"{reading}: {reason}"
         if nvml_error and _code(err) in _lost_codes(lib):
             self._handles.pop(index, None)
+            self._mig_modes.pop(index, None)
             return GpuLost(f"GPU {index} stopped answering ({reason})", note)
         if nvml_error and _code(err) == getattr(lib, "NVML_ERROR_UNINITIALIZED", None):
             self._restart_later()  # someone shut NVML down under us: start again on the next call
@@ -543,6 +578,7 @@ class Nvml:
         with self._lock:
             self._started = False
             self._handles.clear()
+            self._mig_modes.clear()
 
 
 # -- one reading each: the whole conversion inside, so a malformed answer fails that reading ----
