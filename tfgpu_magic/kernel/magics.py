@@ -10,6 +10,7 @@ at the first ``%gpu`` (see :func:`load`).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -50,16 +51,10 @@ def _manual() -> str:
     return _MANUAL[0]
 
 
-class _GpuMagic:
-    """``%gpu`` as IPython calls it: the magics' ``gpu``, whose docstring (``%gpu?``, the manual)
-    is generated when first read rather than at ``%load_ext``."""
-
-    def __init__(self, magics: GpuMagics) -> None:
-        self._magics: Any = magics
-
-    def __call__(self, line: str, cell: str | None = None) -> Any:
-        __tracebackhide__ = True  # an error in the user's cell should not show this frame
-        return self._magics.gpu(line, cell)
+class _GpuMagic(functools.partial):
+    # ``%gpu`` as IPython calls it: the magics' ``gpu``, bound (a partial adds no frame to a
+    # traceback), whose docstring (``%gpu?``, the manual) is generated when first read rather
+    # than at ``%load_ext``.
 
     @property
     def __doc__(self) -> str:  # type: ignore[override]
@@ -83,7 +78,7 @@ class GpuMagics(Magics):
         self._loaded = False  # config values set during __init__ wait for apply_defaults()
         super().__init__(shell, **kwargs)
         for kind in ("line", "cell"):
-            self.magics[kind]["gpu"] = _GpuMagic(self)
+            self.magics[kind]["gpu"] = _GpuMagic(GpuMagics.gpu, self)
         self._handler_table: dict[type, Callable[[Any], str | None]] | None = None
 
     @property
