@@ -32,9 +32,14 @@ def test_the_watched_modules_are_the_adapters_imports():
     assert sorted(frameworks.WATCHED_MODULES) == sorted(named)
 
 
-def test_the_settings_pre_check_reads_as_saved_does():
-    assert magics.SETTINGS_KEY == f'"{saved.KEY}"'.encode()
-    assert magics.MAX_NOTEBOOK_BYTES == saved.MAX_NOTEBOOK_BYTES
+def test_a_light_load_asks_whether_the_notebook_holds_settings_without_the_command_language(tmp_path):
+    keyed = tmp_path / "keyed.ipynb"
+    keyed.write_text('{"metadata": {"tfgpu": {"version": 1}}}')
+    plain = tmp_path / "plain.ipynb"
+    plain.write_text('{"metadata": {}}')
+    assert magics._may_have_saved_settings({"JPY_SESSION_NAME": str(keyed)})
+    assert not magics._may_have_saved_settings({"JPY_SESSION_NAME": str(plain)})
+    assert saved.metadata_from_file(str(keyed)) == {"tfgpu": {"version": 1}}
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403  the fixtures: jp_serverapp, jp_fetch, ...
 
-from tfgpu_magic.command import saved
+from tfgpu_magic.command import notebook_file, saved
 from tfgpu_magic.kernel import notebook_settings
 from tfgpu_magic.server import notebook_kernels
 from tfgpu_magic.server.notebook_kernels import (
@@ -87,7 +87,7 @@ def test_a_link_a_folder_a_large_file_or_not_json_have_no_settings(tmp_path, mon
     (tmp_path / "half.ipynb").write_text(notebook({"tfgpu": SETTINGS})[:40])
     for name in ("link.ipynb", "folder.ipynb", "half.ipynb", "gone.ipynb"):
         assert not has_settings(str(tmp_path / name)), name
-    monkeypatch.setattr(saved, "MAX_NOTEBOOK_BYTES", 100)
+    monkeypatch.setattr(notebook_file, "MAX_NOTEBOOK_BYTES", 100)
     assert not has_settings(str(real))
 
 

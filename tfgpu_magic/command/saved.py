@@ -26,13 +26,11 @@ machine; whether a GPU can meet the requirements is the kernel's and the runner'
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import grammar
+from . import grammar, notebook_file
 from .plan import Plan
 from .units import MIB, format_bytes
 
@@ -52,7 +50,7 @@ __all__ = [
     "settings_from_plan",
 ]
 
-KEY = "tfgpu"  # the notebook metadata key
+KEY = notebook_file.KEY  # the notebook metadata key
 VERSION = 1
 # What `%gpu save` displays for a front end or a runner to write into the notebook's metadata: the
 # top-level metadata keys to set (see merge_metadata).
@@ -77,7 +75,7 @@ _COLAB_TYPES = ("T4", "L4", "A100", "H100", "V100")
 # Notebook 7); the server and the kernel both read the notebook's settings from that file.
 NOTEBOOK_ENV = "JPY_SESSION_NAME"
 # A notebook larger than this is not read when its kernel starts (its settings apply with `tfgpu run`).
-MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024
+MAX_NOTEBOOK_BYTES = notebook_file.MAX_NOTEBOOK_BYTES
 
 
 class SettingsError(ValueError):
@@ -292,26 +290,16 @@ def _bad(where: str, what: str) -> SettingsError:
 
 def metadata_from_file(path: str) -> Any:
     """The metadata of the notebook file at ``path``, as a kernel's starter and the kernel read it at
-    its start: {} for a file that is gone, a link, not a regular file (a FIFO would block the
-    open), larger than :data:`MAX_NOTEBOOK_BYTES`, not JSON (a notebook being written) or nested
-    past the parser's limit.  Most notebooks have no ``tfgpu`` key: those are read, not parsed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    its start: {} for a file :func:`.notebook_file.keyed_bytes` does not read (gone, a link, not a
+    regular file, too large, without the key), not JSON (a notebook being written) or nested past
+    the parser's limit."""
+    raw = notebook_file.keyed_bytes(path)
+    if raw is None:
         return {}
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
-            return {}
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            raw = handle.read(MAX_NOTEBOOK_BYTES + 1)
-        if f'"{KEY}"'.encode() not in raw:
-            return {}
         notebook = json.loads(raw)
-    except (OSError, ValueError, RecursionError):
+    except (ValueError, RecursionError):
         return {}
-    finally:
-        os.close(fd)
     return notebook.get("metadata", {}) if isinstance(notebook, dict) else {}
 
 

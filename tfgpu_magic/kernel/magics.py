@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import stat
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -313,33 +312,17 @@ def _session_needed_now(magics: GpuMagics, env: Mapping[str, str]) -> bool:
     return _may_have_saved_settings(env)
 
 
-SETTINGS_KEY = b'"tfgpu"'  # command.saved.KEY as it is written in a notebook (tests/test_lazy_load.py)
-MAX_NOTEBOOK_BYTES = 64 * 1024 * 1024  # command.saved.MAX_NOTEBOOK_BYTES (the same test)
-
-
 def _may_have_saved_settings(env: Mapping[str, str]) -> bool:
     """Whether notebook_settings.apply_at_start could find settings: a runner's, or a notebook
-    file holding the ``tfgpu`` key (the same bounded reading as saved.metadata_from_file's first
-    look; a file it would not read has none)."""
+    file holding the ``tfgpu`` key (read as the kernel would read it, not parsed)."""
     if "TFGPU_MAGIC_NOTEBOOK_SETTINGS" in env:
         return True
     path = env.get("JPY_SESSION_NAME")
     if not path or not path.endswith(".ipynb"):
         return False
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_NOTEBOOK_BYTES:
-            return False
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return SETTINGS_KEY in handle.read(MAX_NOTEBOOK_BYTES + 1)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    from ..command.notebook_file import keyed_bytes
+
+    return keyed_bytes(path) is not None
 
 
 def _load_lightly(ipython: Any, magics: GpuMagics) -> None:

@@ -790,7 +790,7 @@ def _fields(plan: Plan) -> dict[str, Any]:
 
 
 _SESSION: Session | None = None
-_SESSION_LOCK = threading.RLock()  # a load finished under it may ask again
+_SESSION_LOCK = threading.Lock()
 
 
 def get_session() -> Session:
@@ -800,13 +800,15 @@ def get_session() -> Session:
     session (or its machine) when they are made; they never call this.
     """
     global _SESSION
+    finish = None
     with _SESSION_LOCK:
         if _SESSION is None:
             _SESSION = Session()
-            finish = deferred.take()
-            if finish is not None:  # `%load_ext` left its session-side part for now (magics.load)
-                finish(_SESSION)
-        return _SESSION
+            finish = deferred.take()  # what `%load_ext` left for now (magics.load), taken once
+        session = _SESSION
+    if finish is not None:  # outside the lock: it installs hooks that may start a framework's setup
+        finish(session)
+    return session
 
 
 def set_device_source(lib: Any) -> None:
