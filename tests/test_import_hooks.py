@@ -299,3 +299,32 @@ def test_loading_the_extension_leaves_wrapt_and_what_only_errors_need_out(tmp_pa
     """,
     )
     assert result["loaded"] == []
+
+
+def test_an_import_asks_each_finder_once_watched_or_not(tmp_path):
+    """What the hooks add to an import: one call of our finder, a dict lookup for a module nobody
+    watches; for a watched one it asks the finders after it itself, and the import system, given
+    that spec, asks none of them again.  So no finder runs twice (issue 32, item 5)."""
+    result = run(
+        tmp_path,
+        {**PKG, "plain.py": "READY = 'plain'\n"},
+        """
+        run_after_import("pkg", record("a"))
+        ours, asked = sys.meta_path[0], []
+
+        class Counting:
+            def find_spec(self, name, path=None, target=None):
+                asked.append(name)
+                return None
+
+        sys.meta_path.insert(1, Counting())
+        our_calls = []
+        find_spec = type(ours).find_spec
+        type(ours).find_spec = lambda self, *a: our_calls.append(a[0]) or find_spec(self, *a)
+        import plain, pkg
+        print(json.dumps({"asked": asked, "ours": our_calls, "calls": calls}))
+    """,
+    )
+    assert result["ours"] == ["plain", "pkg"]
+    assert result["asked"] == ["plain", "pkg"]  # each once: by the import system, by our finder for pkg
+    assert result["calls"] == [["a", "pkg", "pkg"]]
