@@ -1,6 +1,6 @@
 """tfgpu_magic against its peers, every figure in one run: the README's performance table.
 
-    .venv/bin/python benchmarks/compare.py [--quick] [--only refresh,scaling,monitor,endpoint,startup]
+    .venv/bin/python benchmarks/compare.py [--quick] [--only refresh,scaling,monitor,endpoint,startup,imports,trace]
 
 Peers (pinned in ``peers.py``, installed on first use into ``build/bench-deps/peers``): nvitop,
 gpustat, jupyterlab-nvdashboard and jupyter-resource-usage.  Every contender reads the same
@@ -17,6 +17,12 @@ Sections:
   monitor   the live chart at 10 samples/s on 8 GPUs, whole-process CPU: ours, nvdashboard
   endpoint  the server's status with 1, 10 and 20 real kernels: ours, jupyter-resource-usage
   startup   ``%load_ext tfgpu_magic`` in a fresh kernel: ours, ``import nvitop``, ``import gpustat``
+  imports   ``import torch`` / ``jax`` / ``tensorflow`` in fresh processes, the extension loaded or not:
+            what our import hooks add, our finder's calls, the collector's passes
+  trace     ``%gpu trace`` on against off: an empty cell and a small matmul, TensorFlow and PyTorch
+
+Last, the issue's targets (``TARGETS``), each with the figures of this run, its limit and MET or
+MISSED; a target whose section was not run (``--only``) says "not measured".
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +44,7 @@ sys.path.insert(0, HERE)
 import peers  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
-SECTIONS = ("refresh", "scaling", "monitor", "endpoint", "startup")
+SECTIONS = ("refresh", "scaling", "monitor", "endpoint", "startup", "imports", "trace")
 
 
 def run_section(script: str, *args: Any) -> dict[str, Any]:
@@ -205,6 +212,161 @@ def startup(table: Table, rounds: int) -> dict[str, Any]:
     return result
 
 
+def imports(table: Table, rounds: int) -> dict[str, Any]:
+    result = run_section("vs_import.py", rounds)
+    print(
+        f"\n[imports] a framework's import in a fresh IPython process, {rounds} per framework and mode, "
+        f"interleaved; our finder: {result['finder_call_ns']:.0f} ns a call for a module nobody watches"
+    )
+    for framework, modes in result["frameworks"].items():
+        light, built, off = modes["light"], modes["built"], modes["off"]
+        print(
+            f"  import {framework}: our hooks {_figure(tuple(light['hooks_ms']), 'ms')} after a light `%load_ext` "
+            f"(the session built there), {_figure(tuple(built['hooks_ms']), 'ms')} with the session built; "
+            f"{built['finder_calls']} finder calls; full gc passes off / off with {result['held_objects']:,} "
+            f"objects held / light / built: {_passes(off)} / {_passes(modes['off+objects'])} / "
+            f"{_passes(light)} / {_passes(built)}"
+        )
+        for mode, what in (("light", "after a light %load_ext"), ("built", "the session built")):
+            table.add(
+                "imports",
+                f"import {framework}, {what}",
+                tuple(modes[mode]["import_ms"]),
+                "no extension",
+                tuple(off["import_ms"]),
+                "ms",
+            )
+    return result
+
+
+def _passes(mode: dict[str, Any]) -> str:
+    counts = sorted(set(mode["gen2_passes"]))
+    return "-".join(map(str, (counts[0], counts[-1]))) if len(counts) > 1 else str(counts[0])
+
+
+def trace(table: Table, rounds: int) -> dict[str, Any]:
+    results = {}
+    print(f"\n[trace] `%gpu trace` on against off, {rounds} rounds of 20 cells each way, interleaved")
+    for framework in ("tensorflow", "torch"):
+        result = results[framework] = run_section("bench_trace.py", rounds, framework)
+        print(
+            f"  {framework}: the trace printed {result['first_trace_line'] or 'nothing (no GPU to read)'!r}"
+        )
+        for kind, data in result["cells"].items():
+            table.add(
+                "trace",
+                f"{framework}, {kind} cell ({data['code']}), trace on",
+                tuple(data["on_us"]),
+                "trace off",
+                tuple(data["off_us"]),
+                "us",
+            )
+    return results
+
+
+# -- the targets (issue 32) -----------------------------------------------------------------------
+def targets(table: Table, raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of issue 32 with this run's figures: ratio targets against the peer's row of
+    the same run, absolute ones against their limit, reported ones with no limit."""
+
+    def row(section: str, what: str, peer: str) -> dict[str, Any] | None:
+        return next(
+            (
+                r
+                for r in table.rows
+                if r["section"] == section and r["what"].startswith(what) and peer in r["peer"]
+            ),
+            None,
+        )
+
+    found: list[dict[str, Any]] = []
+
+    def ratio_target(name: str, picked: dict[str, Any] | None, limit: float, beside: str = "") -> None:
+        if picked is None:
+            found.append({"target": name, "verdict": "not measured"})
+            return
+        ours, theirs, unit = picked["ours"][0], picked["theirs"][0], picked["unit"]
+        ratio = ours / theirs if theirs else float("inf")
+        found.append(
+            {
+                "target": name,
+                "ours": f"{ours:.3g} {unit}{beside}",
+                "peer": f"{theirs:.3g} {unit} ({picked['peer']})",
+                "ratio": f"{ratio:.2f}x",
+                "limit": f"<= {limit:g}x",
+                "verdict": "MET" if ratio <= limit else f"MISSED by {ratio / limit:.2f}x the limit",
+            }
+        )
+
+    ratio_target("monitor at 10 Hz, CPU", row("monitor", "monitor, % of a core", "nvdashboard"), 0.5)
+    first_gpu = raw.get("startup", {}).get("contenders", {}).get("tfgpu_magic: the first %gpu (grow)")
+    ratio_target(
+        "%load_ext tfgpu_magic",
+        row("startup", "%load_ext", "nvitop"),
+        0.5,
+        f"; first %gpu {first_gpu['fresh'][0]:.3g} ms" if first_gpu else "",
+    )
+    ratio_target("cold refresh, 8 GPUs / 40 procs", row("refresh", "refresh, cold", "nvitop"), 0.5)
+    ratio_target("cold refresh, 64 GPUs / 1,000 procs", row("scaling", "refresh, cold", "nvitop"), 0.5)
+    ratio_target("status in a fresh process", row("fresh", "", "nvitop"), 0.5)
+    smi = row("fresh", "", "nvidia-smi")
+    if smi is not None:
+        ratio_target("tfgpu --json", smi, 3.0)
+    else:
+        found.append(
+            {
+                "target": "tfgpu --json against nvidia-smi",
+                "verdict": "not measured: needs a real driver"
+                if shutil.which("nvidia-smi") is None
+                else "not measured",
+            }
+        )
+    for framework, modes in raw.get("imports", {}).get("frameworks", {}).items():
+        for mode, what in (("built", "session built"), ("light", "first use: builds the session")):
+            hooks_ms = modes[mode]["hooks_ms"][0]
+            found.append(
+                {
+                    "target": f"import hooks, import {framework} ({what})",
+                    "ours": f"{hooks_ms:.3g} ms",
+                    "limit": "< 1 ms",
+                    "verdict": "MET" if hooks_ms < 1 else f"MISSED by {hooks_ms - 1:.3g} ms",
+                }
+            )
+    if "imports" not in raw:
+        found.append({"target": "import hooks < 1 ms a framework import", "verdict": "not measured"})
+    nvml = raw.get("refresh", {}).get("contenders", {}).get("tfgpu_magic", {}).get("nvml_calls")
+    found.append(
+        {
+            "target": "NVML calls a warm refresh, 8 GPUs",
+            "ours": "" if nvml is None else str(nvml),
+            "verdict": "not measured" if nvml is None else "reported",
+        }
+    )
+    for framework, result in raw.get("trace", {}).items():
+        for kind, data in result["cells"].items():
+            found.append(
+                {
+                    "target": f"%gpu trace, {framework}, {kind} cell",
+                    "ours": f"{data['on_us'][0]:.0f} us",
+                    "peer": f"{data['off_us'][0]:.0f} us (trace off)",
+                    "ratio": f"+{data['overhead_us']:.0f} us ({data['overhead_percent']:+.0f} %)",
+                    "verdict": "reported",
+                }
+            )
+    if "trace" not in raw:
+        found.append({"target": "%gpu trace overhead", "verdict": "not measured"})
+    return found
+
+
+def print_targets(found: list[dict[str, Any]]) -> None:
+    print("\nTargets (issue 32; this run's figures):")
+    columns = ("target", "ours", "peer", "ratio", "limit", "verdict")
+    widths = {c: max(len(c), *(len(t.get(c, "")) for t in found)) for c in columns}
+    print("  " + "  ".join(c.ljust(widths[c]) for c in columns))
+    for t in found:
+        print("  " + "  ".join(t.get(c, "").ljust(widths[c]) for c in columns))
+
+
 # -- the run --------------------------------------------------------------------------------------
 def machine() -> str:
     model = platform.processor() or platform.machine()
@@ -249,9 +411,15 @@ def main(argv: list[str] | None = None) -> None:
         raw["endpoint"] = endpoint(table, 30 if quick else 200)
     if "startup" in only:
         raw["startup"] = startup(table, 2 if quick else 9)
+    if "imports" in only:
+        raw["imports"] = imports(table, 1 if quick else 3)
+    if "trace" in only:
+        raw["trace"] = trace(table, 5 if quick else 50)
     print("\nFor README.md:\n" + table.markdown())
     table.print_ratios()
     raw["rows"] = table.rows
+    raw["targets"] = targets(table, raw)
+    print_targets(raw["targets"])
     out = os.path.join(ROOT, "build", "bench-results", f"compare-{today}{'-quick' if quick else ''}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
