@@ -321,15 +321,22 @@ def targets(table: Table, raw: dict[str, Any]) -> list[dict[str, Any]]:
                 else "not measured",
             }
         )
+    finder_ns = raw.get("imports", {}).get("finder_call_ns", 0.0)
     for framework, modes in raw.get("imports", {}).get("frameworks", {}).items():
         for mode, what in (("built", "session built"), ("light", "first use: builds the session")):
+            # Our hooks' time, and our finder's calls at the cost of one (each import looks once).
             hooks_ms = modes[mode]["hooks_ms"][0]
+            finder_ms = modes[mode]["finder_calls"] * finder_ns / 1e6
+            total = hooks_ms + finder_ms
             found.append(
                 {
                     "target": f"import hooks, import {framework} ({what})",
-                    "ours": f"{hooks_ms:.3g} ms",
+                    "ours": f"{total:.3g} ms (hooks {hooks_ms:.3g}, finder {finder_ms:.2g})",
                     "limit": "< 1 ms",
-                    "verdict": "MET" if hooks_ms < 1 else f"MISSED by {hooks_ms - 1:.3g} ms",
+                    "verdict": "MET"
+                    if total < 1
+                    else f"MISSED by {total - 1:.3g} ms"
+                    + (": the session's build, once a kernel" if mode == "light" else ""),
                 }
             )
     if "imports" not in raw:
