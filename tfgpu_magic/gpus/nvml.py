@@ -84,6 +84,7 @@ MEMORY = "memory"
 UTILIZATION = "utilization"
 COMPUTE_CAPABILITY = "compute capability"
 MIG = "MIG mode"
+COMPUTE_MODE = "compute mode"
 MIG_DEVICES = "MIG devices"
 MIG_IDS = "MIG instance ids"
 MAX_MIG_DEVICES = 64  # more than any GPU has (an A100 or H100: 7); bounds a driver's answer
@@ -321,6 +322,17 @@ class Nvml:
         lib = self._ensure_started()
         handle = self._handle(index)
         return self._read(index, UTILIZATION, _utilization, lib, handle)
+
+    def compute_mode(self, index: int) -> int | None:
+        """The GPU's compute mode (``nvmlDeviceGetComputeMode``: 0 default, 2 prohibited, 3
+        exclusive process); None where the driver cannot say.  Read when asked (``%gpu doctor``):
+        an administrator may change it at any time.  Raises :class:`GpuLost` like every reading."""
+        lib = self._ensure_started()
+        handle = self._handle(index)
+        try:
+            return self._read(index, COMPUTE_MODE, _compute_mode, lib, handle)
+        except ReadingFailed:
+            return None
 
     def cuda_driver_version(self) -> str | None:
         """The newest CUDA version the driver supports (``nvmlSystemGetCudaDriverVersion``), as
@@ -646,6 +658,13 @@ def _utilization(lib: Any, handle: Any) -> int:
 def _compute_capability(lib: Any, handle: Any) -> tuple[int, int]:
     major, minor = lib.nvmlDeviceGetCudaComputeCapability(handle)
     return (int(major), int(minor))
+
+
+def _compute_mode(lib: Any, handle: Any) -> int:
+    mode = int(lib.nvmlDeviceGetComputeMode(handle))
+    if not 0 <= mode <= 3:
+        raise ValueError(f"NVML gave compute mode {mode}")
+    return mode
 
 
 def _mig_enabled(lib: Any, handle: Any) -> bool:

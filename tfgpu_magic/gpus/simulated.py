@@ -172,6 +172,7 @@ class SimulatedGpu:
     mig: bool = False
     mig_instances: list[SimulatedMigInstance] = field(default_factory=list)  # read only when ``mig``
     max_mig_devices: int = 7  # what nvmlDeviceGetMaxMigDeviceCount says (an A100's 7); 0: no MIG support
+    compute_mode: int = 0  # nvmlDeviceGetComputeMode: 0 default, 2 prohibited, 3 exclusive process
     processes: list[SimulatedProcess] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)  # e.g. {"utilization", "processes"}
     lost: bool = False
@@ -299,6 +300,9 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # a MIG device has no MIG mode of its own
         mig = int(self._gpu(handle, "mig").mig)
         return [mig, mig]
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        return self._gpu(handle, "compute_mode").compute_mode
 
     # -- MIG devices (pynvml's names and semantics) ----------------------------------------
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:

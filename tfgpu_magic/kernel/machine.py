@@ -93,6 +93,14 @@ class Machine:
             return self.inherited.get(name)
         return self.env.get(name)
 
+    def set_by_hand(self, name: str) -> bool:
+        """Whether the variable's value now is neither what the kernel inherited nor what
+        tfgpu_magic last wrote: someone set (or removed) it in ``os.environ`` by hand."""
+        value = self.env.get(name)
+        if name in self._written:
+            return value != self._written[name]
+        return value != self.inherited.get(name)
+
     # -- GPUs -----------------------------------------------------------------------------------
     def gpu_count(self) -> int | None:
         return self.nvml.device_count() if self.nvml.available() else None
