@@ -20,6 +20,8 @@ SPLIT = grammar.usage("split")
         ("", grammar.Status()),
         ("status", grammar.Status()),
         ("status --json", grammar.Status(json=True)),
+        ("doctor", grammar.Doctor()),
+        ("DOCTOR --json  # how this kernel shares", grammar.Doctor(json=True)),
         ("use 1", grammar.Use((1,))),
         ("use 0,2", grammar.Use((0, 2))),
         ("use all", grammar.Use("all")),
@@ -67,6 +69,8 @@ def test_valid_forms(line, command):
     [
         ("bogus", f"unknown subcommand 'bogus'; {grammar.usage()}"),
         ("use", f"`%gpu use` needs GPUs; {USE}"),
+        ("doctor now", f"unexpected 'now'; {grammar.usage('doctor')}"),
+        ("doctor --json --json", f"--json given twice; {grammar.usage('doctor')}"),
         ("use -1", f"'-1' is not a GPU number or a comma list of them; {USE}"),
         ("use 1,1", f"'1,1' names a GPU twice; {USE}"),
         ("use 1,", f"'1,' is not a GPU number or a comma list of them; {USE}"),
@@ -133,6 +137,7 @@ def test_each_verb_is_declared_once_and_the_names_come_from_the_table():
         "monitor",
         "trace",
         "save",
+        "doctor",
         "reset",
     )
     assert grammar.CELL_VERBS == ("budget", "on")

@@ -181,6 +181,8 @@ PREFIXES = (
     "monitor --interval 0.1 --window",
     "monitor off",
     "trace",
+    "doctor",
+    "doctor --json",
     "reset",
 )
 CELL_PREFIXES = ("", "budget", "on", "on 1 budget", "budget 1G on")

@@ -27,6 +27,7 @@ __all__ = [
     "VERBS",
     "Allocator",
     "Auto",
+    "Doctor",
     "Free",
     "GrammarError",
     "Grow",
@@ -157,6 +158,13 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Doctor:
+    """``%gpu doctor``: how this kernel shares its GPUs, each finding with its evidence and fix."""
+
+    json: bool = False
+
+
+@dataclass(frozen=True)
 class Monitor:
     sidebar: bool = False
     interval: float | None = None  # seconds between samples; None: the running sampler's (0.5 s if none)
@@ -169,7 +177,21 @@ class Trace:
     on: bool
 
 
-Command = Use | Grow | Limit | Split | Allocator | Precision | Free | Status | Reset | Monitor | Trace | Save
+Command = (
+    Use
+    | Grow
+    | Limit
+    | Split
+    | Allocator
+    | Precision
+    | Free
+    | Status
+    | Reset
+    | Monitor
+    | Trace
+    | Save
+    | Doctor
+)
 
 PRECISIONS = ("mixed_float16", "mixed_bfloat16", "float32")
 MAX_SPLIT = 16
@@ -365,6 +387,7 @@ _AUTO_OPTIONS: dict[str, Callable[[str], object] | None] = {
     "wait": lambda v: parse_duration(v, "use"),
 }
 _STATUS_OPTIONS: dict[str, Callable[[str], object] | None] = {"json": None}
+_DOCTOR_OPTIONS: dict[str, Callable[[str], object] | None] = {"json": None}
 _MONITOR_OPTIONS: dict[str, Callable[[str], object] | None] = {
     "sidebar": None,
     "interval": lambda v: parse_duration(v, "monitor"),
@@ -485,6 +508,10 @@ def _precision(tokens: list[str]) -> Precision:
 
 def _status(tokens: list[str]) -> Status:
     return Status(json=bool(_options("status", tokens, _STATUS_OPTIONS)))
+
+
+def _doctor(tokens: list[str]) -> Doctor:
+    return Doctor(json=bool(_options("doctor", tokens, _DOCTOR_OPTIONS)))
 
 
 def _monitor(tokens: list[str]) -> Monitor:
@@ -723,6 +750,18 @@ TABLE: tuple[Verb, ...] = (
                 "keep this notebook's GPU needs and settings in its metadata, applied when its kernel starts",
             ),
         ),
+    ),
+    Verb(
+        "doctor",
+        _doctor,
+        forms=("%gpu doctor", "%gpu doctor --json"),
+        manual=(
+            (
+                "%gpu doctor",
+                "how this kernel shares its GPUs: each finding, its evidence and the fix (--json)",
+            ),
+        ),
+        flags=tuple(_DOCTOR_OPTIONS),
     ),
     Verb(
         "reset",

@@ -111,6 +111,7 @@ class GpuMagics(Magics):
             grammar.Monitor: self._monitor,
             grammar.Trace: self._trace,
             grammar.Save: self._save,
+            grammar.Doctor: self._doctor,
         }
         return self._handler_table
 
@@ -164,6 +165,16 @@ class GpuMagics(Magics):
 
         text, keys = notebook_settings.save(self.session)
         display(notebook_settings.bundle(text, keys), raw=True)  # the front end or the runner writes it
+
+    def _doctor(self, command: Any) -> str:
+        from . import doctor  # not at import: keeps `%load_ext` light
+
+        data = doctor.report(self.session)
+        if command.json:
+            from ..safe_text import strict_json
+
+            return strict_json(data, indent=2)
+        return doctor.render_text(data)
 
     def apply_notebook_settings(self) -> None:
         """The notebook's saved settings, when its kernel was started for one (after the defaults)."""
