@@ -69,7 +69,7 @@ def test_a_healthy_kernel_gets_no_findings_and_a_summary_of_how_it_shares():
     text = doctor.render_text(data)
     assert text.splitlines()[0] == "No findings."
     assert "  GPUs NVML lists: 4 (0,1,2,3)" in text
-    assert "  allocation: none inherited (every GPU listed)" in text
+    assert "  allocation: no CUDA_VISIBLE_DEVICES inherited (every GPU listed)" in text
     assert "  sharing: compute mode Default, no MPS daemon, no MIG" in text
     assert "  frameworks with a GPU pool: none yet" in text
 
@@ -86,6 +86,9 @@ def test_a_pod_granted_one_gpu_that_sees_four():
     assert finding["evidence"][1].startswith("NVML lists 4 GPUs: GPU 0 ")
     assert "`%gpu use 2`" in finding["fix"]  # the granted GPU's number here, found by its UUID
     assert "device-list-strategy = volume-mounts" in finding["fix"]
+    session = session_on(server, {"NVIDIA_VISIBLE_DEVICES": granted})
+    session.configure(grammar.parse("use 2"))  # the fix: the kernel stays inside the allocation
+    assert examine(session)["findings"] == []
 
 
 def test_a_slurm_job_without_a_device_cgroup_sees_the_whole_node():
@@ -130,6 +133,9 @@ def test_a_gpu_not_in_default_compute_mode(mode, title, fix):
     assert finding["title"].endswith(title)
     assert finding["evidence"][0].startswith(f"GPU 2: compute mode {doctor.COMPUTE_MODE_NAMES[mode]} (NVML)")
     assert fix in finding["fix"] and "`sudo nvidia-smi -i 2 -c DEFAULT`" in finding["fix"]
+    session = session_on(server)
+    session.configure(grammar.parse("use 1"))  # a GPU this kernel left out is not its concern
+    assert examine(session)["findings"] == []
 
 
 def test_memory_used_by_processes_this_container_cannot_see_is_time_slicing():
@@ -309,3 +315,15 @@ def test_a_failing_finding_is_a_note_not_an_error(monkeypatch):
     monkeypatch.setattr(doctor, "FINDINGS", (broken, *doctor.FINDINGS))
     data = examine(session_on(shared_server(ME)))
     assert data["findings"] == [] and "broken could not be checked (RuntimeError)" in data["notes"]
+
+
+def test_a_compute_mode_the_driver_cannot_read_and_no_driver_at_all_are_no_findings():
+    server = shared_server(ME)
+    server.gpus[2].unsupported.add("compute_mode")
+    data = examine(session_on(server))
+    assert data[
+        "findings"
+    ] == [] and "  sharing: compute mode Default, no MPS daemon, no MIG" in doctor.render_text(data)
+    data = examine(session_on(SimulatedNvml([], driver=False)))
+    assert data["findings"] == []
+    assert doctor.render_text(data).splitlines()[2].startswith("  NVML: ")

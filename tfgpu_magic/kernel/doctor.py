@@ -128,6 +128,14 @@ class Facts:
         return next((g for g in self.gpus if g.index == index), None)
 
     @property
+    def seen(self) -> tuple[GpuFacts, ...]:
+        """The GPUs this kernel may use (what the session accepted; every GPU when it names none):
+        how a GPU it left out is shared is not this kernel's concern."""
+        if self.applied_visible is None:
+            return self.gpus
+        return tuple(g for g in self.gpus if g.index in self.applied_visible)
+
+    @property
     def uuids(self) -> list[str | None]:
         return [g.uuid for g in self.gpus]
 
@@ -197,12 +205,9 @@ def gather(
     nvml_error = None
     gpus: tuple[GpuFacts, ...] = ()
     try:
-        if machine.nvml.available():
-            gpus = _read_gpus(session, my_pid, parents, limits, notes)
-        else:
-            nvml_error = "NVML is unavailable"
-    except NvmlUnavailable as err:
-        nvml_error = str(err)
+        gpus = _read_gpus(session, my_pid, parents, limits, notes)
+    except NvmlUnavailable as err:  # no driver: every other fact still holds
+        nvml_error = safe(str(err))
     capture = machine.cuda_record.capture
     return Facts(
         env=dict(env),
@@ -363,6 +368,12 @@ def more_gpus_than_allocated(facts: Facts) -> Finding | None:
     variable, value, count, indices = granted
     if count >= listed:
         return None
+    if (
+        indices is not None
+        and facts.applied_visible is not None
+        and set(facts.applied_visible) <= set(indices)
+    ):
+        return None  # `%gpu use` keeps the kernel inside the allocation already
     evidence = [
         f"{variable}={_shown(value)}: {count} GPU{'s' if count != 1 else ''} granted",
         f"NVML lists {listed} GPUs: "
@@ -400,7 +411,7 @@ def _granted(facts: Facts) -> tuple[str, str, int, tuple[int, ...] | None] | Non
 
 def mig_mode(facts: Facts) -> Finding | None:
     """(b) A GPU this kernel can reach is in MIG mode: CUDA gets one instance of it, not the GPU."""
-    on = [g for g in facts.gpus if g.mig]
+    on = [g for g in facts.seen if g.mig]
     if not on:
         return None
     allocation = facts.allocation
@@ -431,7 +442,7 @@ def mig_mode(facts: Facts) -> Finding | None:
 
 def compute_mode(facts: Facts) -> Finding | None:
     """(b) A GPU set to exclusive-process or prohibited compute mode."""
-    odd = [g for g in facts.gpus if g.compute_mode in (COMPUTE_EXCLUSIVE, COMPUTE_PROHIBITED)]
+    odd = [g for g in facts.seen if g.compute_mode in (COMPUTE_EXCLUSIVE, COMPUTE_PROHIBITED)]
     if not odd:
         return None
     evidence = [
@@ -440,7 +451,7 @@ def compute_mode(facts: Facts) -> Finding | None:
         for g in odd
     ]
     prohibited = [g.index for g in odd if g.compute_mode == COMPUTE_PROHIBITED]
-    usable = [g.index for g in facts.gpus if g.compute_mode != COMPUTE_PROHIBITED]
+    usable = [g.index for g in facts.seen if g.compute_mode != COMPUTE_PROHIBITED]
     first = odd[0].index
     if prohibited:
         line = f"`%gpu use {_gpu_list(usable)}`" if usable else "no GPU here accepts CUDA work"
@@ -460,7 +471,7 @@ def time_slicing(facts: Facts) -> Finding | None:
     """(b) A GPU's used memory well above the processes this container can see: others share it
     unseen (time-slicing, or another container on the same GPU)."""
     unseen = []
-    for g in facts.gpus:
+    for g in facts.seen:
         if g.used_bytes is None or g.total_bytes is None or g.processes is None or g.mig:
             continue
         listed = sum(p.used_memory_bytes or 0 for p in g.processes)
@@ -715,8 +726,16 @@ def summary(facts: Facts) -> list[str]:
     allocation = facts.allocation
     lines.append(
         "allocation: "
-        + (allocation.describe() if allocation.restricted else "none inherited (every GPU listed)")
+        + (
+            allocation.describe()
+            if allocation.restricted
+            else "no CUDA_VISIBLE_DEVICES inherited (every GPU listed)"
+        )
     )
+    granted = _granted(facts)
+    if granted is not None:
+        variable, value, count, _ = granted
+        lines.append(f"scheduler: {variable}={_shown(value)} ({count} GPU{'s' if count != 1 else ''})")
     lines.append(
         "this kernel: "
         + (
