@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from IPython.utils.capture import capture_output
 
 from tfgpu_magic.command import grammar
 from tfgpu_magic.frameworks import adapters
-from tfgpu_magic.frameworks.base import Stage
+from tfgpu_magic.frameworks.base import CUDA_ENV, Stage, capture
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import (
     SimulatedGpu,
@@ -252,6 +254,73 @@ def test_visible_devices_set_by_hand_after_gpu_use():
     assert "`%gpu use 1` applied GPU 1" in finding["evidence"]
     assert "this kernel claimed GPU 1, which the value leaves out" in finding["evidence"]
     assert "`os.environ.pop('CUDA_VISIBLE_DEVICES', None)`, then `%gpu use 1`" in finding["fix"]
+
+
+# A kernel of another process that claims a GPU (by its UUID), says so, and holds it until stdin closes.
+HOLDER = """
+import sys
+from tfgpu_magic.gpus import claims
+with claims.choosing():
+    print("claimed" if claims.claim(sys.argv[1]) else "refused", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def gpu_0_claimed_elsewhere():
+    """GPU 0 of shared_server claimed by another live process (a neighbour's kernel)."""
+    server = shared_server(ME)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, server.gpus[0].uuid],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        yield server, holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        holder.stdout.close()
+
+
+def test_visible_devices_set_by_hand_onto_a_gpu_another_kernel_claimed(gpu_0_claimed_elsewhere):
+    server, pid = gpu_0_claimed_elsewhere
+    session = session_on(server)
+    session.configure(grammar.parse("use 1"))
+    session.env["CUDA_VISIBLE_DEVICES"] = "0"
+    finding = only(examine(session), "visible_devices_by_hand")
+    assert any(line.startswith(f"GPU 0 is claimed by pid {pid} (") for line in finding["evidence"])
+
+
+def test_an_inherited_value_naming_a_claimed_gpu_outside_any_scheduler(gpu_0_claimed_elsewhere):
+    server, pid = gpu_0_claimed_elsewhere
+    finding = only(examine(session_on(server, {"CUDA_VISIBLE_DEVICES": "0"})), "visible_devices_by_hand")
+    assert finding["evidence"][0] == "CUDA_VISIBLE_DEVICES inherited: '0', not a scheduler's allocation"
+    assert finding["evidence"][1].startswith(f"GPU 0 is claimed by pid {pid} (")
+    assert "`%gpu use auto`" in finding["fix"]
+    # The same value from a scheduler (Slurm granted GPU 0) is the kernel's allocation: respected.
+    env = {"CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_GPUS": "0"}
+    assert "visible_devices_by_hand" not in [f["key"] for f in examine(session_on(server, env))["findings"]]
+
+
+def test_once_cuda_read_the_hand_made_value_the_fix_is_a_restart():
+    session = session_on(shared_server(ME))
+    session.configure(grammar.parse("use 1"))
+    session.env["CUDA_VISIBLE_DEVICES"] = "0"
+    session.machine.cuda_record.note(capture(CUDA_ENV, env=session.env), by="PyTorch")  # then CUDA started
+    finding = only(examine(session), "visible_devices_by_hand")
+    assert "CUDA read CUDA_VISIBLE_DEVICES='0' when PyTorch started it" in finding["evidence"]
+    assert finding["fix"].startswith("Restart the kernel")
+
+
+def test_a_value_set_by_hand_against_nothing_is_the_users_choice():
+    session = session_on(shared_server(ME))
+    session.env["CUDA_VISIBLE_DEVICES"] = "2"  # no `%gpu use`, no claim: the kernel follows it
+    assert examine(session)["findings"] == []
 
 
 def test_a_scheduler_allocation_inherited_is_not_by_hand():

@@ -610,46 +610,55 @@ def _lower(current: tuple[GpuFacts, int] | None, gpu: GpuFacts, room: int) -> tu
 
 def visible_devices_by_hand(facts: Facts) -> Finding | None:
     """(e) CUDA_VISIBLE_DEVICES set by hand against what `%gpu` applied or the claims: set in
-    os.environ in the kernel, or inherited naming GPUs another kernel has claimed."""
-    name = "CUDA_VISIBLE_DEVICES"
-    scheduler = _granted(facts) is not None
-    evidence: list[str] = []
-    if name in facts.by_hand:
-        value = facts.by_hand[name]
-        evidence.append(f"os.environ[{name!r}] = {_shown(value)}, set by hand in this kernel")
-        evidence.append(f"inherited: {_shown(facts.inherited.get(name))}")
-        if facts.requested_visible is not None:
-            evidence.append(
-                f"`%gpu {safe(facts.requested_visible)}` applied GPU {_gpu_list(facts.applied_visible or ())}"
-            )
-        named = None if value is None else _indices_named(value, facts)
-        taken = [i for i in named or () if i in facts.claimed_by_others]
-        evidence += [f"GPU {i} is claimed by {safe(facts.claimed_by_others[i])}" for i in taken]
-        hidden = [i for i in facts.claimed if named is not None and i not in named]
-        if hidden:
-            evidence.append(f"this kernel claimed GPU {_gpu_list(hidden)}, which the value leaves out")
-    elif not scheduler and facts.inherited.get(name) is not None:
-        value = facts.inherited.get(name)
-        named = _indices_named(value or "", facts)
-        taken = [i for i in named or () if i in facts.claimed_by_others]
-        if not taken:
-            return None
-        evidence.append(f"{name} inherited: {_shown(value)}, not a scheduler's allocation")
-        evidence += [f"GPU {i} is claimed by {safe(facts.claimed_by_others[i])}" for i in taken]
-    else:
+    os.environ in the kernel, or inherited (not from a scheduler) naming GPUs another kernel claimed."""
+    if "CUDA_VISIBLE_DEVICES" in facts.by_hand:
+        return _set_in_kernel(facts, facts.by_hand["CUDA_VISIBLE_DEVICES"])
+    value = facts.inherited.get("CUDA_VISIBLE_DEVICES")
+    if value is None or _granted(facts) is not None:
+        return None  # nothing inherited, or a scheduler's allocation: respected as it is
+    taken = _claimed_elsewhere(value, facts)
+    if not taken:
         return None
+    evidence = [f"CUDA_VISIBLE_DEVICES inherited: {_shown(value)}, not a scheduler's allocation", *taken]
+    return Finding(
+        "visible_devices_by_hand",
+        "CUDA_VISIBLE_DEVICES was set by hand before the kernel started, onto a GPU another kernel claimed",
+        tuple(evidence),
+        "Start the kernel without CUDA_VISIBLE_DEVICES (its kernel.json `env`, or the shell that started "
+        "Jupyter), then `%gpu use auto`, which claims a free GPU.",
+    )
+
+
+def _set_in_kernel(facts: Facts, value: str | None) -> Finding | None:
+    named = None if value is None else _indices_named(value, facts)
+    taken = _claimed_elsewhere(value or "", facts)
+    hidden = [i for i in facts.claimed if named is not None and i not in named]
+    applied = facts.applied_visible
+    differs = facts.requested_visible is not None and named is not None and applied is not None
+    differs = differs and set(named or ()) != set(applied or ())
+    if not (taken or hidden or differs):
+        return None  # set by hand, but against nothing: the kernel follows it (see `%gpu`)
+    evidence = [
+        f"os.environ['CUDA_VISIBLE_DEVICES'] = {_shown(value)}, set by hand in this kernel",
+        f"inherited: {_shown(facts.inherited.get('CUDA_VISIBLE_DEVICES'))}",
+    ]
+    if facts.requested_visible is not None:
+        evidence.append(f"`%gpu {safe(facts.requested_visible)}` applied GPU {_gpu_list(applied or ())}")
+    evidence += taken
+    if hidden:
+        evidence.append(f"this kernel claimed GPU {_gpu_list(hidden)}, which the value leaves out")
     if facts.cuda_read is not None:
         evidence.append(
-            f"CUDA read {name}={_shown(facts.cuda_read.get(name))} when "
+            f"CUDA read CUDA_VISIBLE_DEVICES={_shown(facts.cuda_read.get('CUDA_VISIBLE_DEVICES'))} when "
             f"{safe(facts.cuda_started_by or 'a framework')} started it"
         )
         fix = "Restart the kernel, leave CUDA_VISIBLE_DEVICES alone, and choose GPUs with `%gpu use auto`."
     else:
-        named_line = f"`%gpu use {_gpu_list(facts.applied_visible)}`" if facts.applied_visible else None
+        free = [i for i in applied or () if i not in facts.claimed_by_others]
+        named_line = f"`%gpu use {_gpu_list(free)}` (what `%gpu` applied) or " if free else ""
         fix = (
             "Remove it: `os.environ.pop('CUDA_VISIBLE_DEVICES', None)`, then "
-            + (f"{named_line} (what `%gpu` applied) or " if named_line else "")
-            + "`%gpu use auto` (which claims a free GPU)."
+            f"{named_line}`%gpu use auto` (which claims a free GPU)."
         )
     return Finding(
         "visible_devices_by_hand",
@@ -657,6 +666,16 @@ def visible_devices_by_hand(facts: Facts) -> Finding | None:
         tuple(evidence),
         fix,
     )
+
+
+def _claimed_elsewhere(value: str, facts: Facts) -> list[str]:
+    """Evidence lines for each GPU ``value`` names that another live kernel has claimed."""
+    named = _indices_named(value, facts) or ()
+    return [
+        f"GPU {i} is claimed by {safe(facts.claimed_by_others[i])}"
+        for i in named
+        if i in facts.claimed_by_others
+    ]
 
 
 def several_pools(facts: Facts) -> Finding | None:
