@@ -107,3 +107,28 @@ def test_another_failure_is_not_remembered(counted):
     assert "MIG mode: Insufficient Permissions" in session.nvml.gpu(2).notes
     del lib._lib.gpus[2].faults["mig"]
     assert session.nvml.gpu(2).mig_enabled is False and lib.calls["nvmlDeviceGetMigMode"] == 2
+
+
+def test_the_first_refresh_reads_memory_once_per_gpu():
+    """A new reader's first refresh needs each GPU's total (to resolve the request) and then its
+    reading: the total's reading is the refresh's, one memory call per GPU."""
+    lib = Counting(shared_server(my_pid=os.getpid()))
+    session = Session(nvml=Nvml(lib=lib), env={})
+    gpus = session.nvml.device_count()
+    first = lib.refresh(session)
+    assert first["nvmlDeviceGetMemoryInfo"] == gpus, first
+    assert lib.refresh(session)["nvmlDeviceGetMemoryInfo"] == gpus
+
+
+def test_the_totals_reading_is_not_used_once_stale():
+    clock = [100.0]
+    lib = Counting(shared_server(my_pid=os.getpid()))
+    nvml = Nvml(lib=lib, clock=lambda: clock[0])
+    assert nvml.total_bytes(0) is not None
+    used_then = nvml.gpu(0).memory
+    assert nvml.total_bytes(1) is not None
+    clock[0] += 5.0  # a reader that asked the total long ago: its next reading is a new one
+    before = lib.calls["nvmlDeviceGetMemoryInfo"]
+    assert nvml.gpu(1).memory is not None and used_then is not None
+    assert lib.calls["nvmlDeviceGetMemoryInfo"] == before + 1
+    assert nvml.gpu(0).memory is not None and lib.calls["nvmlDeviceGetMemoryInfo"] == before + 2

@@ -75,6 +75,10 @@ RETRY_S = 5.0  # a failed start is tried again after this long (monotonic second
 
 MAX_DEVICES = 1024  # more than any machine has: as many as `%gpu use` can name (0..1023)
 
+# How long the memory reading made for a GPU's total may stand in for the next reading of that GPU:
+# within one refresh (the request resolved, then the GPUs read), never across a user's two.
+FIRST_READING_S = 0.5
+
 # Reading names, as notes and ReadingFailed.reading show them.
 HANDLE = "device handle"
 UUID = "uuid"
@@ -209,6 +213,8 @@ class Nvml:
         self._count = 0
         self.count_note: str | None = None  # why the device count was capped, if it was
         self._static: dict[int, dict[str, Any]] = {}  # index -> {"uuid"|"name"|"total"|"pci"|"cc": value}
+        # index -> (clock time, the memory reading total_bytes made first), for gpu() to use once
+        self._first_memory: dict[int, tuple[float, MemoryInfo]] = {}
         self._system: dict[str, str | None] = {}  # facts of the driver itself: {"cuda_driver": "12.8"}
 
     # -- start and stop -------------------------------------------------------------------
@@ -286,6 +292,7 @@ class Nvml:
             self._handles.clear()
             self._mig_modes.clear()
             self._static.clear()  # a later start may see other GPUs
+            self._first_memory.clear()
             self._system.clear()
             try:
                 self._lib.nvmlShutdown()
@@ -356,8 +363,30 @@ class Nvml:
         return self._fact(index, "name", NAME, _name)
 
     def total_bytes(self, index: int) -> int | None:
-        """The GPU's total memory in bytes (cached); None if unreadable or lost (tried again next call)."""
-        return self._fact(index, "total", MEMORY, _total_bytes)
+        """The GPU's total memory in bytes (cached); None if unreadable or lost (tried again next call).
+
+        Its first read is the whole memory reading, which the next :meth:`gpu` of that GPU uses
+        if it comes within ``FIRST_READING_S``: a new reader's first refresh needs the total (to
+        resolve the request) and then the reading, and reads memory once per GPU, not twice.
+        """
+        total: int | None = self._static.get(index, {}).get("total")
+        if total is not None:
+            return total
+        lib = self._ensure_started()
+        try:
+            memory = self._read(index, MEMORY, _memory_info, lib, self._handle(index))
+        except (GpuLost, ReadingFailed):
+            return None
+        self._remember(index, "total", memory.total_bytes)
+        self._first_memory[index] = (self._clock(), memory)
+        return memory.total_bytes
+
+    def _taken_first_memory(self, index: int) -> MemoryInfo | None:
+        """The reading :meth:`total_bytes` just made, once, while it is younger than ``FIRST_READING_S``."""
+        taken = self._first_memory.pop(index, None)
+        if taken is None or self._clock() - taken[0] > FIRST_READING_S:
+            return None
+        return taken[1]
 
     def _fact(self, index: int, key: str, reading: str, read: Callable[[Any, Any], T]) -> T | None:
         value: T | None = self._static.get(index, {}).get(key)  # what `read` found before, or None
@@ -395,7 +424,7 @@ class Nvml:
                 return None
 
         try:
-            memory = optional(MEMORY, _memory_info)
+            memory = self._taken_first_memory(index) or optional(MEMORY, _memory_info)
             uuid = cached.get("uuid") or optional(UUID, _uuid)
             name = cached.get("name") or optional(NAME, _name)
             pci = cached.get("pci") or optional(PCI, _pci_bus_id)
@@ -630,10 +659,6 @@ def _version_2_missing(lib: Any, err: Exception) -> bool:
         return True
     missing = (getattr(lib, "NVML_ERROR_FUNCTION_NOT_FOUND", 13), getattr(lib, "NVML_ERROR_NOT_SUPPORTED", 3))
     return _is_nvml_error(lib, err) and _code(err) in missing
-
-
-def _total_bytes(lib: Any, handle: Any) -> int:
-    return _bytes(lib.nvmlDeviceGetMemoryInfo(handle).total)
 
 
 def _uuid(lib: Any, handle: Any) -> str:
