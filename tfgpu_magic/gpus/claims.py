@@ -47,7 +47,6 @@ import fcntl
 import os
 import pwd
 import re
-import secrets
 import stat
 import threading
 import time
@@ -421,6 +420,8 @@ def _create_own(dfd: int, directory: str, safe: str, uid: int) -> tuple[str, int
     shown = _shown(directory, 200)
     pid, start = _own_identity()
     name = f"{safe}.{uid}.{pid}.{start}.lock"
+    import secrets  # here: a status reads claims and never writes one (hashlib, hmac, random: ~3 ms)
+
     temporary = f"{_NEW_PREFIX}{uid}.{pid}.{start}.{secrets.token_hex(4)}"
     try:
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=dfd)

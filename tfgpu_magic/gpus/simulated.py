@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from . import SIMULATED_SOURCE_ENV
+
 __all__ = [
     "DEMO_KERNEL_PID",
     "MIG_READINGS",
@@ -1058,7 +1060,7 @@ def _gpu_from_spec(index: int, spec: dict[str, Any]) -> SimulatedGpu:
 
 
 # -- a kernel of a Jupyter server on a simulated server reads the same one ---------------------------
-SOURCE_ENV = "TFGPU_MAGIC_SIMULATED_SOURCE"  # which simulated server a kernel reads (kernel_environment)
+SOURCE_ENV = SIMULATED_SOURCE_ENV  # which simulated server a kernel reads (kernel_environment)
 KERNEL_NUMBER_ENV = "TFGPU_MAGIC_SIMULATED_KERNEL"  # a kernel's number on kernels_server
 USERS_ENV = "TFGPU_MAGIC_SIMULATED_USERS"  # host_kernels_server: only these users' kernels
 _SOURCES = {"kernels_server": kernels_server, "host_kernels_server": host_kernels_server}

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 from ..command.plan import MachineFacts, Resolution
 from ..command.units import MIB
 from ..frameworks.base import CUDA_ENV, CudaRecord, Framework
-from ..gpus import numbering, simulated
+from ..gpus import SIMULATED_SOURCE_ENV, numbering
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 
 __all__ = ["Machine"]
@@ -36,7 +37,7 @@ class Machine:
         self.env: MutableMapping[str, str] = os.environ if env is None else env
         # The real driver, unless the Jupyter server that started this kernel reads a simulated
         # one and named it in the kernel's environment (then the kernel reads that same one).
-        self.nvml = nvml if nvml is not None else Nvml(lib=simulated.from_environment(self.env))
+        self.nvml = nvml if nvml is not None else Nvml(lib=_simulated_source(self.env))
         self.cuda_record = CudaRecord()  # what CUDA read at its start, whichever framework started it
         self.frameworks: tuple[Framework, ...] = ()  # the kernel's adapters (see attach)
         self._frozen_cuda_map: list[int] | None = None  # CUDA's numbering, fixed once CUDA started
@@ -264,3 +265,13 @@ class Machine:
             if (lister := self._lister()) is None
             else (lister.name, lister.module),
         )
+
+
+def _simulated_source(env: Mapping[str, str]) -> Any:
+    """The simulated server the environment names (a kernel of a Jupyter server reading one), else
+    None: the real driver, and the simulated servers' module is not imported."""
+    if not env.get(SIMULATED_SOURCE_ENV):
+        return None
+    from ..gpus import simulated
+
+    return simulated.from_environment(env)

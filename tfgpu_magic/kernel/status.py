@@ -13,7 +13,6 @@ starts a framework.  A missing reading is ``None`` (n/a), never 0.
 from __future__ import annotations
 
 import dataclasses
-import html
 import os
 from collections.abc import Callable
 from typing import Any
@@ -773,4 +772,6 @@ def _processes_html(
 
 
 def _e(text: Any) -> str:
+    import html  # here: the text report (tfgpu, a terminal) needs no HTML
+
     return html.escape(str(text), quote=True)
