@@ -1,6 +1,6 @@
 """tfgpu_magic against its peers, every figure in one run: the README's performance table.
 
-    .venv/bin/python benchmarks/compare.py [--quick] [--only refresh,scaling,monitor,endpoint,startup,imports,trace]
+    .venv/bin/python benchmarks/compare.py [--quick] [--only refresh,scaling,fresh,monitor,endpoint,startup,imports,trace]
 
 Peers (pinned in ``peers.py``, installed on first use into ``build/bench-deps/peers``): nvitop,
 gpustat, jupyterlab-nvdashboard and jupyter-resource-usage.  Every contender reads the same
@@ -14,6 +14,8 @@ Each section runs in its own process (``vs_*.py``), which prints JSON; this prin
 Sections:
   refresh   a status refresh, warm and cold, 8 GPUs and 40 processes: ours, nvitop, gpustat
   scaling   the same at 64 GPUs and 1,000 processes
+  fresh     the first status of a new process (imports included), 8 GPUs / 40 and 64 GPUs / 1,000
+            processes: ``tfgpu --json`` and ``status.build_report``, nvitop's import and first snapshot
   monitor   the live chart at 10 samples/s on 8 GPUs, whole-process CPU: ours, nvdashboard
   endpoint  the server's status with 1, 10 and 20 real kernels: ours, jupyter-resource-usage
   startup   ``%load_ext tfgpu_magic`` in a fresh kernel: ours, ``import nvitop``, ``import gpustat``
@@ -44,7 +46,7 @@ sys.path.insert(0, HERE)
 import peers  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
-SECTIONS = ("refresh", "scaling", "monitor", "endpoint", "startup", "imports", "trace")
+SECTIONS = ("refresh", "scaling", "fresh", "monitor", "endpoint", "startup", "imports", "trace")
 
 
 def run_section(script: str, *args: Any) -> dict[str, Any]:
@@ -137,6 +139,34 @@ def refresh(table: Table, gpus: int, processes: int, rounds: int, section: str) 
                 tuple(found[peer][case]),
                 "ms",
             )
+    return result
+
+
+def fresh(table: Table, gpus: int, processes: int, rounds: int) -> dict[str, Any]:
+    result = run_section("vs_fresh.py", gpus, processes, rounds)
+    found = result["contenders"]
+    print(
+        f"\n[fresh] the first status of a new Python process, {gpus} GPUs, {processes} processes, "
+        f"{rounds} processes each (from the first import to the last reading; pynvml imported before)"
+    )
+    for name, data in found.items():
+        print(
+            f"  {name}: {data['modules']} modules imported, {data['nvml_calls']} NVML calls, "
+            f"psutil {'imported' if data['psutil'] else 'not imported'}; the whole process (interpreter "
+            f"and stand-in included) {_figure(tuple(data['process']), 'ms')}"
+        )
+    for ours, what in (
+        ("tfgpu --json", f"tfgpu --json, fresh process, {gpus} GPUs / {processes} procs"),
+        ("status.build_report", f"first status, fresh process, {gpus} GPUs / {processes} procs"),
+    ):
+        table.add(
+            "fresh",
+            what,
+            tuple(found[ours]["fresh"]),
+            "nvitop (import, first snapshot)",
+            tuple(found["nvitop"]["fresh"]),
+            "ms",
+        )
     return result
 
 
@@ -412,6 +442,11 @@ def main(argv: list[str] | None = None) -> None:
         raw["refresh"] = refresh(table, 8, 40, 60 if quick else 300, "refresh")
     if "scaling" in only:
         raw["scaling"] = refresh(table, 64, 1000, 10 if quick else 40, "scaling")
+    if "fresh" in only:
+        raw["fresh"] = {
+            "8": fresh(table, 8, 40, 6 if quick else 30),
+            "64": fresh(table, 64, 1000, 3 if quick else 12),
+        }
     if "monitor" in only:
         raw["monitor"] = monitor(table, 1 if quick else 3, 5.0 if quick else 20.0)
     if "endpoint" in only:
