@@ -134,3 +134,66 @@ def test_load_ext_in_a_fresh_python_imports_no_command_language_nor_session():
         "tfgpu_magic.kernel.deferred",
         "tfgpu_magic.kernel.magics",
     ]
+
+
+# What a status must not import: another process's reading needs none of these (no timing here:
+# the counts and figures are benchmarks/vs_fresh.py's).
+NOT_FOR_A_STATUS = (
+    "psutil",  # owners and commands come from /proc
+    "secrets",  # only a claim written needs a random name
+    "tfgpu_magic.gpus.simulated",  # only when the environment names a simulated server
+    "tfgpu_magic.command.saved",
+    "tfgpu_magic.kernel.magics",
+    "tfgpu_magic.kernel.monitor",
+    "tfgpu_magic.frameworks.tensorflow_diagnosis",
+    "IPython",
+    "tensorflow",
+    "torch",
+    "jax",
+)
+
+
+def _imported_by(code: str) -> set[str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in (*LOAD_TIME_VARIABLES, "TFGPU_MAGIC_SIMULATED_SOURCE")
+    }
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+def test_tfgpu_json_in_a_fresh_python_imports_only_what_a_status_reads(tmp_path):
+    code = (
+        "import json, os, sys\n"
+        "from tfgpu_magic.__main__ import main\n"
+        "saved = sys.stdout\n"
+        "with open(os.devnull, 'w') as sys.stdout:\n"
+        "    main(['--json'])\n"
+        "sys.stdout = saved\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    imported = _imported_by(code)
+    assert "tfgpu_magic.kernel.status" in imported  # the report was built
+    assert not {name for name in NOT_FOR_A_STATUS if name in imported}
+
+
+@pytest.mark.slow
+def test_a_first_status_listing_real_processes_imports_no_psutil():
+    # Processes of this machine listed (this one and its parent), owners and commands read as a
+    # terminal's status reads them: the simulated server has no owner table of its own.
+    code = (
+        "import json, os, sys\n"
+        "from tfgpu_magic.gpus.simulated import shared_server\n"
+        "lib = shared_server(my_pid=os.getppid())\n"
+        "lib.owner_of = None\n"
+        "from tfgpu_magic.gpus.nvml import Nvml\n"
+        "from tfgpu_magic.kernel import status\n"
+        "from tfgpu_magic.kernel.session import Session\n"
+        "report = status.build_report(Session(nvml=Nvml(lib=lib), env={}))\n"
+        "users = [p['user'] for g in report['gpus'] for p in g['processes'] or []]\n"
+        "assert any(users), report\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    imported = _imported_by(code)
+    assert "psutil" not in imported and "secrets" not in imported
+    assert not any(name.startswith(("tensorflow", "torch", "jax", "IPython")) for name in imported)
