@@ -74,10 +74,19 @@ MEM_FRACTION_ENV = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
 # "platform" allocates and frees on demand through CUDA: the only one that hands memory back, and slow.
 ALLOCATOR_NAMES = {"async": "cuda_async", "platform": "platform", "default": None}
 JAX_DEFAULT_FRACTION = 0.75  # of each GPU's total, taken at the first operation (JAX's documentation)
+
+
 # Its out-of-memory messages (XLA): "Out of memory while trying to allocate 4294967296 bytes." or "Failed
 # to allocate request for 1.00GiB (1073741824B) on device ordinal 1".
-_OOM = re.compile(r"allocate (?P<bytes>\d+) bytes|\((?P<b>\d+)B\)")
-_ORDINAL = re.compile(r"device ordinal (?P<ordinal>\d+)")
+@functools.cache
+def _oom_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(the size, the device ordinal) in XLA's message: compiled at the first out-of-memory error,
+    not at import (a status, which builds every adapter, never needs them)."""
+    return re.compile(r"allocate (?P<bytes>\d+) bytes|\((?P<b>\d+)B\)"), re.compile(
+        r"device ordinal (?P<ordinal>\d+)"
+    )
+
+
 # What the adapter uses of ``jax``: a module without them is not JAX (a planted jax.py).
 NEEDS = ("devices", "default_device", "clear_caches")
 JAX_START_ENV = (*CUDA_ENV, PREALLOCATE_ENV, ALLOCATOR_ENV, *MEM_FRACTION_ENV, "JAX_PLATFORMS")
@@ -619,9 +628,10 @@ class Jax(ReportingDefaults):
         if oom_type is None or not isinstance(error, oom_type):
             return None
         message = str(error)
-        found = _OOM.search(message)
+        size_pattern, ordinal_pattern = _oom_patterns()
+        found = size_pattern.search(message)
         request = format_size(int(found.group("bytes") or found.group("b"))) if found is not None else None
-        ordinal = _ORDINAL.search(message)
+        ordinal = ordinal_pattern.search(message)
         cuda_index = int(ordinal.group("ordinal")) if ordinal else 0
         requested = [f"Failed request: {request}"] if request else []
         steps = (

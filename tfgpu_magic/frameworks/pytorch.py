@@ -15,6 +15,7 @@ the environment CUDA read.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -69,8 +70,16 @@ NATIVE_ONLY_OPTIONS = (
     "expandable_segments",
     "release_lock_on_cudamalloc",
 )
+
+
 # Its out-of-memory message: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
-_OOM = re.compile(r"Tried to allocate (?P<size>[\d.]+ [KMGT]?i?B)\.(?: GPU (?P<gpu>\d+))?")
+@functools.cache
+def _oom_pattern() -> re.Pattern[str]:
+    """The size and GPU in PyTorch's message: compiled at the first out-of-memory error, not at
+    import (a status, which builds every adapter, never needs it)."""
+    return re.compile(r"Tried to allocate (?P<size>[\d.]+ [KMGT]?i?B)\.(?: GPU (?P<gpu>\d+))?")
+
+
 # What the adapter uses of ``torch``: a module without them is not PyTorch (a planted torch.py).
 NEEDS = (
     "version",
@@ -544,7 +553,7 @@ class PyTorch(ReportingDefaults):
         oom_type = self.oom_error_type()
         if oom_type is None or not isinstance(error, oom_type):
             return None
-        found = _OOM.search(str(error))
+        found = _oom_pattern().search(str(error))
         request = found.group("size") if found is not None else None
         cuda_index = int(found.group("gpu") or 0) if found is not None else 0
         device = f"cuda:{cuda_index}"

@@ -1124,11 +1124,19 @@ def _nvml_index(device: Any, cuda_map: list[int]) -> int:
 # -- its out-of-memory message --------------------------------------------------------------------------
 # "OOM when allocating tensor with shape[268435456] and type float on
 #  /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu_bfc"
-_OOM = re.compile(
-    r"OOM when allocating tensor with shape\[(?P<shape>[\d,\s]*)\] and type (?P<dtype>\w+)"
-    r" on \S*?device:(?P<device>[A-Z_]+:\d+)(?: by allocator (?P<allocator>\S+))?"
-)
-_DEVICE = re.compile(r"device:(?P<device>(?:GPU|CPU):\d+)")
+@functools.cache
+def _oom_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(the whole message, its device alone): compiled at the first out-of-memory error, not at
+    import (a status, which builds every adapter, never needs them)."""
+    return (
+        re.compile(
+            r"OOM when allocating tensor with shape\[(?P<shape>[\d,\s]*)\] and type (?P<dtype>\w+)"
+            r" on \S*?device:(?P<device>[A-Z_]+:\d+)(?: by allocator (?P<allocator>\S+))?"
+        ),
+        re.compile(r"device:(?P<device>(?:GPU|CPU):\d+)"),
+    )
+
+
 _DTYPE_BYTES = {
     "float": 4,
     "double": 8,
@@ -1156,9 +1164,10 @@ class OomSite:
 
 
 def parse_oom_message(message: str) -> OomSite:
-    match = _OOM.search(message)
+    message_pattern, device_pattern = _oom_patterns()
+    match = message_pattern.search(message)
     if match is None:
-        found = _DEVICE.search(message)
+        found = device_pattern.search(message)
         return OomSite(found.group("device") if found else None, None, None, None)
     dims = [int(d) for d in match.group("shape").replace(" ", "").split(",") if d]
     dtype = match.group("dtype")
