@@ -97,3 +97,23 @@ def test_usage_errors_exit_2():
     proc = run_cli("--frobnicate")
     assert proc.returncode == 2 and "unrecognized arguments: --frobnicate" in proc.stderr
     assert run_cli("--help").returncode == 0
+
+
+@pytest.mark.parametrize("words", [[], ["--json"], ["--demo"], ["--json", "--demo"], ["--demo", "--json"]])
+def test_the_plain_forms_read_as_argparse_reads_them(words):
+    from tfgpu_magic import __main__ as cli
+
+    args = cli._parser().parse_args(words)
+    assert cli._options(words) == (args.json, args.demo)
+    assert tuple(words) in cli._PLAIN_FORMS  # read without argparse
+
+
+def test_other_forms_are_argparse_s():
+    from tfgpu_magic import __main__ as cli
+
+    assert (
+        cli._options(["--jso"]) == cli._options(["--json", "--json"]) == (True, False)
+    )  # as argparse allows
+    for words in (["--json", "x"], ["-h"]):
+        with pytest.raises(SystemExit):
+            cli._options(words)

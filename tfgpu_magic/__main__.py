@@ -13,10 +13,13 @@ a terminal that cannot encode a character gets a ``\\x..`` escape rather than a 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 from ._version import __version__
 
@@ -25,7 +28,30 @@ __all__ = ["main"]
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head -1` reports for `yes`
 
 
+# The forms scripts and users type most, read without argparse (argparse and the gettext it
+# imports cost about a tenth of a fresh `tfgpu --json`): (json, demo).  Anything else (help,
+# --version, a mistake) is argparse's, so its answers and messages stay the same.
+_PLAIN_FORMS: dict[tuple[str, ...], tuple[bool, bool]] = {
+    (): (False, False),
+    ("--json",): (True, False),
+    ("--demo",): (False, True),
+    ("--json", "--demo"): (True, True),
+    ("--demo", "--json"): (True, True),
+}
+
+
+def _options(words: list[str]) -> tuple[bool, bool]:
+    """(``--json``, ``--demo``) of the command line."""
+    plain = _PLAIN_FORMS.get(tuple(words))
+    if plain is not None:
+        return plain
+    args = _parser().parse_args(words)
+    return args.json, args.demo
+
+
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="tfgpu",
         usage=(
@@ -72,13 +98,13 @@ def _main(argv: Sequence[str] | None) -> int:
         from .runner.run import main as run
 
         return run(words[1:])
-    args = _parser().parse_args(words)
+    as_json, demo = _options(words)
     from .gpus.nvml import Nvml
     from .kernel import status  # after parsing: `tfgpu --help` stays instant
     from .kernel.session import Session
 
     lib = table = None
-    if args.demo:
+    if demo:
         from .gpus.owners import OwnerLookupTable
         from .gpus.simulated import DEMO_KERNEL_PID, shared_server
 
@@ -87,7 +113,7 @@ def _main(argv: Sequence[str] | None) -> int:
         lib = shared_server(my_pid=DEMO_KERNEL_PID)
         table = OwnerLookupTable(lib.owner_of, me="me")
     report = status.build_report(Session(nvml=Nvml(lib=lib)), process_table=table, viewer="this process")
-    if args.json:
+    if as_json:
         from .safe_text import strict_json
 
         print(strict_json(report, indent=2))  # JSON.parse reads it: no NaN, no Infinity
