@@ -288,3 +288,18 @@ def test_a_strict_umask_still_lets_others_see_and_lock(claim_dir):
         == stat.S_IMODE((claim_dir / "tfgpu_magic-choose.lock").stat().st_mode)
         == 0o644
     )
+
+
+def test_reading_claims_lists_proc_only_for_a_claim_on_a_gpu_asked_about(claim_dir, monkeypatch):
+    from tfgpu_magic.gpus import process_table
+
+    listed = []
+    real = process_table.PROC.pids
+    monkeypatch.setattr(process_table.PROC, "pids", lambda: listed.append(1) or real())
+    claim_dir.mkdir(exist_ok=True)
+    (claim_dir / "unrelated-file").write_text("")
+    assert claims.holders(["gpu-0", "gpu-1"]) == {"gpu-0": None, "gpu-1": None}
+    assert listed == []  # nothing there names these GPUs: no process is asked about
+    (claim_dir / f"gpu-1.{os.geteuid()}.{os.getpid()}.1.lock").write_text("")  # a claim's name: is it alive?
+    assert claims.holders(["gpu-1"]) == {"gpu-1": None}  # not with that start time
+    assert listed == [1]

@@ -165,17 +165,28 @@ def own_start(proc: ProcReader = PROC) -> int:
 
 
 class ProcessTable:
-    """One look at the running processes; each pid's details are read once, when first asked for."""
+    """One look at the running processes, taken at the first question (a claim directory with no
+    claim on the GPUs asked about asks none: no listing of /proc); each pid's details are read
+    once, when first asked for."""
 
     def __init__(self, proc: ProcReader = PROC) -> None:
         self._proc = proc
-        try:
-            self._pids = proc.pids()
-        except OSError:
-            self._pids = set()
+        self._listed: set[int] | None = None
         self._seen: dict[int, Process | None] = {}
-        # hidepid: other users' processes are missing from /proc, so their absence proves nothing.
-        self.hides_others = os.geteuid() != 0 and 1 not in self._pids
+
+    @property
+    def _pids(self) -> set[int]:
+        if self._listed is None:
+            try:
+                self._listed = self._proc.pids()
+            except OSError:
+                self._listed = set()
+        return self._listed
+
+    @property
+    def hides_others(self) -> bool:
+        """hidepid: other users' processes are missing from /proc, so their absence proves nothing."""
+        return os.geteuid() != 0 and 1 not in self._pids
 
     def may_run(self, pid: int) -> bool:
         """False only when ``pid`` is surely not running (absent from a /proc that shows everyone)."""
