@@ -148,25 +148,33 @@ def _split(
     gpu: GpuInfo, entries: tuple[ProcessEntry, ...], allocator: AllocatorShare | None, my_pid: int
 ) -> GpuUsage:
     notes: list[str] = []
-    buckets = {w: _bucket([e for e in entries if e.whose == w]) for w in (THIS_KERNEL, MINE, OTHERS)}
+    groups: dict[str, list[ProcessEntry]] = {THIS_KERNEL: [], MINE: [], OTHERS: [], HIDDEN: []}
+    unknown, exited = [], []
+    for e in entries:  # one pass (every refresh, every GPU): whose each is, what is not known of it
+        group = groups.get(e.whose)
+        if group is not None:
+            group.append(e)
+        if e.used_memory_bytes is None:
+            unknown.append(e.pid)
+        if not e.alive and e.whose != THIS_KERNEL:
+            exited.append(e.pid)
+    buckets = {w: _bucket(groups[w]) for w in (THIS_KERNEL, MINE, OTHERS)}
     mine, source = buckets[THIS_KERNEL], "nvml"
-    if not any(e.whose == THIS_KERNEL for e in entries) and allocator is not None:
+    if not groups[THIS_KERNEL] and allocator is not None:
         mine, source = allocator.in_use_bytes, allocator.source
         notes.append(
             f"NVML does not list this kernel's pid {my_pid} here (a container without the host's "
             f"pid namespace?): showing {allocator.name}'s allocator in use, which leaves out CUDA's own overhead"
         )
-    unknown = [e.pid for e in entries if e.used_memory_bytes is None]
     if unknown:
         notes.append(
             f"NVML gives no memory figure for pid {', '.join(map(str, unknown))}; "
             "sums count only the known figures"
         )
-    exited = [e.pid for e in entries if not e.alive and e.whose != THIS_KERNEL]
     if exited:
         notes.append(f"pid {', '.join(map(str, exited))}: {EXITED_NOTE}; counted as unattributed")
     others, rest = buckets[OTHERS], _rest(gpu, [mine, buckets[MINE], buckets[OTHERS]])
-    hidden = [e.pid for e in entries if e.whose == HIDDEN]
+    hidden = [e.pid for e in groups[HIDDEN]]
     if hidden:  # another user's or exited: other users' share and the rest cannot be told apart
         others = rest = None
         notes.append(hidden_note(hidden))
