@@ -231,7 +231,8 @@ def panel_on_fake():
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     hub, server = Hub(), shared_server(ME)
     made = []
-    clock = itertools.count(1_700_000_000.0, 0.5).__next__  # each tick half a second on, as the sampler runs
+    # each tick a second on: at 0.5 s a panel sends at most one message a second (MAX_MESSAGES_PER_S)
+    clock = itertools.count(1_700_000_000.0, 1.0).__next__
 
     def make():
         made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5, clock=clock))

@@ -9,7 +9,11 @@ counted on the simulated server, messages on the panel, and time is an injected 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import (
@@ -20,8 +24,8 @@ from tfgpu_magic.gpus.simulated import (
     SimulatedProcess,
     shared_server,
 )
-from tfgpu_magic.kernel.allocator_figures import NOTHING_READ
-from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, Hub, Sampler
+from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, FigureSeries
+from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, DeviceSample, Hub, Sample, Sampler, _Stored
 
 ME = 4242
 MIB = 1024 * 1024
@@ -233,7 +237,7 @@ def test_an_unchanged_sample_is_sent_once_a_second_so_the_time_axis_moves_on(pan
 
 def test_a_change_brings_the_last_unchanged_sample_so_the_chart_stays_flat_up_to_it(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 6)  # half a second with nothing sent: a change goes out at once
+    ticks(s, clock, 11)  # a second with nothing sent: a change goes out at once
     before = clock.now
     mine(server).used_mib += 512
     ticks(s, clock, 1)
@@ -245,7 +249,9 @@ def test_a_change_brings_the_last_unchanged_sample_so_the_chart_stays_flat_up_to
     mine(server).used_mib += 512  # right after a message: nothing unsent to bring
     ticks(s, clock, 1)
     after = clock.now
-    ticks(s, clock, 4)  # it waits for the gap between messages
+    ticks(s, clock, 8)  # it waits for the gap between messages (0.9 s since the last)
+    assert len(p.sent) == 2
+    ticks(s, clock, 1)
     assert p.sent[2]["t"] == [after]
 
 
@@ -259,7 +265,7 @@ def test_a_change_of_utilization_a_message_or_the_status_is_sent(panel, what):
         server.gpus[3].lost = True
     else:
         allocator.broken = True  # a source that fails: a note in the status
-    ticks(s, clock, 1, 0.5)  # half a second after the last message: sent at once
+    ticks(s, clock, 1, 1.0)  # a second after the last message: sent at once
     assert len(p.sent) == 2
     sent = p.sent[1]
     assert sent["d"]["gpu0"]["util"] == [12 if what == "utilization" else 97]
@@ -287,7 +293,7 @@ def test_a_stopped_panel_ends_its_chart_at_the_last_sample_taken_for_it(panel):
 
 def test_after_the_history_a_change_comes_alone(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 6)  # half a second with nothing sent: the change will go out at once
+    ticks(s, clock, 11)  # a second with nothing sent: the change will go out at once
     p._on_message(p, {"kind": "history"}, [])  # holds the unsent samples
     mine(server).used_mib += 512
     ticks(s, clock, 1)
@@ -306,14 +312,14 @@ def sent_times(p) -> list[float]:
     return [t for message in p.sent for t in message["t"]]
 
 
-def test_busy_gpus_at_a_tenth_of_a_second_send_two_messages_a_second_holding_every_sample(panel):
+def test_busy_gpus_at_a_tenth_of_a_second_send_one_message_a_second_holding_every_sample(panel):
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     p, server, clock, s, _ = panel
-    assert widget.MAX_MESSAGES_PER_S == 2
-    busy(server, s, clock, 10)
-    assert [len(m["t"]) for m in p.sent] == [1, 5]  # at once, then half a second of samples
-    busy(server, s, clock, 90)  # ten seconds in all
-    assert len(p.sent) == 1 + 10 * widget.MAX_MESSAGES_PER_S - 1  # the last half second still waits
+    assert widget.MAX_MESSAGES_PER_S == 1
+    busy(server, s, clock, 11)
+    assert [len(m["t"]) for m in p.sent] == [1, 10]  # at once, then a second of samples
+    busy(server, s, clock, 89)  # ten seconds in all
+    assert len(p.sent) == 1 + 10 * widget.MAX_MESSAGES_PER_S - 1  # the last 0.9 s still waits
     p._on_message(p, {"kind": "stop"}, [])  # Stop sends what waits
     assert sent_times(p) == [sample.time_s for sample in s.history]  # none lost, in order
     utils = [u for m in p.sent for u in m["d"]["gpu0"]["util"]]
@@ -321,9 +327,9 @@ def test_busy_gpus_at_a_tenth_of_a_second_send_two_messages_a_second_holding_eve
     assert all(len(col) == len(m["t"]) for m in p.sent for dev in m["d"].values() for col in dev.values())
 
 
-def test_a_change_after_half_a_second_without_messages_goes_out_at_once(panel):
+def test_a_change_after_a_second_without_messages_goes_out_at_once(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 6)  # one message, then half a second of the same
+    ticks(s, clock, 11)  # one message, then a second of the same
     quiet = clock.now
     busy(server, s, clock, 1)
     assert len(p.sent) == 2 and p.sent[1]["t"] == [quiet, clock.now]
@@ -336,7 +342,7 @@ def test_a_waiting_batch_goes_out_with_the_next_tick_past_the_gap_though_nothing
     ticks(s, clock, 1)
     busy(server, s, clock, 1)
     change = clock.now
-    ticks(s, clock, 3)  # the same as the change: nothing to add, and 0.4 s since the message
+    ticks(s, clock, 8)  # the same as the change: nothing to add, and 0.9 s since the message
     assert len(p.sent) == 1
     ticks(s, clock, 1)
     assert len(p.sent) == 2 and p.sent[1]["t"] == [change]  # the unchanged tick itself is not sent
@@ -348,11 +354,11 @@ def test_a_waiting_batch_goes_out_with_the_next_tick_past_the_gap_though_nothing
     assert len(p.sent) == 3 and p.sent[2]["t"] == [unchanged, change, clock.now]
 
 
-def test_at_half_a_second_and_longer_every_changed_sample_has_its_own_message(panel):
+def test_at_a_second_and_longer_every_changed_sample_has_its_own_message(panel):
     p, server, clock, s, _ = panel
-    p.interval = 0.5  # from the browser: the sampler follows
-    assert s.interval == 0.5
-    for step in (0.5, 0.47, 0.53, 0.5, 1.0, 0.49):  # a tick's time comes a little early or late
+    p.interval = 1.0  # from the browser: the sampler follows
+    assert s.interval == 1.0
+    for step in (1.0, 0.94, 1.06, 1.0, 2.0, 0.98):  # a tick's time comes a little early or late
         busy(server, s, clock, 1, step)
     assert [len(m["t"]) for m in p.sent] == [1] * 6
     assert sent_times(p) == [sample.time_s for sample in s.history]
@@ -382,3 +388,121 @@ def test_the_history_holds_the_waiting_batch(panel):
     assert p.sent[-1]["kind"] == "history" and len(p.sent[-1]["t"]) == 3
     ticks(s, clock, 11)  # nothing waits: only a heartbeat comes
     assert [m["kind"] for m in p.sent] == ["samples", "history", "samples"] and len(p.sent[-1]["t"]) == 1
+
+
+# -- what a tick costs: NVML calls and messages, counted ----------------------------------------------
+class Counting:
+    """``lib`` with every ``nvml*`` call counted by name."""
+
+    def __init__(self, lib: SimulatedNvml) -> None:
+        self._lib = lib
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._lib, name)
+        if not (name.startswith("nvml") and callable(attr)):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_tick_makes_two_nvml_calls_a_gpu_and_one_message_a_second_serves_every_panel():
+    """The floor of a tick: memory and utilization per GPU, the process lists of a GPU only when its
+    memory moved, and one message a second whatever the number of samples or panels."""
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
+    server, clock, hub = shared_server(ME), Clock(), Hub()
+    lib = Counting(server)
+    made: list[Sampler] = []
+
+    def make() -> Sampler:
+        made.append(ManualSampler(Nvml(lib=lib), ME, interval=0.1, clock=clock))
+        return made[-1]
+
+    panels = [widget.MemoryPanel(hub, make, interval=0.1) for _ in range(2)]
+    for p in panels:
+        p.sent = []
+        p.send = lambda content, buffers=None, p=p: p.sent.append(content)
+    try:
+        assert len(made) == 1 and hub.sampler is made[0]  # one sampler, one reading a tick, for both
+        sampler = made[0]
+        busy(server, sampler, clock, 1)  # the first tick also names the GPUs and lists their processes
+        before = Counter(lib.calls)
+        busy(server, sampler, clock, 10)
+        memory, utilization = "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates"
+        assert lib.calls - before == Counter({memory: 10 * GPUS, utilization: 10 * GPUS})
+        mine(server).used_mib += 512  # this kernel allocates on GPU 1: that GPU alone is listed
+        before = Counter(lib.calls)
+        busy(server, sampler, clock, 1)
+        listings = {"nvmlDeviceGetComputeRunningProcesses": 1, "nvmlDeviceGetGraphicsRunningProcesses": 1}
+        assert lib.calls - before == Counter({memory: GPUS, utilization: GPUS, **listings})
+        for p in panels:
+            p.sent.clear()
+        busy(server, sampler, clock, 100)  # ten seconds, every sample new
+        assert len(panels[0].sent) == 10 * widget.MAX_MESSAGES_PER_S == 10
+        assert panels[0].sent == panels[1].sent
+        assert sum(len(m["t"]) for m in panels[0].sent) >= 91  # every sample but those still waiting
+    finally:
+        for p in panels:
+            p.close()
+        hub.stop_all()
+
+
+# -- what a batch holds: the same from packed samples as from Samples ------------------------------------
+FRAMEWORK_SERIES = [
+    ("pytorch", "allocated", None),
+    ("pytorch", "reserved", None),
+    ("tensorflow", "in_use", "tf_in_use_bytes"),
+    ("tensorflow", "peak", "tf_peak_bytes"),
+]
+readings = st.one_of(st.none(), st.integers(0, 2**53 - 1))
+
+
+@st.composite
+def packed_runs(draw):
+    """Samples as the sampler keeps them: one or two layouts, gaps, errors, figures and notes."""
+    charted = draw(st.lists(st.sampled_from(FRAMEWORK_SERIES), unique=True, max_size=3))
+    series = tuple(FigureSeries(f, s, f"{f}: {s}", wire) for f, s, wire in charted)
+    layouts = draw(
+        st.lists(
+            st.lists(st.sampled_from(["gpu0", "gpu1", "gpu2", "tensorflow:CPU:0"]), min_size=1, max_size=3),
+            min_size=1,
+            max_size=2,
+        )
+    )
+    stored, previous = [], None
+    for i in range(draw(st.integers(1, 6))):
+        keys = layouts[draw(st.integers(0, len(layouts) - 1))]
+        devices = tuple(
+            DeviceSample(
+                key,
+                f"label of {key}",
+                *(draw(readings) for _ in range(3)),
+                limit_bytes=draw(readings),
+                error=draw(st.sampled_from([None, "GPU 1 stopped answering"])),
+                utilization_percent=draw(st.one_of(st.none(), st.integers(0, 100))),
+                figures=tuple((f, s, draw(readings)) for f, s, _ in charted) if key != "gpu2" else (),
+            )
+            for key in keys
+        )
+        sample = Sample(
+            1_700_000_000.0 + i / 10,
+            devices,
+            draw(st.sampled_from([None, "a note"])),
+            series,
+            draw(st.sampled_from([None, 1_700_000_000.0])),
+            draw(st.sampled_from([(), ("JAX: not started",)])),
+        )
+        previous = _Stored.pack(sample, previous)
+        stored.append(previous)
+    return stored
+
+
+@settings(max_examples=200, deadline=None)
+@given(packed_runs())
+def test_a_batch_cut_from_packed_samples_is_the_batch_of_those_samples(stored):
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
+    assert widget.batch_packed(stored) == widget.batch([s.unpack() for s in stored])

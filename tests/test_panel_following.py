@@ -39,7 +39,8 @@ def panels():
     """open(**kwargs) -> a MemoryPanel on a fake server whose sends are recorded in .sent."""
     hub, server, made = Hub(), shared_server(ME), []
     seen = {"visible": None}
-    clock = itertools.count(1_700_000_000.0, 0.5).__next__  # each tick half a second on, as the sampler runs
+    # each tick a second on: at 0.5 s a panel sends at most one message a second (MAX_MESSAGES_PER_S)
+    clock = itertools.count(1_700_000_000.0, 1.0).__next__
 
     def make():
         made.append(

@@ -130,6 +130,10 @@ _READINGS = (
 )
 _GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
 _readings_of = operator.attrgetter(*_READINGS)  # a DeviceSample's readings, as a tuple
+_NO_READINGS = (_GAP,) * len(_READINGS)
+# A tick's plan (see Sampler._plan): the layout; per GPU (index, cap, figure values); the figure
+# values of the framework devices on no charted GPU.
+_Plan = tuple[tuple[tuple[str, str, tuple], ...], list[tuple[int, int, list]], list[list]]
 
 
 def _layout_of(device: DeviceSample) -> tuple[str, str, tuple[tuple[str, str], ...]]:
@@ -182,23 +186,44 @@ class _Stored:
     @classmethod
     def pack(cls, sample: Sample, previous: _Stored | None) -> _Stored:
         devices = sample.devices
-        layout = tuple(map(_layout_of, devices))
-        found = tuple(d.error for d in devices)
-        errors: tuple[str | None, ...] | None = found if any(found) else None
-        status = sample.status
-        figures, figures_at = (sample.series, sample.figure_notes), sample.figures_read_at
-        if previous is not None:  # share what did not change (equal strings, one copy)
-            layout = previous.layout if layout == previous.layout else layout
-            errors = previous.errors if errors == previous.errors else errors
+        values = [v for d in devices for v in (*_readings_of(d), *_figure_values(d))]
+        return cls.of(
+            sample.time_s,
+            tuple(map(_layout_of, devices)),
+            [_GAP if v is None else v for v in values],
+            [d.error for d in devices],
+            sample.status,
+            (sample.series, sample.figure_notes),
+            sample.figures_read_at,
+            previous,
+        )
+
+    @classmethod
+    def of(
+        cls,
+        time_s: float,
+        layout: tuple,
+        values: list[Any],
+        errors: list[str | None],
+        status: str | None,
+        figures: tuple,
+        figures_at: float | None,
+        previous: _Stored | None,
+    ) -> _Stored:
+        """A sample from its parts (``values``: _GAP where missing), sharing what did not change
+        with ``previous`` (equal strings and tuples, one copy: a panel then compares by identity)."""
+        found: tuple[str | None, ...] | None = tuple(errors) if any(errors) else None
+        if previous is not None:
+            layout = previous.layout if layout is previous.layout or layout == previous.layout else layout
+            found = previous.errors if found == previous.errors else found
             status = previous.status if status == previous.status else status
             figures = previous.figures if figures == previous.figures else figures
             figures_at = previous.figures_at if figures_at == previous.figures_at else figures_at
-        values = [v for d in devices for v in (*_readings_of(d), *_figure_values(d))]
         try:
-            readings = array("q", [_GAP if v is None else v for v in values])
+            readings = array("q", values)
         except (TypeError, OverflowError):  # not an int, or out of range: shown as a gap
             readings = array("q", [_int64(v) for v in values])
-        return cls(float(sample.time_s), layout, readings, errors, status, figures, figures_at)
+        return cls(float(time_s), layout, readings, found, status, figures, figures_at)
 
     def unpack(self) -> Sample:
         n = len(_READINGS)
@@ -278,7 +303,8 @@ class Sampler:
         self._lock = threading.Lock()  # guards history and listeners
         self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
         self._layout: tuple[tuple[str, str, tuple], ...] = ()  # the devices of the last good sample
-        self._listeners: list[Callable[[Sample], None]] = []
+        # (listener, packed): a packed listener is handed the _Stored sample, the others a Sample.
+        self._listeners: list[tuple[Callable[[Any], None], bool]] = []
         # Configuration sources may read every GPU in full; they change rarely, so they are
         # re-read every SLOW_SOURCES_S rather than on every tick: (monotonic time, values).
         self._slow: tuple[float, tuple[Any, ...]] | None = None
@@ -286,7 +312,12 @@ class Sampler:
         self._names: dict[int, tuple[str, str]] = {}
         # Per GPU: the last good process listing, as (clock time, used bytes then, mine, note).
         self._listings: dict[int, tuple[float, int, int | None, str | None]] = {}
-        self._wake = threading.Event()
+        # The last plan of a tick (see _plan), with the sources it was made from.
+        self._planned: tuple[AllocatorFigures, Mapping[int, int], tuple[int, ...], _Plan] | None = None
+        # Held while nobody asks the thread to wake; released to wake it.  A lock's timed acquire
+        # is the cheapest sleep that can be cut short (an Event's wait makes a lock per call).
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._stopping = threading.Event()
         self._state = threading.Lock()  # guards starting the thread and its decision to end
         self._looping = False  # the thread has not yet decided to end
@@ -301,7 +332,7 @@ class Sampler:
     def interval(self, seconds: float) -> None:
         self._interval = checked_interval(seconds)
         self._resize_history()
-        self._wake.set()  # a long sleep should not delay a shorter new interval
+        self._wake_up()  # a long sleep should not delay a shorter new interval
 
     def keep(self, seconds: float) -> None:
         """Keep at least ``seconds`` of history (the widest window of the open panels)."""
@@ -317,14 +348,15 @@ class Sampler:
                 self.history = deque(self.history, maxlen=self._history_len())
 
     # -- listeners and history --------------------------------------------------------------
-    def subscribe(self, listener: Callable[[Sample], None]) -> None:
+    def subscribe(self, listener: Callable[[Any], None], *, packed: bool = False) -> None:
+        """``listener`` is called on the sampler thread with each new :class:`Sample`; with
+        ``packed``, with the sample as the history keeps it (no Sample is then built for it)."""
         with self._lock:
-            self._listeners.append(listener)
+            self._listeners.append((listener, packed))
 
-    def unsubscribe(self, listener: Callable[[Sample], None]) -> None:
+    def unsubscribe(self, listener: Callable[[Any], None]) -> None:
         with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+            self._listeners = [(f, packed) for f, packed in self._listeners if f != listener]
 
     def snapshot(self) -> list[Sample]:
         """Every sample kept, oldest first."""
@@ -372,8 +404,14 @@ class Sampler:
         takes it back rather than start a second thread.
         """
         self._stopping.set()
-        self._wake.set()
+        self._wake_up()
         return self.wait(timeout)
+
+    def _wake_up(self) -> None:
+        try:
+            self._wake.release()
+        except RuntimeError:  # already released: the thread wakes once, as with an Event
+            pass
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (default ``STOP_WAIT_S``) for a stopped thread to end.
@@ -400,14 +438,12 @@ class Sampler:
                 if self._stopping.is_set():
                     self._looping = False
                     return
-            self.tick()  # never raises
+            self._take()  # never raises
             # Sleep to a deadline rather than for `interval`, so ticks do not drift by the
             # time a reading takes; after a stall (suspended VM) restart from now.
             deadline = max(deadline + self._interval, time.monotonic())
-            self._wake.wait(max(deadline - time.monotonic(), 0.0))
-            if self._wake.is_set():
-                self._wake.clear()
-                deadline = time.monotonic()
+            if self._wake.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                deadline = time.monotonic()  # woken (held again: the next wake releases it)
 
     def tick(self) -> Sample:
         """Take one sample, keep it and hand it to the listeners.
@@ -415,22 +451,33 @@ class Sampler:
         Never raises: a reading that fails in a way :meth:`read` does not expect becomes a
         sample of gaps with a note, and the next tick tries again.
         """
-        try:
-            sample, failed = self.read(), False
-        except Exception as err:
-            sample, failed = self._failed(err), True
+        stored, sample = self._take()
+        return stored.unpack() if sample is None else sample
+
+    def _take(self) -> tuple[_Stored, Sample | None]:
+        """One tick, packed: a :class:`Sample` is built only for listeners that take one."""
         with self._lock:
-            stored = _Stored.pack(sample, self.history[-1] if self.history else None)
+            previous = self.history[-1] if self.history else None
+        try:
+            stored, failed = self._read_packed(previous), False
+        except Exception as err:
+            stored, failed = _Stored.pack(self._failed(err), previous), True
+        with self._lock:
             self.history.append(stored)
             if not failed:
                 self._layout = stored.layout
             listeners = list(self._listeners)
-        for listener in listeners:
+        sample = None
+        for listener, packed in listeners:
             try:
-                listener(sample)
+                if packed:
+                    listener(stored)
+                else:
+                    sample = stored.unpack() if sample is None else sample
+                    listener(sample)
             except Exception:  # a broken panel must not stop the others' sampling
                 pass
-        return sample
+        return stored, sample
 
     def _failed(self, err: Exception) -> Sample:
         note = f"sampling failed ({type(err).__name__}: {err}); trying again next tick"
@@ -443,29 +490,84 @@ class Sampler:
 
     # -- one reading ------------------------------------------------------------------------
     def read(self) -> Sample:
+        return self._read_packed(None).unpack()
+
+    def _read_packed(self, previous: _Stored | None) -> _Stored:
+        """One reading of every device, packed as the history keeps it (see _Stored).
+
+        Per GPU a tick makes two NVML calls (memory, utilization), and lists the GPU's
+        processes only when its used memory moved (see :meth:`_mine`); nothing else is built
+        per device but its readings, so the work around those calls stays small.
+        """
         now = self._clock()
         status = None
-        figures, figures_note = _guarded(self._figures, "the allocator figures", NOTHING_READ)
-        if not isinstance(figures, AllocatorFigures):
-            figures, figures_note = (
-                NOTHING_READ,
-                f"the allocator figures source gave a {type(figures).__name__}",
-            )
+        figures, figures_note = self._allocator_figures()
         limits, limit_note, visible, found_note = self._configuration()
         try:
             count = self.nvml.device_count()
-            indices = [i for i in range(count) if visible is None or i in visible]
+            indices = tuple(i for i in range(count) if visible is None or i in visible)
         except NvmlUnavailable as err:
-            indices = []
+            indices = ()
             status = f"No NVIDIA GPU to chart: {err}"
-        on_gpu, elsewhere = _by_gpu(figures, set(indices))
-        wire = figures.wire_fields()
-        devices = [self._read_gpu(i, on_gpu.get(i, ()), wire, limits.get(i), now) for i in indices]
-        devices += [_elsewhere(device, wire) for device in elsewhere]
+        layout, gpus, elsewhere = self._plan(figures, indices, limits)
+        values: list[Any] = []
+        errors: list[str | None] = []
+        for index, cap, figure_values in gpus:
+            readings, note = self._read_gpu(index, cap, now)
+            values += readings
+            values += figure_values
+            errors.append(note)
+        for figure_values in elsewhere:
+            values += _NO_READINGS
+            values += figure_values
+            errors.append(None)
         notes = [n for n in (status, figures_note, limit_note, found_note if indices else None) if n]
-        return Sample(
-            now, tuple(devices), "; ".join(notes) or None, figures.series, figures.read_at, figures.notes
+        return _Stored.of(
+            now,
+            layout,
+            values,
+            errors,
+            "; ".join(notes) or None,
+            (figures.series, figures.notes),
+            figures.read_at,
+            previous,
         )
+
+    def _allocator_figures(self) -> tuple[AllocatorFigures, str | None]:
+        figures, note = _guarded(self._figures, "the allocator figures", NOTHING_READ)
+        if not isinstance(figures, AllocatorFigures):
+            return NOTHING_READ, f"the allocator figures source gave a {type(figures).__name__}"
+        return figures, note
+
+    def _plan(self, figures: AllocatorFigures, indices: tuple[int, ...], limits: Mapping[int, int]) -> _Plan:
+        """What a tick reads and how it is laid out: the layout, per GPU its index, cap and figure
+        values, and the figure values of the framework devices on no charted GPU.
+
+        Worked out again only when its sources change: a new snapshot of the figures (after a
+        cell), the GPUs charted or the limits (re-read every ``SLOW_SOURCES_S``), or a GPU
+        NVML has not named yet (asked again every tick).
+        """
+        plan = self._planned
+        if plan is not None and plan[0] is figures and plan[1] is limits and plan[2] == indices:
+            return plan[3]
+        on_gpu, others = _by_gpu(figures, set(indices))
+        layout: list[tuple[str, str, tuple]] = []
+        gpus = []
+        for index in indices:
+            key, label = self._names.get(index) or self._name(index)
+            found = on_gpu.get(index, ())
+            layout.append((key, label, tuple((f, s) for f, s, _ in found)))
+            limit = limits.get(index)
+            gpus.append((index, _GAP if limit is None else limit, _gaps(v for _, _, v in found)))
+        elsewhere = []
+        for device in others:
+            charted = tuple((device.framework, series) for series, _ in device.values)
+            layout.append((f"{device.framework}:{device.device}", device.label, charted))
+            elsewhere.append(_gaps(v for _, v in device.values))
+        made = (tuple(layout), gpus, elsewhere)
+        named = all(i in self._names for i in indices)
+        self._planned = (figures, limits, indices, made) if named else None
+        return made
 
     def _configuration(self) -> tuple[Any, ...]:
         now = time.monotonic()
@@ -476,41 +578,26 @@ class Sampler:
             self._slow = (now, (limits, limit_note, visible, found_note or None))
         return self._slow[1]
 
-    def _read_gpu(
-        self, index: int, figures: tuple, wire: Mapping[tuple[str, str], str], limit: int | None, now: float
-    ) -> DeviceSample:
-        key, label = self._names.get(index) or self._name(index)
-        older = _wire_fields(figures, wire)
+    def _read_gpu(self, index: int, cap: int, now: float) -> tuple[tuple[Any, ...], str | None]:
+        """One GPU's readings in _READINGS order (_GAP where missing), and the note on what failed."""
         note: str | None
         try:
-            memory = self.nvml.memory(index)
+            memory, busy = self.nvml.memory_and_utilization(index)
         except GpuLost as err:
             note = f"{err}; the chart resumes if it answers again"
         except Exception as err:  # NVMLError: not supported, no permission, ...
             note = f"GPU {index}: memory reading failed ({err})"
         else:
             mine, note = self._mine(index, memory.used_bytes, now)
-            return DeviceSample(
-                key=key,
-                label=label,
-                total_bytes=memory.total_bytes,
-                used_bytes=memory.used_bytes,
-                mine_bytes=mine,
-                limit_bytes=limit,
-                error=note,
-                utilization_percent=self._utilization(index),
-                figures=figures,
-                **older,
-            )
+            return (
+                memory.total_bytes,
+                memory.used_bytes,
+                _GAP if mine is None else mine,
+                cap,
+                _GAP if busy is None else busy,
+            ), note
         self._listings.pop(index, None)  # a GPU that answers again is listed afresh
-        return DeviceSample(key=key, label=label, limit_bytes=limit, error=note, figures=figures, **older)
-
-    def _utilization(self, index: int) -> int | None:
-        """Percent busy, or None (a gap) where NVML has no such reading: many GPUs lack it, so no note."""
-        try:
-            return self.nvml.utilization(index)
-        except Exception:
-            return None
+        return (_GAP, _GAP, _GAP, cap, _GAP), note
 
     def _mine(self, index: int, used: int, now: float) -> tuple[int | None, str | None]:
         """Bytes this kernel's process holds on the GPU; None when NVML cannot say.
@@ -595,16 +682,8 @@ def _wire_fields(figures: tuple, wire: Mapping[tuple[str, str], str]) -> dict[st
     return {wire[(f, s)]: v for f, s, v in figures if (f, s) in wire}
 
 
-def _elsewhere(device: Any, wire: Mapping[tuple[str, str], str]) -> DeviceSample:
-    """A framework device NVML does not show (TensorFlow's CPU:0, or any device without a driver)."""
-    figures = tuple((device.framework, series, value) for series, value in device.values)
-    return DeviceSample(
-        key=f"{device.framework}:{device.device}",
-        label=device.label,
-        error=None,  # (named: the wire fields below are numbers)
-        figures=figures,
-        **_wire_fields(figures, wire),
-    )
+def _gaps(values: Any) -> list[Any]:
+    return [_GAP if v is None else v for v in values]
 
 
 class Hub:

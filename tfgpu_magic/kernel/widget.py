@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import operator
 import pathlib
+from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -39,7 +40,18 @@ import anywidget
 import ipywidgets
 import traitlets
 
-from .monitor import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MAX_WINDOW_S, MIN_INTERVAL_S, Hub, Sample, Sampler
+from .monitor import (
+    _GAP,
+    _READINGS,
+    DEFAULT_INTERVAL_S,
+    MAX_INTERVAL_S,
+    MAX_WINDOW_S,
+    MIN_INTERVAL_S,
+    Hub,
+    Sample,
+    Sampler,
+    _Stored,
+)
 
 __all__ = ["MemoryPanel", "SideArea", "batch"]
 
@@ -80,11 +92,12 @@ _ABSENT = (None,) * len(SERIES)  # a device missing from a sample: a gap in ever
 # the browser draws the time axis, and says "last sample", up to the newest point it holds.
 HEARTBEAT_S = 1.0
 
-# Messages a second at most, whatever the interval.  A comm message costs the kernel about a
-# millisecond of CPU (ipykernel serialises, signs and sends it on its IOPub thread) however many
-# samples it holds, so at 0.1 s with busy GPUs (a change every tick) the samples of half a second
-# go out together: 2 messages a second instead of 10, every sample still in them.
-MAX_MESSAGES_PER_S = 2
+# Messages a second at most, whatever the interval.  A comm message costs the kernel about 0.7 ms
+# of CPU (ipykernel serialises and signs it on the sampler thread, then its IOPub thread and zmq's
+# send it; measured 2026-11-27) however many samples it holds, so at 0.1 s with busy GPUs (a
+# change every tick) the samples of a second go out together: 1 message a second instead of 10,
+# every sample still in it, each with its own time (the chart draws them all).
+MAX_MESSAGES_PER_S = 1
 
 # A chart whose device left the samples.  GPUs leave when `%gpu use` hides them from this
 # kernel (the sampler follows the session's visible GPUs); the chart stays, frozen, and says why.
@@ -135,6 +148,69 @@ def batch(
         "figure_notes": list(last.figure_notes) if last else [],
         "figures_read_at": last.figures_read_at if last else None,
     }
+
+
+def batch_packed(stored: list[_Stored], kind: str = "samples") -> dict[str, Any]:
+    """:func:`batch` of samples as the history keeps them, without building a Sample each.
+
+    Samples of one layout and one description of their figures (what a steady panel sends:
+    the sampler shares both with the previous sample while unchanged) are cut into columns
+    straight from their packed readings; any others go through :func:`batch`.
+    """
+    first = stored[0] if stored else None
+    if first is None or any(s.layout is not first.layout or s.figures is not first.figures for s in stored):
+        return batch([s.unpack() for s in stored], kind)
+    keys = [key for key, _, _ in first.layout]
+    if len(set(keys)) != len(keys):  # one key twice: batch() says which one counts
+        return batch([s.unpack() for s in stored], kind)
+    series, notes = first.figures
+    wire = {(s.framework, s.series): _WIRE_NAME[s.wire_field] for s in series if s.wire_field in _WIRE_NAME}
+    flat = array("q")
+    for s in stored:
+        flat.extend(s.readings)
+    stride, n = len(first.readings), len(_READINGS)
+    columns: dict[str, dict[str, object]] = {}
+    at = 0
+    for key, _, charted in first.layout:
+        device: dict[str, object] = {
+            name: _column(flat, at + j, stride) for j, name in enumerate(_PACKED_SERIES)
+        }
+        frameworks: dict[str, dict[str, list]] = {}
+        for k, (framework, name) in enumerate(charted):
+            column = _column(flat, at + n + k, stride)
+            frameworks.setdefault(framework, {})[name] = column
+            if (framework, name) in wire:
+                device[wire[(framework, name)]] = column
+        columns[key] = {s: device[s] if s in device else [None] * len(stored) for s in SERIES}
+        if frameworks:
+            columns[key]["frameworks"] = frameworks
+        at += n + len(charted)
+    last = stored[-1]
+    errors = last.errors or (None,) * len(keys)
+    seen: dict[tuple[str, str], str] = {}
+    for s in series:
+        seen.setdefault((s.framework, s.series), s.label)
+    return {
+        "kind": kind,
+        "t": [s.time_s for s in stored],
+        "d": columns,
+        "errors": dict(zip(keys, errors, strict=True)),
+        "status": last.status,
+        "figures": [{"framework": f, "series": s, "label": label} for (f, s), label in seen.items()],
+        "figure_notes": list(notes),
+        "figures_read_at": last.figures_at,
+    }
+
+
+_WIRE_NAME = {field: name for name, field in SERIES.items()}  # "tf_in_use_bytes" -> "tf"
+_PACKED_SERIES = [_WIRE_NAME[field] for field in _READINGS]  # the packed readings' wire names
+
+
+def _column(flat: array, offset: int, stride: int) -> list[int | None]:
+    """Every ``stride``-th packed reading from ``offset``, gaps as None."""
+    column = flat[offset::stride]
+    values = column.tolist()
+    return [None if v == _GAP else v for v in values] if _GAP in column else values
 
 
 def _figure_columns(samples: list[Sample], keys: Iterable[str]) -> dict[str, dict[str, dict[str, list]]]:
@@ -238,9 +314,11 @@ class MemoryPanel(anywidget.AnyWidget):
         self._described: list[dict[str, Any]] = []
         self._known: dict[str, str] = {}  # key -> label of every device this panel charts, in order
         self._layout: tuple[tuple[str, str], ...] = ()  # (key, label) of the devices last described
-        self._sent: Sample | None = None  # the last sample sent to the browser, or pending
-        self._unsent: Sample | None = None  # the newest sample not sent: equal to _sent but for its time
-        self._pending: list[Sample] = []  # samples for the next message (_sent is the last), oldest first
+        # Samples as the sampler packs them (monitor._Stored): compared and sent without unpacking.
+        self._sent: _Stored | None = None  # the last sample sent to the browser, or pending
+        self._unsent: _Stored | None = None  # the newest sample not sent: equal to _sent but for its time
+        self._pending: list[_Stored] = []  # samples for the next message (_sent is the last), oldest first
+        self._seen_layout: tuple | None = None  # the packed layout last described
         self._message_s = float("-inf")  # sample time of the last message sent
         previous = _running_interval(hub)
         sampler = hub.join(self, make, window)
@@ -248,8 +326,8 @@ class MemoryPanel(anywidget.AnyWidget):
         self._join_interval(interval, previous)
         recent = sampler.latest()
         if recent is not None:
-            self._describe_devices(recent)
-        sampler.subscribe(self._on_sample)
+            self._describe_devices(tuple((d.key, d.label) for d in recent.devices))
+        sampler.subscribe(self._on_sample, packed=True)
         self.running = True
         self.on_msg(self._on_message)
         if self.comm is not None:  # the front end closed the model: release it here too
@@ -258,19 +336,24 @@ class MemoryPanel(anywidget.AnyWidget):
         self.observe(self._on_window, "window")
 
     # -- kernel -> browser (on the sampler thread) -------------------------------------------
-    def _on_sample(self, sample: Sample) -> None:
+    def _on_sample(self, sample: _Stored) -> None:
         sent, unsent = self._sent, self._unsent
+        # What the history shares with the previous sample while unchanged is compared by identity
+        # first; the readings of all devices are one array, compared in C.
         same = (
             sent is not None
-            and sample.devices == sent.devices
-            and sample.status == sent.status
-            and sample.series == sent.series
-            and sample.figure_notes == sent.figure_notes
+            and sample.readings == sent.readings
+            and _equal(sample.layout, sent.layout)
+            and _equal(sample.errors, sent.errors)
+            and _equal(sample.status, sent.status)
+            and _equal(sample.figures, sent.figures)
         )
         if same and sent is not None and 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
             self._unsent = sample  # nothing new to show; a change or a heartbeat may carry it later
         else:
-            self._describe_devices(sample)
+            if sample.layout is not self._seen_layout:
+                self._seen_layout = sample.layout
+                self._describe_devices(tuple((key, label) for key, label, _ in sample.layout))
             # Before a change, the last unchanged sample: the chart holds the old value up to just
             # before it.  A heartbeat needs none: the line is flat from the last point to it.
             self._pending += [sample] if same or unsent is None else [unsent, sample]
@@ -280,7 +363,7 @@ class MemoryPanel(anywidget.AnyWidget):
         if self._pending and not 0.0 <= since < self._message_gap_s():
             pending, self._pending = self._pending, []
             self._message_s = sample.time_s
-            self.send(batch(pending))
+            self.send(batch_packed(pending))
 
     def _message_gap_s(self) -> float:
         """The least sample time between two messages: 1 / MAX_MESSAGES_PER_S, less a tenth of an interval.
@@ -290,14 +373,14 @@ class MemoryPanel(anywidget.AnyWidget):
         """
         return 1.0 / MAX_MESSAGES_PER_S - self.interval / 10
 
-    def _describe_devices(self, sample: Sample) -> None:
-        layout = tuple((d.key, d.label) for d in sample.devices)
+    def _describe_devices(self, layout: tuple[tuple[str, str], ...]) -> None:
+        """``layout``: the (key, label) of every device in the newest sample."""
         if layout == self._layout:
             return  # the devices and their labels as last described: nothing to do
         self._layout = layout
-        for device in sample.devices:
-            self._known[device.key] = device.label  # a lost GPU's name may come later
-        described = _describe(self._known, {d.key for d in sample.devices})
+        for key, label in layout:
+            self._known[key] = label  # a lost GPU's name may come later
+        described = _describe(self._known, {key for key, _ in layout})
         if described != self._described:  # rare: a GPU hidden by `%gpu use`, a TensorFlow device appeared
             self._described = described
             self.devices = described
@@ -382,7 +465,7 @@ class MemoryPanel(anywidget.AnyWidget):
         if unsent is not None:  # the frozen chart ends at the last sample taken for it
             pending.append(unsent)
         if pending:
-            self.send(batch(pending))
+            self.send(batch_packed(pending))
         if self._hub is not None:
             self._hub.leave(self, shown=True)
         self.running = False
@@ -399,6 +482,10 @@ class MemoryPanel(anywidget.AnyWidget):
         super().close()
         if isinstance(layout, ipywidgets.Widget):
             layout.close()
+
+
+def _equal(a: object, b: object) -> bool:
+    return a is b or a == b
 
 
 def _running_interval(hub: Hub) -> float | None:
