@@ -18,11 +18,23 @@ Decisions on combinations TensorFlow mishandles:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from . import grammar
 from .grammar import Percent, Size
 from .units import MIB, format_bytes
+
+
+class PlatformShare(Protocol):
+    """The platform's share of one GPU as resolving reads it (``tfgpu_magic.gpus.platform`` makes them)."""
+
+    @property
+    def bytes(self) -> int: ...
+
+    def short(self) -> str: ...
+
 
 __all__ = ["CONTEXT_RESERVE_MIB", "GpuPlan", "MachineFacts", "Plan", "PlanError", "Resolution", "resolve"]
 
@@ -30,6 +42,10 @@ __all__ = ["CONTEXT_RESERVE_MIB", "GpuPlan", "MachineFacts", "Plan", "PlanError"
 # (landscape.md: a 512 MB limit showed 1869 MiB in nvidia-smi).  Left free when `split N`
 # must divide a whole GPU.
 CONTEXT_RESERVE_MIB = 1536
+
+# A CUDA context with lazy loading (CUDA >= 11.7), outside any framework's pool: what a kernel
+# under a platform share is left free when it asks for no limit of its own (sharing.md).
+SHARE_CONTEXT_MIB = 300
 
 
 class PlanError(ValueError):
@@ -147,6 +163,8 @@ class MachineFacts:
     default_visible: tuple[int, ...] | None
     # The framework CUDA listed the GPUs for (as shown, and as imported): said when a GPU is missing.
     listed_by: tuple[str, str] = ("the framework", "it")
+    # nvidia-smi index -> the platform's share of that GPU (gpus/platform.py), as inherited.
+    shares: Mapping[int, PlatformShare] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -158,6 +176,9 @@ class GpuPlan:
     cap_mib: int | None  # the per-GPU limit, resolved (None: no limit)
     logical_mib: tuple[int, ...] | None  # logical GPUs to create (a limit alone: one of that size)
     shares_mib: tuple[tuple[str, int], ...] = ()  # the named shares of ``cap_mib`` (framework key, MiB)
+    # Set when no limit was asked and ``cap_mib`` is the platform's share less a CUDA context:
+    # the share's one-line description (said as such wherever the limit is shown).
+    within_share: str | None = None
 
     def with_cap(self, cap_mib: int) -> GpuPlan:
         """This GPU with a part of its cap (a framework's share of the kernel's limit): a limit's
@@ -231,7 +252,7 @@ def resolve(plan: Plan, facts: MachineFacts) -> Resolution:
             )
     positions = visible if visible is not None else tuple(range(len(plan.limits or ())))
     gpus = tuple(
-        _gpu_plan(plan, position, index, facts.totals_mib.get(index))
+        _gpu_plan(plan, position, index, facts.totals_mib.get(index), facts.shares.get(index))
         for position, index in enumerate(positions)
     )
     return Resolution(plan, visible, gpus if visible is not None else ())
@@ -299,15 +320,30 @@ def _not_found_by_cuda(hidden: list[int], found: tuple[int, ...], name: str, mod
     )
 
 
-def _gpu_plan(plan: Plan, position: int, index: int, total_mib: int | None) -> GpuPlan:
+def _gpu_plan(
+    plan: Plan, position: int, index: int, total_mib: int | None, share: PlatformShare | None = None
+) -> GpuPlan:
     cap = _cap_mib(plan, position, index, total_mib)
+    within = None
+    if share is not None:
+        share_mib = share.bytes // MIB
+        asked = cap if cap is not None else sum(plan.split.sizes) if plan.split and plan.split.sizes else None
+        if asked is not None and asked > share_mib:
+            raise PlanError(
+                f"{asked} MiB is above this kernel's share of GPU {index} ({share.short()}); ask for at "
+                f"most {share_mib} MiB, e.g. `%gpu limit {max(1, share_mib - SHARE_CONTEXT_MIB)}M` "
+                "(the share less a CUDA context)"
+            )
+        whole_gpu = total_mib is not None and share_mib >= total_mib
+        if cap is None and not whole_gpu and (plan.split is None or plan.split.count):
+            cap, within = max(1, share_mib - SHARE_CONTEXT_MIB), share.short()
     if cap is not None and total_mib is not None and cap > total_mib:
         raise PlanError(
             f"GPU {index} has {total_mib} MiB; {cap} MiB does not fit "
             "(use a smaller size or a percentage, e.g. `%gpu limit 90%`)"
         )
     shares = tuple((key, _mib(size, total_mib)) for key, size in plan.shares or ())
-    return GpuPlan(index, total_mib, cap, _logical_sizes(plan, index, cap, total_mib), shares)
+    return GpuPlan(index, total_mib, cap, _logical_sizes(plan, index, cap, total_mib), shares, within)
 
 
 def _cap_mib(plan: Plan, position: int, index: int, total_mib: int | None) -> int | None:

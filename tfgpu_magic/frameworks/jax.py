@@ -313,7 +313,8 @@ class Jax(ReportingDefaults):
             host.set_env(ALLOCATOR_ENV, host.unmanaged_value(ALLOCATOR_ENV))
         else:
             host.set_env(ALLOCATOR_ENV, ALLOCATOR_NAMES[plan.allocator])
-        capped = plan.limits is not None or plan.shares is not None
+        # A limit asked, or a platform share's default cap (resolved into the GPUs' caps).
+        capped = any(g.cap_mib is not None for g in change.resolution.gpus)
         fraction = fraction_for(change.resolution) if capped else None
         chosen = mem_fraction_name({n: host.unmanaged_value(n) or "" for n in MEM_FRACTION_ENV})
         for name in MEM_FRACTION_ENV:  # exactly one name: the user's choice, else the old one

@@ -22,7 +22,7 @@ from typing import Any
 from ..command.plan import MachineFacts, Resolution
 from ..command.units import MIB
 from ..frameworks.base import CUDA_ENV, CudaRecord, Framework
-from ..gpus import SIMULATED_SOURCE_ENV, numbering
+from ..gpus import SIMULATED_SOURCE_ENV, numbering, platform
 from ..gpus.nvml import GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 
 __all__ = ["Machine"]
@@ -46,6 +46,10 @@ class Machine:
         self.inherited = {name: self.env.get(name) for name in CUDA_ENV}
         self._written: dict[str, str | None] = {}  # what we last set each variable to
         self._allocation: numbering.Allocation | None = None
+        # The platform's share variables as the kernel inherited them, and the shares they make
+        # (read once NVML can number the GPUs; see platform_shares).
+        self.inherited_platform = platform.inherited_variables(self.env)
+        self._platform_shares: dict[int, platform.PlatformShare] | None = None
 
     def attach(self, frameworks: tuple[Framework, ...]) -> None:
         """The kernel's adapters: they read and write this machine's environment and CUDA record."""
@@ -62,6 +66,8 @@ class Machine:
         a copy taken then), and ``written`` is what loading set in it since."""
         for name in self.inherited:
             self.inherited[name] = environment.get(name)
+        self.inherited_platform = platform.inherited_variables(environment)
+        self._platform_shares = None
         self._written.update(written)
 
     def set_env(self, name: str, value: str | None) -> None:
@@ -154,6 +160,25 @@ class Machine:
             raw = self.inherited["CUDA_VISIBLE_DEVICES"]
             self._allocation = numbering.allocation_from(raw, self.uuids(), self._mig_for(raw))
         return self._allocation
+
+    def platform_shares(self) -> dict[int, platform.PlatformShare]:
+        """Each GPU's platform share (nvidia-smi index -> share), read from what the kernel
+        inherited the first time NVML can number the GPUs, and kept: every report reads this."""
+        if self._platform_shares is not None:
+            return self._platform_shares
+        count = self.gpu_count()
+        if count is None:
+            return {}
+        gpus = [platform.GpuFacts(i, self.nvml.uuid(i), self.nvml.total_bytes(i)) for i in range(count)]
+        inherited_cuda = {name: self.inherited.get(name) for name in CUDA_ENV}
+        raw = inherited_cuda.get("CUDA_VISIBLE_DEVICES")
+        cuda_map = numbering.cuda_to_nvml(inherited_cuda, [g.uuid for g in gpus], self._mig_for(raw))
+        mig: dict[int, int] = {}
+        for instance in self.allocation().mig:
+            if instance.total_bytes is not None:
+                mig[instance.gpu] = min(mig.get(instance.gpu, instance.total_bytes), instance.total_bytes)
+        self._platform_shares = platform.read_shares(self.inherited_platform, gpus, cuda_map, mig)
+        return self._platform_shares
 
     # -- CUDA's numbering -----------------------------------------------------------------------
     def cuda_env(self) -> dict[str, str | None]:
@@ -261,6 +286,7 @@ class Machine:
             allocation_text=allocation.describe() if allocation.restricted else None,
             cuda_found=cuda_found,
             default_visible=default,
+            shares=self.platform_shares(),
             listed_by=("the framework", "it")
             if (lister := self._lister()) is None
             else (lister.name, lister.module),

@@ -705,7 +705,7 @@ class Session:
             return
         plan = self.requested
         try:
-            if not plan.gpu_settings or framework.stage() is Stage.STARTED:
+            if not (plan.gpu_settings or self._within_share()) or framework.stage() is Stage.STARTED:
                 if framework.enumerated():  # listed already (before tfgpu_magic loaded, or by a hook)
                     self._meet_enumeration(framework)
                 return
@@ -723,6 +723,15 @@ class Session:
                 self._reshare(framework, resolution)
         except Exception as err:
             self._hook_failed(f"could not apply {'; '.join(plan.describe())} to {framework.name}: {err}")
+
+    def _within_share(self) -> bool:
+        """Whether the accepted request caps a GPU at the platform's share (no limit asked under one)."""
+        if not self.machine.platform_shares():
+            return False
+        try:
+            return any(g.within_share for g in self.resolved().gpus)
+        except SessionError:
+            return False
 
     def _on_side_import(self, hook: Callable[[Any, Plan], None], module: Any) -> None:
         plan = self.requested

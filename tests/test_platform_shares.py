@@ -1,0 +1,195 @@
+"""Issue 31, item 1: the platform's share of each GPU is read from what the kernel inherited,
+shown with its source, and respected: a limit above it is refused in one line naming it, and a
+framework started with no limit of its own gets the share less a CUDA context.
+
+Through the real entry points: ``%load_ext`` on a real IPython shell with the process's session
+on the simulated server, the ``%gpu`` magic, and a CUDA build of PyTorch stood in for.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+import tfgpu_magic
+from tfgpu_magic.command import grammar
+from tfgpu_magic.frameworks import adapters
+from tfgpu_magic.gpus import platform
+from tfgpu_magic.gpus.nvml import Nvml
+from tfgpu_magic.gpus.platform import GpuFacts, parse_amount, read_shares
+from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.kernel import session as session_module
+from tfgpu_magic.kernel.session import Session, SessionError
+
+from support.fakes import FakeTensorFlow
+from support.stand_ins import GIB, cuda_torch, torch_session
+
+MIB = 1 << 20
+FOUR = [GpuFacts(i, f"GPU-{i}", 16 * GIB) for i in range(4)]
+
+SHARES = {
+    "HAMi": ({"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, "CUDA_DEVICE_MEMORY_LIMIT=4g", 4 * GIB),
+    "MPS": ({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6G"}, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=6G", 6 * GIB),
+    "Alibaba gpushare": (
+        {"ALIYUN_COM_GPU_MEM_CONTAINER": "4", "ALIYUN_COM_GPU_MEM_DEV": "80"},
+        "ALIYUN_COM_GPU_MEM_CONTAINER=4",
+        4 * GIB,
+    ),
+}
+
+
+def loaded(shell, monkeypatch, env: dict) -> tuple[Session, str]:
+    """`%load_ext tfgpu_magic` in a kernel that inherited ``env``; returns the session and what it said."""
+    session = Session(
+        nvml=Nvml(lib=shared_server(os.getpid())),
+        env=dict(env),
+        frameworks=adapters(tensorflow=FakeTensorFlow()),
+    )
+    monkeypatch.setattr(session_module, "_SESSION", session)
+    with capture_output() as captured:
+        tfgpu_magic.load_ipython_extension(shell)
+    return session, captured.stdout
+
+
+def gpu(shell, line: str) -> str:
+    """`%gpu LINE`: what it printed (text and displayed plain text), or the one-line UsageError."""
+    with capture_output() as captured:
+        try:
+            shell.run_line_magic("gpu", line)
+        except UsageError as err:
+            return f"UsageError: {err}"
+    return captured.stdout + "".join(o.data.get("text/plain", "") for o in captured.outputs)
+
+
+# -- reading ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4g", 4 * GIB), ("4096m", 4 * GIB), ("6G", 6 * GIB), ("1.5GiB", 3 * GIB // 2), ("512MB", 512 * MIB)],
+)
+def test_amounts_in_the_platforms_units(text, expected):
+    assert parse_amount(text) == expected
+
+
+@given(st.text(max_size=30) | st.just("1" * 5000) | st.just("0=" + "9" * 5000))
+def test_any_inherited_value_is_read_or_ignored_never_raises(text):
+    for name in (
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "ALIYUN_COM_GPU_MEM_CONTAINER",
+        "SLURM_JOB_GPUS",
+        "CUDA_DEVICE_MEMORY_LIMIT_1",
+    ):
+        shares = read_shares({name: text}, FOUR, ask_mps_daemon=False)
+        assert all(s.bytes > 0 and s.gpu in range(4) for s in shares.values())
+        assert all(len(s.evidence) < 100 and s.evidence.isprintable() for s in shares.values())
+
+
+def test_mps_per_device_values_are_cudas_numbers_under_the_inherited_visible_devices():
+    shares = read_shares({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6G,1=4G"}, FOUR, cuda_map=[2, 3])
+    assert {i: (s.bytes, s.label) for i, s in shares.items()} == {
+        2: (6 * GIB, "hard (MPS)"),
+        3: (4 * GIB, "hard (MPS)"),
+    }
+
+
+def test_hami_per_device_variable_overrides_the_common_one_and_is_labelled_soft():
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": "8g", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m"}
+    shares = read_shares(env, FOUR)
+    assert shares[0].bytes == 8 * GIB and shares[1].bytes == 2 * GIB
+    assert shares[1].evidence == "CUDA_DEVICE_MEMORY_LIMIT_1=2048m" and shares[1].label == "soft (HAMi)"
+
+
+def test_alibaba_unit_is_told_apart_by_the_devices_memory():
+    mib = read_shares({"ALIYUN_COM_GPU_MEM_CONTAINER": "4096", "ALIYUN_COM_GPU_MEM_DEV": "16384"}, FOUR)
+    gib = read_shares({"ALIYUN_COM_GPU_MEM_CONTAINER": "4", "ALIYUN_COM_GPU_MEM_DEV": "16"}, FOUR)
+    assert mib[0].bytes == gib[0].bytes == 4 * GIB and not gib[0].hard
+
+
+def test_slurm_under_a_cgroup_matches_the_jobs_gpus_to_the_renumbered_ones_by_uuid():
+    job = [GpuFacts(0, "GPU-b", 24 * GIB), GpuFacts(1, "GPU-c", 16 * GIB)]  # the node's 5 and 7
+    shares = read_shares({"SLURM_JOB_GPUS": "5,7"}, job)
+    assert {s.uuid: (s.bytes, s.label) for s in shares.values()} == {
+        "GPU-b": (24 * GIB, "hard (Slurm)"),
+        "GPU-c": (16 * GIB, "hard (Slurm)"),
+    }
+    whole_node = read_shares({"SLURM_JOB_GPUS": "1,2", "SLURM_STEP_GPUS": "2"}, FOUR)
+    assert list(whole_node) == [2] and whole_node[2].label == "soft (Slurm)"  # the step's, no cgroup
+
+
+def test_the_tightest_share_wins():
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": "8g", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "6G"}
+    assert {s.source for s in read_shares(env, FOUR).values()} == {"MPS"}
+
+
+# -- the MPS pipe directory: checked without opening the FIFO, links not followed -----------------------
+def fake_control(tmp_path, answer: str) -> str:
+    binary = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    binary.parent.mkdir()
+    binary.write_text(f"#!/bin/sh\ncat > /dev/null\necho '{answer}'\n")
+    binary.chmod(0o755)
+    return str(binary.parent)
+
+
+def test_the_daemons_default_is_asked_only_where_its_pipe_directory_holds_a_fifo(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_control(tmp_path, "4096M") + os.pathsep + os.environ["PATH"])
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
+    assert read_shares(env, FOUR[:1]) == {}  # no control FIFO: no daemon
+    os.mkfifo(pipes / "control")
+    share = read_shares(env, FOUR[:1])[0]
+    assert (share.bytes, share.label) == (4 * GIB, "hard (MPS)") and "default" in share.evidence
+    assert stat.S_ISFIFO(os.lstat(pipes / "control").st_mode)  # still there, never opened
+
+
+def test_a_linked_pipe_directory_is_not_followed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_control(tmp_path, "4096M") + os.pathsep + os.environ["PATH"])
+    real = tmp_path / "real"
+    real.mkdir()
+    os.mkfifo(real / "control")
+    (tmp_path / "planted").symlink_to(real)
+    assert platform.mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "planted")}) is None
+    assert platform.mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(real)}) == str(real)
+
+
+# -- respected and shown, through %gpu ---------------------------------------------------------------
+@pytest.mark.parametrize("source", list(SHARES))
+def test_a_limit_above_the_share_is_one_line_naming_it_and_status_carries_it(shell, monkeypatch, source):
+    env, evidence, size = SHARES[source]
+    session, _ = loaded(shell, monkeypatch, env)
+    refused = gpu(shell, "limit 70G")
+    assert refused.startswith("UsageError: ") and "\n" not in refused.strip()
+    assert f"share of GPU 0 ({size // GIB} GiB, set by {source}: {evidence})" in refused
+    assert session.requested.limits is None  # nothing changed
+    within = session.resolved().gpu(0)
+    assert within is not None and within.cap_mib == size // MIB - 300 and within.within_share
+
+
+def test_the_record_is_what_the_kernel_inherited_not_what_is_set_later(shell, monkeypatch):
+    session, _ = loaded(shell, monkeypatch, {"CUDA_DEVICE_MEMORY_LIMIT": "4g"})
+    session.env["CUDA_DEVICE_MEMORY_LIMIT"] = "40g"
+    assert session.machine.platform_shares()[0].bytes == 4 * GIB
+
+
+def test_a_framework_started_with_no_limit_gets_the_share_less_a_cuda_context():
+    session = torch_session({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "6G"})
+    torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
+    session._on_import(session.adapter("pytorch"), torch)
+    torch.cuda.start()
+    assert torch.cuda.fractions[0] == pytest.approx((6 * 1024 - 300) / (80 * 1024))
+    assert session.limit_bytes_by_gpu()[0] == (6 * 1024 - 300) * MIB
+
+
+def test_limit_off_under_a_share_returns_to_the_share_not_the_whole_gpu():
+    session = torch_session({"CUDA_DEVICE_MEMORY_LIMIT": "4g"})
+    session.configure(grammar.parse("limit 2G"))
+    session.configure(grammar.parse("limit off"))
+    assert session.resolved().gpu(0).cap_mib == 4096 - 300
+    with pytest.raises(SessionError, match="set by HAMi"):
+        session.configure(grammar.parse("split 3G,3G"))
