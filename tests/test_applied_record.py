@@ -61,7 +61,9 @@ def test_a_percentage_limit_is_quoted_as_applied_after_the_driver_stops_answerin
     assert session.limit_bytes_by_gpu() == {1: HALF_OF_80G}
     assert "limit: 40.0 GiB (`%gpu limit`)" in oom.explain(session, oom_on_gpu0())
     report = json.loads(json.dumps(status.build_report(session)))  # as `%gpu status --json` prints it
-    assert report["resolved"]["gpus"] == [{"index": 1, "limit_mib": 40960, "logical_mib": [40960]}]
+    assert report["resolved"]["gpus"] == [
+        {"index": 1, "limit_mib": 40960, "logical_mib": [40960], "within_share": None}
+    ]
     assert not any("cannot hold" in note for note in report["notes"])
 
 

@@ -8,6 +8,7 @@ on the simulated server, the ``%gpu`` magic, and a CUDA build of PyTorch stood i
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -193,3 +194,28 @@ def test_limit_off_under_a_share_returns_to_the_share_not_the_whole_gpu():
     assert session.resolved().gpu(0).cap_mib == 4096 - 300
     with pytest.raises(SessionError, match="set by HAMi"):
         session.configure(grammar.parse("split 3G,3G"))
+
+
+@pytest.mark.parametrize("source", list(SHARES))
+def test_gpu_names_the_share_its_source_and_who_enforces_it_and_json_carries_it(shell, monkeypatch, source):
+    env, evidence, size = SHARES[source]
+    loaded(shell, monkeypatch, env)
+    text = gpu(shell, "")
+    share_line = next(line for line in text.splitlines() if line.startswith("Share:"))
+    assert f"GPU 0{',1,2,3' if source != 'MPS' else ''}: {size // MIB} MiB" in share_line
+    assert f"set by {source}: {evidence}" in share_line
+    assert "no limit asked, so" in share_line and "the share less a CUDA context" in share_line
+    report = json.loads(gpu(shell, "status --json"))
+    share = next(s for s in report["platform_shares"] if s["gpu"] == 0)
+    assert (share["bytes"], share["source"], share["evidence"]) == (size, source, evidence)
+    assert share["label"] in ("hard (MPS)", "soft (HAMi)", "soft (Alibaba gpushare)")
+    assert report["gpus"][0]["share"] == share
+    assert report["resolved"]["gpus"][0]["within_share"].startswith(f"{size // GIB} GiB, set by {source}")
+
+
+def test_a_slurm_allocation_is_named_with_its_gpus_keyed_by_uuid(shell, monkeypatch):
+    loaded(shell, monkeypatch, {"SLURM_JOB_GPUS": "1,2"})
+    report = json.loads(gpu(shell, "status --json"))
+    assert [(s["gpu"], s["source"]) for s in report["platform_shares"]] == [(1, "Slurm"), (2, "Slurm")]
+    assert all(s["uuid"] == report["gpus"][s["gpu"]]["uuid"] for s in report["platform_shares"])
+    assert "set by Slurm: SLURM_JOB_GPUS=1,2" in gpu(shell, "")

@@ -227,7 +227,7 @@ def _on_cuda_devices(
 
 
 # -- MPS ------------------------------------------------------------------------------------------
-MPS_ENFORCED = "the MPS server fails this process's allocations above it (read when CUDA starts)"
+MPS_ENFORCED = "the MPS server fails allocations above it"
 
 
 def _mps(
@@ -291,10 +291,9 @@ def _mps_daemon_default(device: int) -> int | None:
 
 
 # -- HAMi -----------------------------------------------------------------------------------------
-HAMI_ENFORCED = (
-    "HAMi's libvgpu.so in this process intercepts CUDA's allocations; code that reaches the driver "
-    "another way is not held, and the driver does not know the limit"
-)
+# libvgpu.so intercepts CUDA's allocation calls in this process: the frameworks are held, but code
+# that reaches the driver another way is not, and the driver itself does not know the limit.
+HAMI_ENFORCED = "HAMi's libvgpu.so in this process; direct driver calls bypass it"
 
 
 def _hami(
@@ -316,7 +315,7 @@ def _hami(
 
 
 # -- Alibaba gpushare -----------------------------------------------------------------------------
-ALIYUN_ENFORCED = "nobody: Alibaba gpushare schedules by this figure but does not isolate the GPU's memory"
+ALIYUN_ENFORCED = "nobody: gpushare schedules by it and isolates nothing"
 
 
 def _aliyun(
@@ -367,11 +366,11 @@ def _slurm(environ: Mapping[str, str | None], gpus: Sequence[GpuFacts]) -> list[
     if len(seen) == len(node) and seen[-1] < node[-1]:
         # A device cgroup: NVML sees only the job's GPUs, renumbered from 0 in the node's order.
         job = dict(zip(node, seen, strict=True))
-        enforced = "Slurm's device cgroup: the other GPUs cannot be opened"
+        enforced = "Slurm's device cgroup (other GPUs cannot be opened)"
         hard = True
     else:
         job = {i: i for i in node if i in seen}
-        enforced = "nobody: Slurm set the job's GPUs but the others stay reachable (no device cgroup)"
+        enforced = "nobody: no device cgroup, the other GPUs stay reachable"
         hard = False
     by_index = {g.index: g for g in gpus}
     evidence = _evidence(name, value)

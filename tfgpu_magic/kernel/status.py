@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..command.units import sizes_for
+from ..command.units import MIB, sizes_for
 from ..frameworks.base import ReportView, Stage, environment_line
 from ..gpus import claims, holdings, owners
 from ..gpus.nvml import GpuInfo, GpuLost, NvmlUnavailable, ReadingFailed
@@ -89,6 +89,7 @@ def build_report(
         # card must not say "GPUs seen: unknown" beside "GPUs visible to ...: none".
         report["visible_gpus"] = session.visible_gpus()
     _add_resolution(report, session)
+    report["platform_shares"] = _platform_shares(session)
     report["frameworks"] = entries
     report["display"] = {
         "frameworks": [
@@ -152,10 +153,21 @@ def _add_resolution(report: dict[str, Any], session: Session) -> None:
                 "index": g.index,
                 "limit_mib": g.cap_mib,
                 "logical_mib": None if g.logical_mib is None else list(g.logical_mib),
+                # No limit asked under a platform share: the cap is the share less a CUDA context.
+                "within_share": g.within_share,
             }
             for g in resolution.gpus
         ],
     }
+
+
+def _platform_shares(session: Session) -> list[dict[str, Any]]:
+    """Each GPU's platform share as recorded from what the kernel inherited (gpus/platform.py)."""
+    try:
+        recorded = session.machine.platform_shares()
+    except (NvmlUnavailable, GpuLost, ReadingFailed):
+        return []
+    return [share.as_json() for _, share in sorted(recorded.items())]
 
 
 def _add_gpus(
@@ -190,6 +202,7 @@ def _add_gpus(
         for framework in frameworks:
             entry.update(framework.gpu_keys(shares[framework.key].get(gpu.index)))
         entry["shown_to_cuda"] = None if exposed is None else gpu.index in exposed
+        entry["share"] = next((s for s in report.get("platform_shares", []) if s["gpu"] == gpu.index), None)
         entry.update(_detail(gpu, usage, holders.get(gpu.index)))
         entry["frameworks"] = [  # each framework's names for its devices here, and its allocator's figures
             {
@@ -407,10 +420,16 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     imported = [
         key for key, entry in frameworks.items() if entry.get("stage", "not_imported") != "not_imported"
     ]
+    capped = any(g.get("within_share") for g in (report.get("resolved") or {}).get("gpus", []))
+    defaults = "each framework's defaults, capped at the platform's share, see Share" if capped else None
     rows = [
-        ("Requested", "; ".join(_requested(report)) or "nothing (each framework's defaults)"),
-        ("In force", "; ".join(report["in_force"]) or "each framework's defaults"),
+        (
+            "Requested",
+            "; ".join(_requested(report)) or "nothing (" + (defaults or "each framework's defaults") + ")",
+        ),
+        ("In force", "; ".join(report["in_force"]) or defaults or "each framework's defaults"),
     ]
+    rows += _share_rows(report)
     for framework in shown:
         rows += _rows(framework["lines"])
     for k, default in enumerate(report.get("defaults", {}).get("not_applied", [])):
@@ -427,6 +446,25 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     if "me" in report:
         label, _, rest = _me_line(report).partition(":")
         rows.append((label, rest.strip()))
+    return rows
+
+
+def _share_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """ "Share: GPU 0,1: 4096 MiB each, set by HAMi: CUDA_DEVICE_MEMORY_LIMIT=4g; soft (HAMi): ..."
+    (GPUs with the same share on one row), with the cap a kernel that asked no limit gets under it."""
+    within = {g["index"]: g for g in (report.get("resolved") or {}).get("gpus", []) if g.get("within_share")}
+    grouped: dict[tuple[Any, ...], list[int]] = {}
+    for share in report.get("platform_shares", []):
+        cap = within[share["gpu"]]["limit_mib"] if share["gpu"] in within else None
+        key = (share["bytes"], share["source"], share["evidence"], share["label"], share["enforced_by"], cap)
+        grouped.setdefault(key, []).append(share["gpu"])
+    rows: list[tuple[str, str]] = []
+    for (size, source, evidence, label, enforced_by, cap), gpus in grouped.items():
+        each = " each" if len(gpus) > 1 else ""
+        text = f"GPU {','.join(map(str, gpus))}: {size // MIB} MiB{each}, set by {source}: {evidence}; {label}: {enforced_by}"
+        if cap is not None:
+            text += f"; no limit asked, so {cap} MiB{each} (the share less a CUDA context)"
+        rows.append(("Share" if not rows else "", text))
     return rows
 
 
