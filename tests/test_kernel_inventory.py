@@ -124,6 +124,7 @@ def test_the_reply_for_a_small_server_exactly():
                     "free_bytes": (81920 - 16172) * MIB,
                 },
                 "mig_instances": None,  # not in MIG mode
+                "share": None,  # no platform share inherited
             },
             {
                 "index": 1,
@@ -142,6 +143,7 @@ def test_the_reply_for_a_small_server_exactly():
                     "free_bytes": (15360 - 300) * MIB,
                 },
                 "mig_instances": None,
+                "share": None,
             },
         ],
         "kernels": [

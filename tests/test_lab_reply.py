@@ -38,6 +38,7 @@ def a_reply(**fields) -> dict:
                 "notes": [],
                 "split": None,
                 "mig_instances": None,
+                "share": None,
             }
         ],
         "kernels": [

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
+import jsonschema
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,11 +29,13 @@ from tfgpu_magic.gpus.platform import GpuFacts, parse_amount, read_shares
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import session as session_module
 from tfgpu_magic.kernel.session import Session, SessionError
+from tfgpu_magic.server import kernel_inventory, metrics
 
 from support.fakes import FakeTensorFlow
 from support.stand_ins import GIB, cuda_torch, torch_session
 
 MIB = 1 << 20
+SCHEMA = Path(tfgpu_magic.__file__).parent / "server" / "schema" / "status-reply.v1.json"
 FOUR = [GpuFacts(i, f"GPU-{i}", 16 * GIB) for i in range(4)]
 
 SHARES = {
@@ -219,3 +223,39 @@ def test_a_slurm_allocation_is_named_with_its_gpus_keyed_by_uuid(shell, monkeypa
     assert [(s["gpu"], s["source"]) for s in report["platform_shares"]] == [(1, "Slurm"), (2, "Slurm")]
     assert all(s["uuid"] == report["gpus"][s["gpu"]]["uuid"] for s in report["platform_shares"])
     assert "set by Slurm: SLURM_JOB_GPUS=1,2" in gpu(shell, "")
+
+
+# -- the server's reply and /metrics -----------------------------------------------------------------
+def server_reply(env: dict) -> dict:
+    """The inventory of the simulated server as a Jupyter server that inherited ``env`` replies."""
+    record = platform.ShareRecord(env)
+    return kernel_inventory.inventory(
+        Nvml(lib=shared_server(os.getpid())), [], shares=record, clock=lambda: 1.0
+    )
+
+
+def test_the_servers_reply_carries_each_gpus_share_and_the_schema_allows_it():
+    reply = server_reply({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6G,1=4G"})
+    assert [g["share"] and (g["share"]["bytes"], g["share"]["label"]) for g in reply["gpus"]] == [
+        (6 * GIB, "hard (MPS)"),
+        (4 * GIB, "hard (MPS)"),
+        None,
+        None,
+    ]
+    jsonschema.validate(reply, json.loads(SCHEMA.read_text()))
+
+
+def test_metrics_expose_the_share_with_its_source_and_enforcement():
+    reply = server_reply({"CUDA_DEVICE_MEMORY_LIMIT_1": "2048m"})
+    found = [
+        (sample.labels, sample.value)
+        for family in metrics.families(reply, "0")
+        for sample in family.samples
+        if sample.name == "tfgpu_gpu_share_bytes"
+    ]
+    assert found == [
+        (
+            {"gpu": "1", "gpu_uuid": reply["gpus"][1]["uuid"], "source": "HAMi", "enforcement": "soft"},
+            2 * GIB,
+        )
+    ]

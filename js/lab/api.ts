@@ -12,7 +12,7 @@ import { IStatusReply, parseReply } from './reply';
 
 export const STATUS_PATH = 'tfgpu/api/status';
 export { CONTRACT_VERSION } from './reply';
-export type { IGpu, IGpuSplit, IKernel, IMigInstance, IProcess, IStatusReply } from './reply';
+export type { IGpu, IGpuShare, IGpuSplit, IKernel, IMigInstance, IProcess, IStatusReply } from './reply';
 
 /** What the last poll gave: a reply, or one line saying why there is none. */
 export type Reading =

@@ -63,6 +63,8 @@ interface IGpuView {
   message: string | null; // instead of a bar: lost, or no readings
   notes: string[];
   mig: IMigRow[] | null; // a MIG-enabled GPU's instances, as nvitop lists them under the GPU
+  share: string | null; // "share 4.0 GiB, soft (HAMi)": the platform's share and whether it holds
+  shareTitle: string; // where it came from and who enforces it
 }
 
 interface IMigRow {
@@ -309,7 +311,9 @@ function gpuView(gpu: IGpu, reply: IStatusReply): IGpuView {
     segments: [],
     message: null,
     notes: gpu.notes ?? [],
-    mig: gpu.mig_instances ? gpu.mig_instances.map(m => migRow(gpu.index, m, reply)) : null
+    mig: gpu.mig_instances ? gpu.mig_instances.map(m => migRow(gpu.index, m, reply)) : null,
+    share: gpu.share ? `share ${formatBytes(gpu.share.bytes)}, ${gpu.share.label}` : null,
+    shareTitle: gpu.share ? `set by ${gpu.share.source}: ${gpu.share.evidence}\nenforced by ${gpu.share.enforced_by}` : ''
   };
   if (gpu.lost) {
     view.message = 'This GPU stopped answering (lost): no readings until it does.';
@@ -481,6 +485,11 @@ function drawGpu(gpu: IGpuView): HTMLElement {
     head.append(h('span', 'tfgpu-lab-gpu-name', gpu.name));
   }
   card.append(head, h('div', 'tfgpu-lab-gpu-usage', gpu.usage));
+  if (gpu.share) {
+    const share = h('div', 'tfgpu-lab-gpu-share', gpu.share);
+    share.title = gpu.shareTitle;
+    card.append(share);
+  }
   if (gpu.message) {
     card.append(h('div', 'tfgpu-lab-gpu-message', gpu.message));
   }

@@ -45,6 +45,19 @@ export interface IGpu {
   notes: string[];
   split: IGpuSplit | null;
   mig_instances: IMigInstance[] | null; // null: not in MIG mode
+  share: IGpuShare | null; // the platform's share of this GPU; null: none
+}
+
+/** The memory a platform (MPS, MIG, HAMi, Alibaba gpushare, Slurm) granted on one GPU, and who holds it. */
+export interface IGpuShare {
+  gpu: number;
+  uuid: string | null;
+  bytes: number;
+  source: string;
+  hard: boolean;
+  label: string; // "hard (MPS)", "soft (HAMi)"
+  enforced_by: string;
+  evidence: string; // the variable it came from, NAME=value
 }
 
 export interface IKernel {
@@ -270,6 +283,20 @@ const MEMORY_BY_GPU = reader('an object of bytes by GPU index', (v, path, proble
 });
 
 
+const SHARE = record(
+  'a platform share',
+  (f): IGpuShare => ({
+    gpu: f.get('gpu', INDEX, 0),
+    uuid: f.get('uuid', nullable(STRING), null),
+    bytes: f.get('bytes', BYTES, 0),
+    source: f.get('source', STRING, ''),
+    hard: f.get('hard', BOOLEAN, false),
+    label: f.get('label', STRING, ''),
+    enforced_by: f.get('enforced_by', STRING, ''),
+    evidence: f.get('evidence', STRING, '')
+  })
+);
+
 /** One instance, or the one row that says why they could not be listed (mig_index null, and notes). */
 const MIG_INSTANCE = record('a MIG instance', (f): IMigInstance => {
   if (f.isNull('mig_index')) {
@@ -317,7 +344,8 @@ function gpu(f: Fields): IGpu | null {
     lost: f.get('lost', BOOLEAN, false),
     notes: f.get('notes', STRINGS, []),
     split: f.get('split', nullable(SPLIT), null),
-    mig_instances: f.get('mig_instances', nullable(list(MIG_INSTANCE)), null)
+    mig_instances: f.get('mig_instances', nullable(list(MIG_INSTANCE)), null),
+    share: f.get('share', nullable(SHARE), null)
   };
 }
 

@@ -43,6 +43,7 @@ __all__ = [
     "SHARE_VARIABLES",
     "GpuFacts",
     "PlatformShare",
+    "ShareRecord",
     "inherited_variables",
     "mps_pipe_directory",
     "parse_amount",
@@ -121,6 +122,24 @@ class PlatformShare:
             "enforced_by": self.enforced_by,
             "evidence": self.evidence,
         }
+
+
+class ShareRecord:
+    """The shares of one process's inherited environment (a Jupyter server's, read at its start),
+    made the first time the GPUs are known and kept: each reading shows the record."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.variables = inherited_variables(environ)
+        self._made: tuple[tuple[str | None, ...], dict[int, PlatformShare]] | None = None
+
+    def shares(self, gpus: Sequence[GpuFacts]) -> dict[int, PlatformShare]:
+        """Each GPU's share; made again only if the GPUs themselves changed (their UUIDs)."""
+        key = tuple(g.uuid for g in gpus)
+        made = self._made
+        if made is None or made[0] != key:
+            made = (key, read_shares(self.variables, gpus))
+            self._made = made
+        return made[1]
 
 
 def inherited_variables(environ: Mapping[str, str]) -> dict[str, str]:

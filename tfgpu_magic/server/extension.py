@@ -58,7 +58,7 @@ from traitlets.config.loader import DeferredConfigString, LazyConfigValue
 from .._version import __version__
 from ..command import grammar
 from ..command.units import MIB
-from ..gpus import owners
+from ..gpus import owners, platform
 from ..gpus.nvml import Nvml
 from ..safe_text import strict_json
 from . import kernel_inventory, metrics
@@ -368,6 +368,8 @@ class StatusSource:
         self._device_read: asyncio.Future[dict[str, Any]] | None = None  # the driver's reading under way
         self._device_read_since = 0.0
         self._last_good: Reading | None = None
+        # The platform's share of each GPU, from the environment this server inherited (gpus/platform.py).
+        self._shares = platform.ShareRecord(os.environ)
         self.device: Any = None  # the device source's object (None: the real driver)
         try:
             self.device = load_device_source(settings.device_source)
@@ -463,7 +465,12 @@ class StatusSource:
         if self._nvml is None:
             return self._unavailable(kernels, self._load_error or "no device source", notes)
         return kernel_inventory.inventory(
-            self._nvml, kernels, self._table, refresh_interval_s=self._interval, notes=notes
+            self._nvml,
+            kernels,
+            self._table,
+            refresh_interval_s=self._interval,
+            notes=notes,
+            shares=self._shares,
         )
 
     def _unavailable(self, kernels: list[KernelDescription], reason: str, notes: list[str]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, overload
 
-from ..gpus import holdings, owners
+from ..gpus import holdings, owners, platform
 from ..gpus.nvml import GpuInfo, GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 from ..gpus.process_tree import children_of, descendants, read_ancestry, read_parent_map
 from ..safe_text import safe_tree
@@ -99,6 +99,7 @@ def inventory(
     refresh_interval_s: float = REFRESH_INTERVAL_S,
     clock: Callable[[], float] = time.time,
     notes: Iterable[str] = (),
+    shares: platform.ShareRecord | None = None,
 ) -> dict[str, Any]:
     """The contract's reply: GPUs, kernels (most GPU memory first), and everyone else's processes.
 
@@ -142,8 +143,11 @@ def inventory(
     reply = _reply(user, generated_at, refresh_interval_s, available=True, reason=None, notes=notes)
     reply["pids_visible"] = not foreign and not hidden
     reply["gpus"] = [_gpu(gpu, usage, owner_of) for gpu, usage in zip(gpus, usages, strict=False)]
+    # The platform's share of each GPU, from the server's inherited environment (its kernels inherit it).
+    found = {} if shares is None else shares.shares([_facts(gpu) for gpu in gpus])
     for entry, gpu in zip(reply["gpus"], gpus, strict=False):
         entry["mig_instances"] = _mig_instances(nvml, gpu, owner_of) if gpu.mig_enabled else None
+        entry["share"] = found[gpu.index].as_json() if gpu.index in found else None
     reply["kernels"] = _sorted([_kernel(k, usages, owner_of, parents, foreign, unlisted) for k in kernels])
     reply.update(_everyone_else(usages, owner_of))
     return safe_tree(reply)
@@ -242,6 +246,10 @@ def _kernels_entry(entry: holdings.ProcessEntry, owner_of: Mapping[int, str]) ->
 
 
 # -- GPUs -------------------------------------------------------------------------------------
+def _facts(gpu: GpuInfo) -> platform.GpuFacts:
+    return platform.GpuFacts(gpu.index, gpu.uuid, gpu.memory.total_bytes if gpu.memory else None)
+
+
 def _gpu(gpu: GpuInfo, usage: holdings.GpuUsage, owner_of: Mapping[int, str]) -> dict[str, Any]:
     memory = gpu.memory
     return {

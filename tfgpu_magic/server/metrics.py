@@ -79,6 +79,12 @@ def _gauges() -> dict[str, GaugeMetricFamily]:
             "When the GPU idle culler shuts the kernel down if it stays idle (only when the culler is on)",
             _KERNEL,
         ),
+        (
+            "tfgpu_gpu_share_bytes",
+            "GPU memory the platform granted this server's kernels (MPS, MIG, HAMi, Alibaba gpushare, Slurm) "
+            "and whether it holds: enforcement is hard or soft",
+            ["gpu", "gpu_uuid", "source", "enforcement"],
+        ),
         ("tfgpu_driver_available", "1 when the NVIDIA driver could be read, else 0", []),
         ("tfgpu_reading_timestamp_seconds", "When these figures were read (Unix time)", []),
         (
@@ -109,6 +115,14 @@ def families(
         uuids[str(gpu["index"])] = labels[1]
         _add(gauges["tfgpu_gpu_memory_used_bytes"], labels, gpu.get("memory_used_bytes"))
         _add(gauges["tfgpu_gpu_memory_total_bytes"], labels, gpu.get("memory_total_bytes"))
+        share = gpu.get("share")
+        if share:
+            enforcement = "hard" if share.get("hard") else "soft"
+            _add(
+                gauges["tfgpu_gpu_share_bytes"],
+                [*labels[:2], _text(share.get("source")), enforcement],
+                share.get("bytes"),
+            )
         utilization = gpu.get("utilization_percent")
         _add(
             gauges["tfgpu_gpu_utilization_ratio"], labels, None if utilization is None else utilization / 100
