@@ -26,7 +26,7 @@ from tfgpu_magic.frameworks import adapters
 from tfgpu_magic.gpus import platform
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.platform import GpuFacts, parse_amount, read_shares
-from tfgpu_magic.gpus.simulated import shared_server
+from tfgpu_magic.gpus.simulated import mig_server, shared_server
 from tfgpu_magic.kernel import session as session_module
 from tfgpu_magic.kernel.session import Session, SessionError
 from tfgpu_magic.server import kernel_inventory, metrics
@@ -49,10 +49,10 @@ SHARES = {
 }
 
 
-def loaded(shell, monkeypatch, env: dict) -> tuple[Session, str]:
+def loaded(shell, monkeypatch, env: dict, server=None) -> tuple[Session, str]:
     """`%load_ext tfgpu_magic` in a kernel that inherited ``env``; returns the session and what it said."""
     session = Session(
-        nvml=Nvml(lib=shared_server(os.getpid())),
+        nvml=Nvml(lib=server or shared_server(os.getpid())),
         env=dict(env),
         frameworks=adapters(tensorflow=FakeTensorFlow()),
     )
@@ -259,3 +259,78 @@ def test_metrics_expose_the_share_with_its_source_and_enforcement():
             2 * GIB,
         )
     ]
+
+
+# -- hard or soft (issue 31, item 2) ---------------------------------------------------------------------
+def test_hard_without_mps_or_mig_is_one_line_naming_both_and_changes_nothing(shell, monkeypatch, tmp_path):
+    session, _ = loaded(shell, monkeypatch, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")})
+    refused = gpu(shell, "limit 2G --hard")
+    assert refused.startswith("UsageError: ") and "\n" not in refused.strip()
+    assert "no MPS control daemon" in refused and "not on a MIG instance" in refused
+    assert "nvidia-cuda-mps-control -d" in refused and "nvidia-smi mig" in refused
+    assert session.requested.limits is None and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env
+
+
+def mps_running(tmp_path) -> str:
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    os.mkfifo(pipes / "control")
+    return str(pipes)
+
+
+def test_hard_with_mps_sets_the_limit_before_cuda_starts_and_is_labelled_hard(shell, monkeypatch, tmp_path):
+    session, _ = loaded(shell, monkeypatch, {"CUDA_MPS_PIPE_DIRECTORY": mps_running(tmp_path)})
+    gpu(shell, "use 1,2")
+    gpu(shell, "limit 2G --hard")
+    assert session.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M,1=2048M"  # CUDA's numbers: GPU 1 is 0
+    text = gpu(shell, "")
+    assert "Limit:      hard (MPS):" in text and "limit 2048MiB --hard" in text
+    report = json.loads(gpu(shell, "status --json"))
+    assert report["limit_enforcement"] == "hard (MPS)"
+    assert {g["enforcement"] for g in report["resolved"]["gpus"]} == {"hard (MPS)"}
+    gpu(shell, "limit 2G")  # soft again: MPS's variable goes back to what the kernel inherited
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env
+    assert json.loads(gpu(shell, "status --json"))["limit_enforcement"].startswith(
+        "soft (TensorFlow's allocator"
+    )
+
+
+def test_hard_after_cuda_started_is_too_late_under_mps():
+    session = torch_session({"CUDA_MPS_PIPE_DIRECTORY": "/nonexistent"})
+    torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
+    session._on_import(session.adapter("pytorch"), torch)
+    torch.cuda.start()
+    with pytest.raises(SessionError, match="no MPS control daemon"):
+        session.configure(grammar.parse("limit 2G --hard"))
+
+
+def test_hard_after_cuda_started_with_mps_says_too_late(tmp_path):
+    session = torch_session({"CUDA_MPS_PIPE_DIRECTORY": mps_running(tmp_path)})
+    torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
+    session._on_import(session.adapter("pytorch"), torch)
+    torch.cuda.start()
+    session.machine.cuda_record.capture = session.machine.cuda_record.capture or object()  # CUDA has started
+    with pytest.raises(SessionError, match="too late for `--hard`"):
+        session.configure(grammar.parse("limit 2G --hard"))
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env
+
+
+def test_every_limit_shown_says_soft_or_hard(shell, monkeypatch):
+    loaded(shell, monkeypatch, {"CUDA_DEVICE_MEMORY_LIMIT": "4g"})  # a cap no one asked for
+    report = json.loads(gpu(shell, "status --json"))
+    assert report["limit_enforcement"].startswith("soft (")
+    assert all(g["enforcement"] == report["limit_enforcement"] for g in report["resolved"]["gpus"])
+    assert "Limit:      soft (" in gpu(shell, "")
+
+
+def test_on_a_mig_instance_the_instance_is_the_share_and_a_hard_limit_is_labelled_so(shell, monkeypatch):
+    server = mig_server(os.getpid())
+    instance = server.gpus[3].mig_instances[0]
+    session, _ = loaded(shell, monkeypatch, {"CUDA_VISIBLE_DEVICES": instance.uuid}, server)
+    report = json.loads(gpu(shell, "status --json"))
+    [share] = report["platform_shares"]
+    assert (share["gpu"], share["source"], share["label"]) == (3, "MIG", "hard (MIG)")
+    gpu(shell, "limit 2G --hard")
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env  # the instance holds it, not MPS
+    assert json.loads(gpu(shell, "status --json"))["limit_enforcement"] == "hard (MIG)"
+    assert "Limit:      hard (MIG):" in gpu(shell, "")

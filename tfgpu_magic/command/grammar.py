@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypeVar, overload
 
 __all__ = [
@@ -105,6 +105,8 @@ class Limit:
     sizes: tuple[Size, ...] | None  # None: off; one size for every GPU, or one per GPU
     # Or the kernel's limit as named shares, one size each, on every visible GPU: ("tensorflow", 6144), ...
     shares: tuple[tuple[str, Size], ...] | None = None
+    # `--hard`: the limit is to hold for the whole process (MPS or MIG), not only the frameworks' pools.
+    hard: bool = False
 
 
 # The words `%gpu limit 6G tensorflow, 2G jax` accepts for a framework, and the key each names.
@@ -448,12 +450,22 @@ def _trace(tokens: list[str]) -> Trace:
 
 
 def _limit(tokens: list[str]) -> Limit:
+    flags = [t for t in tokens if t.startswith("--")]
+    if flags:
+        _options("limit", flags, _LIMIT_OPTIONS)
+        sized = _limit([t for t in tokens if not t.startswith("--")])
+        if sized.sizes is None and sized.shares is None:
+            raise _fail("limit", "--hard needs a size: `%gpu limit off` has nothing to hold")
+        return replace(sized, hard=True)
     if any(t.strip(",").lower() in FRAMEWORK_WORDS for t in tokens[1:]):  # `limit 6G tensorflow, 2G jax`
         return Limit(None, _shares(" ".join(tokens)))
     text = _one("limit", tokens)
     if text.lower() == "off":
         return Limit(None)
     return Limit(_size_list(text, "limit"))
+
+
+_LIMIT_OPTIONS: dict[str, Callable[[str], object] | None] = {"hard": None}
 
 
 def _shares(text: str) -> tuple[tuple[str, Size], ...]:
@@ -652,6 +664,7 @@ TABLE: tuple[Verb, ...] = (
             "%gpu limit 50%",
             "%gpu limit 4G,8G",
             "%gpu limit 6G tensorflow, 2G jax",
+            "%gpu limit 8G --hard",
             "%gpu limit off",
         ),
         manual=(
@@ -660,8 +673,10 @@ TABLE: tuple[Verb, ...] = (
                 "%gpu limit 6G tensorflow, 2G jax",
                 "the kernel's limit in shares, one per framework (tf | torch | jax)",
             ),
+            ("%gpu limit 8G --hard", "a limit the whole process cannot exceed (needs MPS or MIG)"),
         ),
         words=("off", "50%", "4G"),
+        flags=tuple(_LIMIT_OPTIONS),
     ),
     Verb(
         "split",

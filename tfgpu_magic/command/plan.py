@@ -68,6 +68,8 @@ class Plan:
     # The kernel's limit named in shares (framework key, size on each visible GPU); `limits` is
     # then None, and each GPU's cap is the shares' sum.
     shares: tuple[tuple[str, Size], ...] | None = None
+    # `limit ... --hard`: the limit is to hold for the whole process (MPS or MIG), checked by the session.
+    hard: bool = False
 
     def with_command(self, command: object) -> Plan:
         """The plan after one configuration command; raises :class:`PlanError` on a conflict."""
@@ -83,7 +85,7 @@ class Plan:
                     "`%gpu split` already names the size of each logical GPU, so a limit would "
                     "contradict it; run `%gpu split off` first, or `%gpu split N` to divide the limit"
                 )
-            return replace(self, limits=command.sizes, shares=command.shares)
+            return replace(self, limits=command.sizes, shares=command.shares, hard=command.hard)
         if isinstance(command, grammar.Split):
             if command.sizes and (self.limits or self.shares):
                 raise PlanError(
@@ -110,10 +112,13 @@ class Plan:
             lines.append(f"use {shown}")
         if self.growth is not None:
             lines.append("grow" if self.growth else "grow off")
+        hard = " --hard" if self.hard else ""
         if self.limits is not None:
-            lines.append(f"limit {_sizes_text(self.limits)}")
+            lines.append(f"limit {_sizes_text(self.limits)}{hard}")
         if self.shares is not None:
-            lines.append("limit " + ", ".join(f"{_sizes_text((size,))} {key}" for key, size in self.shares))
+            lines.append(
+                "limit " + ", ".join(f"{_sizes_text((size,))} {key}" for key, size in self.shares) + hard
+            )
         if self.split is not None:
             shown = str(self.split.count) if self.split.count else _sizes_text(self.split.sizes or ())
             lines.append(f"split {shown}")

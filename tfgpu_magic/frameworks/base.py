@@ -259,6 +259,11 @@ class Reporting(Protocol):
         """Lines of ``In force`` after the GPU settings (a precision policy)."""
         ...
 
+    def limit_holder(self) -> str:
+        """Who holds a limit given to this framework, the soft label's words ("TensorFlow's
+        allocator"): its own pool only, not the CUDA context or libraries calling CUDA directly."""
+        ...
+
     def listed_gpus(self, view: ReportView) -> list[int] | None:
         """nvidia-smi indices it listed and uses (None: it has not listed them itself)."""
         ...
@@ -647,6 +652,9 @@ class ReportingDefaults:
 
     def in_force_lines(self, view: ReportView) -> list[str] | None:
         return None
+
+    def limit_holder(self) -> str:
+        return f"{getattr(self, 'name', 'the framework')}'s allocator"
 
     def in_force_notes(self, view: ReportView) -> list[str]:
         return []

@@ -836,6 +836,9 @@ class TensorFlow:
             lines.append(f"allocator: {force.allocator}")
         return lines
 
+    def limit_holder(self) -> str:
+        return "TensorFlow's allocator"  # its BFC pool per GPU; the CUDA context and cuDNN's workspaces are outside
+
     def in_force_notes(self, view: ReportView) -> list[str]:
         """The Keras precision policy, once Keras is imported (by whichever back end)."""
         policy = self.keras_policy()

@@ -44,6 +44,8 @@ class Machine:
         # The variables tfgpu_magic may set, as the kernel inherited them: CUDA's now, each
         # framework's as it is attached (at extension load, before any command).
         self.inherited = {name: self.env.get(name) for name in CUDA_ENV}
+        # MPS's per-process limit: set by `%gpu limit ... --hard` before CUDA starts (kept if inherited).
+        self.inherited[platform.MPS_LIMIT_ENV] = self.env.get(platform.MPS_LIMIT_ENV)
         self._written: dict[str, str | None] = {}  # what we last set each variable to
         self._allocation: numbering.Allocation | None = None
         # The platform's share variables as the kernel inherited them, and the shares they make

@@ -32,7 +32,7 @@ from ..command.units import format_bytes, format_change
 from ..frameworks import adapters
 from ..frameworks.base import Change, Framework, Refusal, ReportView, Stage
 from ..frameworks.import_hooks import run_after_import
-from ..gpus import numbering
+from ..gpus import numbering, platform
 from ..gpus.nvml import Nvml
 from . import allocator_figures, deferred, shares
 from .machine import Machine
@@ -88,6 +88,9 @@ class Session:
         # limits the panel draws and the out-of-memory text quotes are the ones it received.
         self.applied: dict[str, Resolution] = {}
         self._parts: set[str] = set()  # the keys of ``applied`` that are parts of the kernel's limit
+        # What makes the accepted limit hard ("MPS", "MIG"), recorded when `limit ... --hard` was
+        # accepted; None: the limit (if any) is soft, held by the frameworks' allocators only.
+        self.hard_by: str | None = None
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         # The accepted `use auto` (its --min-free and --min-cc are what `%gpu save` keeps); None
         # when the GPUs in force were named, or none was asked.
@@ -353,13 +356,21 @@ class Session:
                 self._accepted_blind,
                 dict(self.applied),
                 set(self._parts),
+                self.hard_by,
             )
         environment = self.machine.save_env()
         try:
             yield
         except BaseException:
             with self._lock:
-                self._requested, self._accepted, self._accepted_blind, self.applied, self._parts = saved
+                (
+                    self._requested,
+                    self._accepted,
+                    self._accepted_blind,
+                    self.applied,
+                    self._parts,
+                    self.hard_by,
+                ) = saved
             self.machine.restore_env(environment)
             raise
 
@@ -402,6 +413,7 @@ class Session:
     def _hand_over(self, resolution: Resolution, changes: dict[str, Change]) -> None:
         """The environment CUDA and every framework read at their start, then what each can take now."""
         self._set_cuda_environment(resolution)
+        self._set_hard_limit(resolution)
         for framework in self._frameworks:
             framework.prepare(changes[framework.key])
         for framework in self._frameworks:
@@ -508,6 +520,69 @@ class Session:
             resolution.plan.visible is None
         ):  # CUDA has read it; the variable should not claim a request that is gone
             machine.set_env("CUDA_VISIBLE_DEVICES", machine.unmanaged_value("CUDA_VISIBLE_DEVICES"))
+
+    # -- hard or soft --------------------------------------------------------------------------------
+    def _set_hard_limit(self, resolution: Resolution) -> None:
+        """`limit ... --hard`: MPS's per-process limit in the environment before CUDA starts (the
+        MPS server reads it at the CUDA context's creation), or the MIG instance; refused in one line
+        where neither can hold it.  Otherwise MPS's variable is what the kernel inherited."""
+        machine, started = self.machine, self._cuda_started()
+        self.hard_by = self._hard_enforcer(resolution, started)
+        if started:
+            return  # CUDA read the variable already: changing it now would claim what is not in force
+        if self.hard_by == "MPS":
+            value = ",".join(
+                f"{k}={g.cap_mib}M" for k, g in enumerate(resolution.gpus) if g.cap_mib is not None
+            )
+            machine.set_env(platform.MPS_LIMIT_ENV, value)
+        else:
+            machine.set_env(platform.MPS_LIMIT_ENV, machine.unmanaged_value(platform.MPS_LIMIT_ENV))
+
+    def _cuda_started(self) -> bool:
+        return self.machine.cuda_record.capture is not None or self.machine.listed()
+
+    def _hard_enforcer(self, resolution: Resolution, started: bool) -> str | None:
+        """What holds a `--hard` limit for the whole process: "MIG" when every visible GPU is a MIG
+        instance, "MPS" when an MPS control daemon runs and CUDA has not started; None for a soft limit."""
+        if not resolution.plan.hard:
+            return None
+        shares = self.machine.platform_shares()
+        indices = [g.index for g in resolution.gpus]
+        if indices and all(i in shares and shares[i].source == "MIG" for i in indices):
+            return "MIG"
+        pipe = platform.mps_pipe_directory(self.machine.inherited_platform)
+        if pipe is not None and not started:
+            return "MPS"
+        if pipe is not None:
+            raise SessionError(
+                f"too late for `--hard`: CUDA has started in this kernel, and MPS reads "
+                f"{platform.MPS_LIMIT_ENV} only when CUDA starts; restart the kernel and run "
+                "`%gpu limit ... --hard` before the first framework import (or drop --hard for a soft limit)"
+            )
+        raise SessionError(
+            "`--hard` cannot hold here: no MPS control daemon (no control pipe in "
+            f"{self.machine.inherited_platform.get('CUDA_MPS_PIPE_DIRECTORY') or platform.MPS_DEFAULT_PIPE_DIRECTORY}) "
+            "and this kernel is not on a MIG instance, so a limit holds only in the frameworks' allocators; "
+            "an administrator can start MPS (`nvidia-cuda-mps-control -d`) or create MIG instances "
+            "(`sudo nvidia-smi mig -cgi <profile> -C`), or drop --hard for a soft limit"
+        )
+
+    def limit_label(self) -> str | None:
+        """``hard (MPS)``, ``hard (MIG)`` or ``soft (TensorFlow's allocator)``: who holds the accepted
+        limit (None without one).  Soft names the allocators of the frameworks that take it (the
+        imported ones, else the installed ones): the CUDA context and libraries that call CUDA
+        directly are outside them."""
+        try:
+            capped = any(g.cap_mib is not None for g in self.resolved().gpus)
+        except SessionError:
+            return None
+        if not capped:
+            return None
+        if self.hard_by is not None:
+            return f"hard ({self.hard_by})"
+        takers = self.imported_frameworks() or tuple(f for f in self._frameworks if f.installed())
+        holders = ", ".join(f.limit_holder() for f in takers) or "the frameworks' allocators"
+        return f"soft ({holders})"
 
     def _settle(self, resolution: Resolution, chosen_by_auto: bool, before: Plan) -> None:
         """The request is accepted (if no other command changed it meanwhile): claims follow it

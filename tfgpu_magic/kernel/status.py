@@ -90,6 +90,10 @@ def build_report(
         report["visible_gpus"] = session.visible_gpus()
     _add_resolution(report, session)
     report["platform_shares"] = _platform_shares(session)
+    # Who holds the accepted limit: "soft (TensorFlow's allocator)", "hard (MPS)", "hard (MIG)"; None: no limit.
+    report["limit_enforcement"] = session.limit_label()
+    for entry in (report["resolved"] or {}).get("gpus", []):
+        entry["enforcement"] = report["limit_enforcement"] if entry["limit_mib"] is not None else None
     report["frameworks"] = entries
     report["display"] = {
         "frameworks": [
@@ -429,6 +433,11 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("In force", "; ".join(report["in_force"]) or defaults or "each framework's defaults"),
     ]
+    label = report.get("limit_enforcement")
+    if label:
+        rows.append(
+            ("Limit", f"{label}: {LIMIT_HELD[label.split(' ')[0] if label.startswith('soft') else label]}")
+        )
     rows += _share_rows(report)
     for framework in shown:
         rows += _rows(framework["lines"])
@@ -447,6 +456,14 @@ def header_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         label, _, rest = _me_line(report).partition(":")
         rows.append((label, rest.strip()))
     return rows
+
+
+# What each kind of limit holds, said beside its label.
+LIMIT_HELD = {
+    "soft": "their pools only; the CUDA context and libraries calling CUDA directly are outside it",
+    "hard (MPS)": "the MPS server fails this process's allocations above it (set before CUDA started)",
+    "hard (MIG)": "the MIG instance's memory holds for the whole process",
+}
 
 
 def _share_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
