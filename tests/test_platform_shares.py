@@ -309,7 +309,6 @@ def test_hard_after_cuda_started_with_mps_says_too_late(tmp_path):
     torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
     session._on_import(session.adapter("pytorch"), torch)
     torch.cuda.start()
-    session.machine.cuda_record.capture = session.machine.cuda_record.capture or object()  # CUDA has started
     with pytest.raises(SessionError, match="too late for `--hard`"):
         session.configure(grammar.parse("limit 2G --hard"))
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env
@@ -334,3 +333,14 @@ def test_on_a_mig_instance_the_instance_is_the_share_and_a_hard_limit_is_labelle
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env  # the instance holds it, not MPS
     assert json.loads(gpu(shell, "status --json"))["limit_enforcement"] == "hard (MIG)"
     assert "Limit:      hard (MIG):" in gpu(shell, "")
+
+
+def test_after_cuda_started_under_a_hard_mps_limit_other_commands_still_work_and_it_stays_hard(tmp_path):
+    session = torch_session({"CUDA_MPS_PIPE_DIRECTORY": mps_running(tmp_path)})
+    session.configure(grammar.parse("limit 2G --hard"))
+    assert session.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].startswith("0=2048M")
+    torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
+    session._on_import(session.adapter("pytorch"), torch)
+    torch.cuda.start()
+    session.configure(grammar.parse("limit 1G"))  # PyTorch's cap changes; MPS's, read at CUDA's start, holds
+    assert session.limit_label() == "hard (MPS)"

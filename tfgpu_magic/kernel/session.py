@@ -527,6 +527,8 @@ class Session:
         MPS server reads it at the CUDA context's creation), or the MIG instance; refused in one line
         where neither can hold it.  Otherwise MPS's variable is what the kernel inherited."""
         machine, started = self.machine, self._cuda_started()
+        if started and self.hard_by == "MPS":
+            return  # CUDA read MPS's limit as it started: it holds, whatever is asked since
         self.hard_by = self._hard_enforcer(resolution, started)
         if started:
             return  # CUDA read the variable already: changing it now would claim what is not in force
