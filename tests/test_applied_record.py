@@ -62,7 +62,13 @@ def test_a_percentage_limit_is_quoted_as_applied_after_the_driver_stops_answerin
     assert "limit: 40.0 GiB (`%gpu limit`)" in oom.explain(session, oom_on_gpu0())
     report = json.loads(json.dumps(status.build_report(session)))  # as `%gpu status --json` prints it
     assert report["resolved"]["gpus"] == [
-        {"index": 1, "limit_mib": 40960, "logical_mib": [40960], "within_share": None}
+        {
+            "index": 1,
+            "limit_mib": 40960,
+            "logical_mib": [40960],
+            "within_share": None,
+            "enforcement": "soft (TensorFlow's allocator)",  # who holds it, as %gpu says
+        }
     ]
     assert not any("cannot hold" in note for note in report["notes"])
 

@@ -80,12 +80,14 @@ def test_report_keeps_its_keys_and_adds_the_inventory():
         "defaults",
         "notebook_settings",
         "platform_shares",  # issue 31: each GPU's share as the kernel inherited it ([] without one)
+        "limit_enforcement",  # issue 31: "soft (...)", "hard (MPS)", "hard (MIG)"; None without a limit
     }
     assert report["resolved"] == {
         "summary": [],
         "visible": [0, 1, 2, 3],
         "gpus": [
-            {"index": i, "limit_mib": None, "logical_mib": None, "within_share": None} for i in range(4)
+            {"index": i, "limit_mib": None, "logical_mib": None, "within_share": None, "enforcement": None}
+            for i in range(4)
         ],
     }
     assert report["allocation"] is None  # nothing inherited: every GPU is this kernel's to use
