@@ -290,9 +290,8 @@ def test_hard_with_mps_sets_the_limit_before_cuda_starts_and_is_labelled_hard(sh
     assert {g["enforcement"] for g in report["resolved"]["gpus"]} == {"hard (MPS)"}
     gpu(shell, "limit 2G")  # soft again: MPS's variable goes back to what the kernel inherited
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env
-    assert json.loads(gpu(shell, "status --json"))["limit_enforcement"].startswith(
-        "soft (TensorFlow's allocator"
-    )
+    soft = json.loads(gpu(shell, "status --json"))["limit_enforcement"]
+    assert soft.startswith("soft (") and soft.endswith("'s allocator)")  # the frameworks taking it
 
 
 def test_hard_after_cuda_started_is_too_late_under_mps():
