@@ -530,3 +530,17 @@ def test_lab_panel_lists_a_mig_gpus_instances_under_it(tmp_path, browser):
         ]
         assert page.locator('.tfgpu-lab-gpu[data-index="0"] .tfgpu-lab-mig').count() == 0  # not in MIG mode
         shot(page, "extension-lab-mig.png")
+
+
+def test_lab_panel_shows_each_gpus_platform_share_and_whether_it_holds(tmp_path, browser, monkeypatch):
+    """Issue 31, item 1: a server (and its kernels) that inherited a HAMi share shows it on each GPU
+    card, labelled soft, with the variable it came from and who enforces it in the tooltip."""
+    monkeypatch.setenv("CUDA_DEVICE_MEMORY_LIMIT", "4g")
+    with solo_lab(tmp_path, browser, "tfgpu_magic.simulated:kernels_server", "share") as page:
+        page.locator(".tfgpu-lab-status").click()  # the status bar opens the panel
+        share = page.locator('.tfgpu-lab-gpu[data-index="0"] .tfgpu-lab-gpu-share')
+        share.wait_for(timeout=15_000)
+        assert share.inner_text() == "share 4.0 GiB, soft (HAMi)"
+        title = share.get_attribute("title") or ""
+        assert "CUDA_DEVICE_MEMORY_LIMIT=4g" in title and "libvgpu.so" in title
+        shot(page, "extension-lab-share.png")
