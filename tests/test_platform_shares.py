@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -343,3 +345,24 @@ def test_after_cuda_started_under_a_hard_mps_limit_other_commands_still_work_and
     torch.cuda.start()
     session.configure(grammar.parse("limit 1G"))  # PyTorch's cap changes; MPS's, read at CUDA's start, holds
     assert session.limit_label() == "hard (MPS)"
+
+
+@pytest.mark.slow
+def test_in_a_fresh_kernel_jax_imported_with_no_limit_starts_within_the_share():
+    """The light `%load_ext` (no session until the import), then `import jax` with no `%gpu` line:
+    JAX is given the share less a CUDA context as its memory fraction of GPU 1, before it starts."""
+    code = (
+        "import os, sys\n"
+        "from IPython.testing.globalipapp import start_ipython\n"
+        "ip = start_ipython(); ip.run_line_magic('load_ext', 'tfgpu_magic')\n"
+        "built = 'tfgpu_magic.kernel.session' in sys.modules\n"
+        "import jax\n"
+        "print(built, os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION'))\n"
+    )
+    kept = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TFGPU_MAGIC_NOTEBOOK_SETTINGS", "JPY_SESSION_NAME")
+    env = {k: v for k, v in os.environ.items() if k not in kept and not k.startswith("XLA_PYTHON_CLIENT")}
+    env.update({"TFGPU_MAGIC_SIMULATED_SOURCE": "kernels_server", "CUDA_DEVICE_MEMORY_LIMIT_1": "4g"})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    built, fraction = out.stdout.strip().splitlines()[-1].split()
+    assert built == "False"  # the light load: the share is met when the session is built, at the import
+    assert float(fraction) == pytest.approx((4096 - 300) / 81920, abs=0.001)  # GPU 1 has 80 GiB
