@@ -37,17 +37,22 @@ import re
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "MPS_LIMIT_ENV",
     "SHARE_VARIABLES",
     "GpuFacts",
+    "MpsPipe",
     "PlatformShare",
     "ShareRecord",
+    "SlurmGpus",
     "inherited_variables",
+    "mps_pipe",
     "mps_pipe_directory",
     "parse_amount",
     "read_shares",
+    "slurm_gpus",
 ]
 
 MIB = 1024**2
@@ -272,17 +277,38 @@ def _mps(
     return found
 
 
-def mps_pipe_directory(environ: Mapping[str, str | None]) -> str | None:
-    """The MPS pipe directory when an MPS control daemon appears to run there: a real directory
-    (not a link) holding a FIFO named ``control``.  Checked with lstat only: the FIFO is never
-    opened (an open blocks until the daemon answers, and a neighbour may plant anything)."""
+class MpsPipe(NamedTuple):
+    """An MPS control daemon's pipe, as lstat saw it."""
+
+    directory: str
+    owner_uid: int
+
+
+def mps_pipe(environ: Mapping[str, str | None], me: int | None = None) -> MpsPipe | None:
+    """The MPS control pipe when a daemon appears to run there: a real directory (not a link)
+    holding a FIFO named ``control``, both owned by root or by ``me`` (this user by default).
+
+    Checked with lstat only: the FIFO is never opened (an open blocks until the daemon answers).
+    Anyone may create /tmp/nvidia-mps, so a directory or FIFO of another user proves nothing: a
+    neighbour's planted FIFO must not make a limit be called hard."""
     directory = environ.get(MPS_PIPE_ENV) or MPS_DEFAULT_PIPE_DIRECTORY
+    trusted = {0, os.getuid() if me is None else me}
     try:
-        if not stat.S_ISDIR(os.lstat(directory).st_mode):
-            return None
-        return directory if stat.S_ISFIFO(os.lstat(os.path.join(directory, "control")).st_mode) else None
-    except (OSError, ValueError):
+        folder = os.lstat(directory)
+        pipe = os.lstat(os.path.join(directory, "control"))
+    except (OSError, ValueError):  # absent, unreadable, or a name with a NUL
         return None
+    if not (stat.S_ISDIR(folder.st_mode) and stat.S_ISFIFO(pipe.st_mode)):
+        return None
+    if folder.st_uid not in trusted or pipe.st_uid not in trusted:
+        return None
+    return MpsPipe(directory, pipe.st_uid)
+
+
+def mps_pipe_directory(environ: Mapping[str, str | None]) -> str | None:
+    """The directory of :func:`mps_pipe`, or None."""
+    found = mps_pipe(environ)
+    return None if found is None else found.directory
 
 
 def _mps_daemon_default(device: int) -> int | None:
@@ -371,14 +397,29 @@ def _aliyun_unit(device: str, granted: int) -> int:
 
 
 # -- Slurm ----------------------------------------------------------------------------------------
-def _slurm(environ: Mapping[str, str | None], gpus: Sequence[GpuFacts]) -> list[PlatformShare]:
+class SlurmGpus(NamedTuple):
+    """A Slurm job's GPUs as the node numbers them."""
+
+    variable: str  # SLURM_STEP_GPUS, else SLURM_JOB_GPUS
+    value: str
+    node_indices: tuple[int, ...] | None  # None: not a list of indices
+
+
+def slurm_gpus(environ: Mapping[str, str | None]) -> SlurmGpus | None:
+    """The job's GPUs from Slurm's variable (the step's, the narrower, when set)."""
     name, value = next(((n, environ.get(n)) for n in SLURM_ENVS if environ.get(n)), ("", None))
-    if value is None:
+    if not value:
+        return None
+    entries = [e.strip() for e in value.split(",")[:1024]]
+    indices = tuple(sorted({int(e) for e in entries})) if all(_NUMBER.fullmatch(e) for e in entries) else None
+    return SlurmGpus(name, value, indices)
+
+
+def _slurm(environ: Mapping[str, str | None], gpus: Sequence[GpuFacts]) -> list[PlatformShare]:
+    job_gpus = slurm_gpus(environ)
+    if job_gpus is None or not job_gpus.node_indices:
         return []
-    entries = value.split(",")[:1024]
-    if not all(_NUMBER.fullmatch(e.strip()) for e in entries):
-        return []
-    node = sorted({int(e) for e in entries})
+    name, value, node = job_gpus.variable, job_gpus.value, list(job_gpus.node_indices)
     seen = sorted(g.index for g in gpus)
     if not seen:
         return []

@@ -17,13 +17,12 @@ finding.  Everything shown that others could choose (variables, paths, GPU names
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..command.units import MIB, format_bytes
-from ..gpus import claims, numbering
+from ..gpus import claims, numbering, platform
 from ..gpus.nvml import GpuLost, GpuProcess, NvmlUnavailable, ReadingFailed
 from ..safe_text import bounded, safe
 
@@ -42,7 +41,6 @@ SHOWN = 120  # characters of a variable's value or a path shown as evidence
 # NVML's compute modes (nvmlComputeMode_t): 1 (exclusive thread) is gone since CUDA 8.
 COMPUTE_DEFAULT, COMPUTE_PROHIBITED, COMPUTE_EXCLUSIVE = 0, 2, 3
 COMPUTE_MODE_NAMES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
-MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"
 
 
 @dataclass(frozen=True)
@@ -85,13 +83,7 @@ class MpsReading:
     variables: dict[str, str]  # the CUDA_MPS_* variables of the kernel's environment
 
 
-@dataclass(frozen=True)
-class SlurmReading:
-    """A Slurm job's GPUs, as node indices (``SLURM_STEP_GPUS`` or ``SLURM_JOB_GPUS``)."""
-
-    variable: str
-    value: str
-    node_indices: tuple[int, ...] | None  # None: not a list of indices
+SlurmReading = platform.SlurmGpus  # variable, value, node_indices
 
 
 @dataclass(frozen=True)
@@ -140,44 +132,20 @@ class Facts:
         return [g.uuid for g in self.gpus]
 
 
-# -- platform readings: to be read from gpus/platform.py once it lands --------------------------
+# -- platform readings (gpus/platform.py reads them for the shares too) ---------------------------
 def read_mps(env: Mapping[str, str], me: int | None = None) -> MpsReading | None:
-    """An MPS control daemon this kernel's CUDA would connect to: a ``control`` FIFO in
-    ``CUDA_MPS_PIPE_DIRECTORY`` (default /tmp/nvidia-mps).  To be read from gpus/platform.py
-    once it lands.
-
-    lstat only: the pipe is never opened (an open of a FIFO blocks) and no link is followed, so a
-    link planted in /tmp proves nothing.  Only a directory and FIFO owned by root or by this user
-    count: anyone may create /tmp/nvidia-mps, and a neighbour's planted FIFO is not an MPS daemon.
-    """
-    directory = env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE
-    me = os.getuid() if me is None else me
-    try:
-        folder = os.lstat(directory)
-        pipe = os.lstat(os.path.join(directory, "control"))
-    except (OSError, ValueError):  # absent, unreadable, or a name with a NUL
-        return None
-    trusted = {0, me}
-    if not (stat.S_ISDIR(folder.st_mode) and stat.S_ISFIFO(pipe.st_mode)):
-        return None
-    if folder.st_uid not in trusted or pipe.st_uid not in trusted:
+    """An MPS control daemon this kernel's CUDA would connect to (:func:`platform.mps_pipe`: lstat
+    only, owned by root or ``me``), with the kernel's ``CUDA_MPS_*`` variables."""
+    pipe = platform.mps_pipe(env, me)
+    if pipe is None:
         return None
     variables = {name: value for name, value in env.items() if name.startswith("CUDA_MPS_")}
-    return MpsReading(directory, pipe.st_uid, variables)
+    return MpsReading(pipe.directory, pipe.owner_uid, variables)
 
 
 def read_slurm(env: Mapping[str, str]) -> SlurmReading | None:
-    """The job's GPUs as Slurm numbers them on the node (``SLURM_STEP_GPUS``, else
-    ``SLURM_JOB_GPUS``).  To be read from gpus/platform.py once it lands."""
-    for variable in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        value = env.get(variable)
-        if value:
-            parts = [part.strip() for part in value.split(",")]
-            indices = (
-                tuple(int(p) for p in parts) if all(p.isascii() and p.isdigit() for p in parts) else None
-            )
-            return SlurmReading(variable, value, indices)
-    return None
+    """The job's GPUs as Slurm numbers them on the node (:func:`platform.slurm_gpus`)."""
+    return platform.slurm_gpus(env)
 
 
 # -- gathering -------------------------------------------------------------------------------------
