@@ -296,6 +296,32 @@ def test_hard_with_mps_sets_the_limit_before_cuda_starts_and_is_labelled_hard(sh
     assert soft.startswith("soft (") and soft.endswith("'s allocator)")  # the frameworks taking it
 
 
+def test_a_neighbours_fifo_in_the_mps_pipe_directory_makes_no_limit_hard(shell, monkeypatch, tmp_path):
+    """Anyone may create /tmp/nvidia-mps: a pipe another user owns proves no MPS daemon."""
+    pipes = mps_running(tmp_path)
+    neighbour = os.getuid() + 4242
+    real_lstat = os.lstat
+    monkeypatch.setattr(
+        os,
+        "lstat",
+        lambda path, *a, **k: (
+            _owned_by(real_lstat(path, *a, **k), neighbour)
+            if str(path).startswith(pipes)
+            else real_lstat(path, *a, **k)
+        ),
+    )
+    session, _ = loaded(shell, monkeypatch, {"CUDA_MPS_PIPE_DIRECTORY": pipes})
+    refused = gpu(shell, "limit 2G --hard")
+    assert refused.startswith("UsageError: ") and "no MPS control daemon" in refused
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env
+
+
+def _owned_by(result: os.stat_result, uid: int) -> os.stat_result:
+    fields = list(result)
+    fields[4] = uid  # st_uid
+    return os.stat_result(fields)
+
+
 def test_hard_after_cuda_started_is_too_late_under_mps():
     session = torch_session({"CUDA_MPS_PIPE_DIRECTORY": "/nonexistent"})
     torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
