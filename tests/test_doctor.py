@@ -76,6 +76,19 @@ def test_a_healthy_kernel_gets_no_findings_and_a_summary_of_how_it_shares():
     assert "  frameworks with a GPU pool: none yet" in text
 
 
+def test_the_summary_labels_the_limit_and_names_the_platforms_share():
+    session = session_on(shared_server(ME), {"CUDA_DEVICE_MEMORY_LIMIT": "4g"})
+    session.configure(grammar.parse("use 1"))
+    session.configure(grammar.parse("limit 2G"))
+    text = doctor.render_text(examine(session))
+    assert "  limit: GPU 1 2,048 MiB, soft (" in text  # every limit shown says soft or hard
+    assert (
+        "  platform share of GPU 1: 4 GiB share, set by HAMi (CUDA_DEVICE_MEMORY_LIMIT=4g); soft (HAMi)"
+        in text
+    )
+    assert "platform share of GPU 0" not in text  # a GPU the kernel does not use is not its concern
+
+
 # -- (a) more GPUs than the scheduler allocated ------------------------------------------------------
 def test_a_pod_granted_one_gpu_that_sees_four():
     server = shared_server(ME)

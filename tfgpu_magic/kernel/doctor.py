@@ -114,6 +114,8 @@ class Facts:
     slurm: SlurmReading | None
     frameworks: tuple[FrameworkFacts, ...]
     shares_requested: bool  # `%gpu limit 6G tensorflow, 2G jax`: each framework's pool is sized
+    limit_label: str | None  # who holds the accepted limit: "soft (...)", "hard (MPS)", "hard (MIG)"
+    platform_shares: Mapping[int, str]  # GPU -> its platform share, described (the session's record)
     notes: tuple[str, ...] = ()
 
     def gpu(self, index: int) -> GpuFacts | None:
@@ -196,8 +198,18 @@ def gather(
             FrameworkFacts(f.key, f.name, f.stage().describe(), _takes_pool(f)) for f in session.frameworks()
         ),
         shares_requested=session.requested.shares is not None,
+        limit_label=session.limit_label(),
+        platform_shares=_platform_shares(session, notes),
         notes=tuple(notes),
     )
+
+
+def _platform_shares(session: Session, notes: list[str]) -> dict[int, str]:
+    try:
+        return {index: share.describe() for index, share in session.machine.platform_shares().items()}
+    except Exception as err:  # a fault in one reading is a note
+        notes.append(f"the platform's shares could not be read: {safe(str(err))}")
+        return {}
 
 
 def _takes_pool(framework: Any) -> bool:
@@ -733,7 +745,14 @@ def summary(facts: Facts) -> list[str]:
         + (f"; claimed GPU {_gpu_list(facts.claimed)}" if facts.claimed else "")
     )
     limits = [f"GPU {g.index} {format_bytes(g.limit_bytes)}" for g in facts.gpus if g.limit_bytes]
-    lines.append("limit: " + (", ".join(limits) if limits else "none (cooperative when set)"))
+    if limits:
+        lines.append(f"limit: {', '.join(limits)}, {facts.limit_label or 'soft'}")
+    else:
+        lines.append("limit: none")
+    seen = {g.index for g in facts.seen}
+    for index, share in sorted(facts.platform_shares.items()):
+        if index in seen:
+            lines.append(f"platform share of GPU {index}: {safe(share)}")
     modes = sorted(
         {COMPUTE_MODE_NAMES.get(g.compute_mode or 0, "?") for g in facts.gpus if g.compute_mode is not None}
     )
