@@ -66,6 +66,7 @@ __all__ = [
     "MigDevice",
     "Nvml",
     "NvmlUnavailable",
+    "ProcessUtilization",
     "ReadingFailed",
 ]
 
@@ -93,6 +94,8 @@ MIG_DEVICES = "MIG devices"
 MIG_IDS = "MIG instance ids"
 MAX_MIG_DEVICES = 64  # more than any GPU has (an A100 or H100: 7); bounds a driver's answer
 PROCESSES = "processes"
+PROCESS_UTILIZATION = "process utilization"
+MAX_SAMPLES = 4096  # utilization samples looked at per reading: bounds a driver's (or a fake's) answer
 GRAPHICS_PROCESSES = "graphics processes"
 
 
@@ -184,6 +187,34 @@ class GpuProcess:
     gpu_index: int
     used_memory_bytes: int | None  # None when NVML cannot attribute memory (e.g. no permission)
     kind: str  # "compute" or "graphics"
+
+
+@dataclass(frozen=True)
+class ProcessUtilization:
+    """How busy processes kept one GPU since a time: NVML's process utilization samples (the driver's figures).
+
+    ``percent_by_pid``: each sampled pid's highest SM utilization among its samples.  The driver
+    samples a process only while it runs work on the GPU, so a process holding memory without
+    a sample was idle there (0%) for as far back as the driver's samples reach.
+    ``latest_us``: the newest sample's timestamp (microseconds), the next reading's ``since``;
+    the ``since`` given when there was none.  ``per_device``: the driver gives no per-process
+    samples on this GPU (a GPU in MIG mode, an old driver): ``device_percent`` is the whole
+    GPU's utilization, everyone's together, and ``percent_by_pid`` is empty.  With MPS the
+    driver credits its clients' work to the MPS server's process.
+    """
+
+    index: int
+    percent_by_pid: dict[int, int]
+    latest_us: int
+    per_device: bool = False
+    device_percent: int | None = None
+    note: str | None = None  # why the reading is per device
+
+    def percent_of(self, pids: Any) -> int | None:
+        """The busiest of these pids (0 for pids without a sample); the GPU's figure when per device."""
+        if self.per_device:
+            return self.device_percent
+        return max((self.percent_by_pid.get(pid, 0) for pid in pids), default=0)
 
 
 class Nvml:
@@ -360,6 +391,34 @@ class Nvml:
         except Exception as err:  # many GPUs lack the reading: a gap, not a failure
             self._failed(index, UTILIZATION, err)  # (a lost GPU's handle is dropped all the same)
             return memory, None
+
+    def process_utilization(self, index: int, since_us: int = 0) -> ProcessUtilization:
+        """NVML's per-process utilization samples of one GPU newer than ``since_us`` (one call).
+
+        No sample since then (NVML's ``NOT_FOUND``) is no process busy.  Where the driver has no
+        per-process samples (``NOT_SUPPORTED``: a GPU in MIG mode; a binding without the function)
+        the GPU's own utilization is read instead, marked ``per_device`` (a second call).  Raises
+        :class:`GpuLost` or :class:`ReadingFailed` like :meth:`processes` (a MIG GPU has no
+        utilization of its own either: the note says both).
+        """
+        lib = self._ensure_started()
+        handle = self._handle(index)
+        try:
+            samples = lib.nvmlDeviceGetProcessUtilization(handle, int(since_us))
+        except Exception as err:
+            if _is_nvml_error(lib, err) and _code(err) == getattr(lib, "NVML_ERROR_NOT_FOUND", 6):
+                return ProcessUtilization(index, {}, since_us)
+            if not (_not_supported(lib, err) or isinstance(err, AttributeError)):
+                raise self._failed(index, PROCESS_UTILIZATION, err) from err
+            reason = _reason(err, _is_nvml_error(lib, err))
+            why = f"{PROCESS_UTILIZATION}: {reason}"
+            try:
+                device = self._read(index, UTILIZATION, _utilization, lib, handle)
+            except ReadingFailed as failed:
+                also = f"{reason} (and the GPU's own utilization: {failed.reason})"
+                raise ReadingFailed(index, PROCESS_UTILIZATION, also) from failed
+            return ProcessUtilization(index, {}, since_us, per_device=True, device_percent=device, note=why)
+        return self._read(index, PROCESS_UTILIZATION, _samples, index, samples, since_us)
 
     def cuda_driver_version(self) -> str | None:
         """The newest CUDA version the driver supports (``nvmlSystemGetCudaDriverVersion``), as
@@ -698,6 +757,21 @@ def _utilization(lib: Any, handle: Any) -> int:
     if not 0 <= percent <= 100:
         raise ValueError(f"NVML gave a utilization of {percent}%")
     return percent
+
+
+def _samples(index: int, samples: Any, since_us: int) -> ProcessUtilization:
+    """The samples as :class:`ProcessUtilization`; one that is no percentage fails the reading."""
+    percent: dict[int, int] = {}
+    latest = since_us
+    for n, sample in enumerate(samples or []):
+        if n >= MAX_SAMPLES:
+            break
+        pid, at, sm = int(sample.pid), int(sample.timeStamp), int(sample.smUtil)
+        if not 0 <= sm <= 100:
+            raise ValueError(f"NVML gave a process utilization of {sm}%")
+        percent[pid] = max(percent.get(pid, 0), sm)
+        latest = max(latest, at)
+    return ProcessUtilization(index, percent, latest)
 
 
 def _compute_capability(lib: Any, handle: Any) -> tuple[int, int]:

@@ -29,7 +29,10 @@ Faults are injected the same way:
 Reading names (see :data:`READINGS`): ``handle`` (``nvmlDeviceGetHandleByIndex``), ``name``,
 ``uuid``, ``pci``, ``memory``, ``utilization``, ``compute_capability``, ``mig``, and
 ``processes`` (both process listings) or ``compute_processes`` / ``graphics_processes`` (one),
-and, on a GPU in MIG mode, ``mig_devices`` (:data:`MIG_READINGS`: the MIG device count, handles and ids).
+and, on a GPU in MIG mode, ``mig_devices`` (:data:`MIG_READINGS`: the MIG device count, handles
+and ids), and ``process_utilization`` (:data:`SAMPLE_READINGS`: ``nvmlDeviceGetProcessUtilization``,
+samples of the processes whose ``SimulatedProcess.sm_percent`` is above 0, timestamped by
+``SimulatedNvml.clock``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
     "DEMO_KERNEL_PID",
     "MIG_READINGS",
     "READINGS",
+    "SAMPLE_READINGS",
     "FileServerNvml",
     "HostKernelsNvml",
     "LiveKernelsNvml",
@@ -100,6 +104,9 @@ READINGS = (
 # Readings of a GPU in MIG mode only (faults and ``unsupported`` take them too): the MIG device
 # count, handles and instance ids.
 MIG_READINGS = ("mig_devices",)
+# The per-process utilization samples (faults and ``unsupported`` take it too); read only by the
+# utilization figures (``Nvml.process_utilization``), not by a GPU's other readings.
+SAMPLE_READINGS = ("process_utilization",)
 
 
 class NVMLError(Exception):
@@ -134,6 +141,7 @@ class SimulatedProcess:
     command: str = "python train.py"
     alive: bool = True  # False: NVML still lists it, but the process has exited
     kind: str = "compute"
+    sm_percent: int = 0  # how busy it keeps the GPU's SMs: its process utilization samples (0: none)
 
 
 @dataclass
@@ -207,6 +215,7 @@ class SimulatedNvml:
     nvmlMemory_v2 = 0x02000028  # pynvml's constant: asks for the version-2 memory reading
     memory_v2 = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2
     cuda_driver_version = 12080  # nvmlSystemGetCudaDriverVersion: CUDA 12.8; None: not supported
+    sample_period_us = 166_667  # the driver samples process utilization about six times a second
 
     def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
         self.gpus = gpus
@@ -216,6 +225,7 @@ class SimulatedNvml:
         self.init_calls = 0
         self.calls = 0  # every NVML call, for benchmarks and 'how many reads' tests
         self.faults_raised = 0  # injected faults (SimulatedGpu.faults) raised so far
+        self.clock = time.time  # the samples' timestamps (seconds; NVML's are microseconds of this clock)
         for i, gpu in enumerate(gpus):
             gpu.uuid = gpu.uuid or f"GPU-{i:08x}-fake-0000-0000-{i:012x}"
             gpu.pci_bus_id = gpu.pci_bus_id or f"00000000:{0x17 + i * 0x10:02X}:00.0"
@@ -360,6 +370,43 @@ class SimulatedNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         return self._processes(handle, "graphics")
 
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[SimpleNamespace]:
+        """pynvml's ``nvmlProcessUtilizationSample_t`` records newer than ``timeStamp`` (microseconds).
+
+        As the driver does: a process is sampled only while it runs work (``sm_percent`` > 0), so
+        an idle process has no sample at all; no sample since ``timeStamp`` is ``NOT_FOUND``; a GPU
+        in MIG mode (or a MIG device) has no per-process utilization (``NOT_SUPPORTED``).  Each busy
+        process gets one sample per ``sample_period_us`` since ``timeStamp``, the newest at the
+        clock's now, at most 16 each (the driver's buffer is bounded too).
+        """
+        if isinstance(handle, SimulatedMigHandle):
+            self._mig(handle, "process_utilization")
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "process_utilization")
+        if gpu.mig:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        now_us = int(self.clock() * 1_000_000)
+        since = int(timeStamp)
+        busy = [p for p in self._sampled(handle) if p.alive and p.sm_percent > 0]
+        samples = []
+        for proc in busy:
+            for n in range(16):
+                at = now_us - n * self.sample_period_us
+                if at <= since:
+                    break
+                samples.append(
+                    SimpleNamespace(
+                        pid=proc.pid, timeStamp=at, smUtil=proc.sm_percent, memUtil=0, encUtil=0, decUtil=0
+                    )
+                )
+        if not samples:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return samples
+
+    def _sampled(self, handle: int) -> list[SimulatedProcess]:
+        """The processes the driver samples on a GPU (a live server adds its kernels)."""
+        return list(self.gpus[handle].processes)
+
     # -- the process table a real server has beside NVML (psutil's job there) ----------------
     def owner_of(self, pid: int) -> SimulatedProcess | None:
         """The simulated process with this pid, or None if it exited or never existed."""
@@ -459,7 +506,7 @@ def shared_server(my_pid: int | None = None, me: str = "me") -> SimulatedNvml:
             SimulatedGpu(
                 total_mib=40960,
                 utilization=97,
-                processes=[SimulatedProcess(41001, 30720, "alice", "python train_resnet.py")],
+                processes=[SimulatedProcess(41001, 30720, "alice", "python train_resnet.py", sm_percent=97)],
             ),
             SimulatedGpu(
                 name="NVIDIA A100-SXM4-80GB",
@@ -468,7 +515,7 @@ def shared_server(my_pid: int | None = None, me: str = "me") -> SimulatedNvml:
                 processes=[
                     SimulatedProcess(my_pid, 10240, me, "python -m ipykernel_launcher"),
                     SimulatedProcess(41002, 4096, me, "python -m ipykernel_launcher"),
-                    SimulatedProcess(41003, 8192, "bob", "python finetune.py"),
+                    SimulatedProcess(41003, 8192, "bob", "python finetune.py", sm_percent=35),
                 ],
             ),
             SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
@@ -683,6 +730,9 @@ class LiveKernelsNvml(SimulatedNvml):
             ]
         return listed
 
+    def _sampled(self, handle: int) -> list[SimulatedProcess]:
+        return [*super()._sampled(handle), *self.live_processes().get(handle, [])]
+
     def owner_of(self, pid: int) -> Any | None:
         """A fixed process's simulated owner (None once it exited); any other pid's real one (psutil)."""
         for proc in self.fixed_processes():
@@ -745,7 +795,11 @@ def kernels_server() -> LiveKernelsNvml:
             SimulatedGpu(
                 total_mib=40960,
                 utilization=97,
-                processes=[SimulatedProcess(FAKE_PID_BASE + 1, 30720, "alice", "python train_resnet.py")],
+                processes=[
+                    SimulatedProcess(
+                        FAKE_PID_BASE + 1, 30720, "alice", "python train_resnet.py", sm_percent=97
+                    )
+                ],
             ),
             SimulatedGpu(
                 name="NVIDIA A100-SXM4-80GB",
@@ -753,7 +807,7 @@ def kernels_server() -> LiveKernelsNvml:
                 utilization=35,
                 processes=[
                     SimulatedProcess(FAKE_PID_BASE + 2, 4096, me, "python train.py --resume"),
-                    SimulatedProcess(FAKE_PID_BASE + 3, 8192, "bob", "python finetune.py"),
+                    SimulatedProcess(FAKE_PID_BASE + 3, 8192, "bob", "python finetune.py", sm_percent=35),
                 ],
             ),
             SimulatedGpu(name="NVIDIA RTX A5000", total_mib=24576, utilization=0, compute_capability=(8, 6)),
@@ -1053,6 +1107,7 @@ def _gpu_from_spec(index: int, spec: dict[str, Any]) -> SimulatedGpu:
                 str(p.get("user", "someone")),
                 str(p.get("command", "python train.py")),
                 alive=bool(p.get("alive", True)),
+                sm_percent=int(p.get("sm_percent", 0)),
             )
             for p in spec.get("processes", [])
         ],
