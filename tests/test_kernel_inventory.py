@@ -26,6 +26,7 @@ from tfgpu_magic.gpus.simulated import (
     SimulatedProcess,
     mig_server,
 )
+from tfgpu_magic.gpus.utilization import UtilizationReader
 from tfgpu_magic.server import kernel_inventory
 from tfgpu_magic.server.kernel_inventory import (
     FOREIGN_PIDS_NOTE,
@@ -56,7 +57,8 @@ def _replies_follow_the_schema(monkeypatch):
 
 
 def small_server() -> SimulatedNvml:
-    """GPU 0: a kernel (1001) and its child (1002), my other process, bob's, an exited one; GPU 1 idle."""
+    """GPU 0: a kernel (1001) and its busy child (1002), my other process, bob's (busier), an exited
+    one; GPU 1 idle."""
     return SimulatedNvml(
         [
             SimulatedGpu(
@@ -65,9 +67,9 @@ def small_server() -> SimulatedNvml:
                 utilization=35,
                 processes=[
                     SimulatedProcess(1001, 4096, "alice", "python -m ipykernel_launcher -f kernel-a.json"),
-                    SimulatedProcess(1002, 1024, "alice", "python worker.py"),
+                    SimulatedProcess(1002, 1024, "alice", "python worker.py", sm_percent=60),
                     SimulatedProcess(2001, 2048, "alice", "python train.py"),
-                    SimulatedProcess(3001, 8192, "bob", "python finetune.py"),
+                    SimulatedProcess(3001, 8192, "bob", "python finetune.py", sm_percent=90),
                     SimulatedProcess(4001, 512, "carol", "python old.py", alive=False),
                 ],
             ),
@@ -160,6 +162,8 @@ def test_the_reply_for_a_small_server_exactly():
                 "gpu_memory_bytes": {"0": 5 * GIB},
                 "total_gpu_memory_bytes": 5 * GIB,
                 "note": None,
+                # the busiest of its processes there (its worker), not bob's
+                "gpu_utilization": {"0": {"percent": 60, "scope": "process", "note": None}},
             },
             {
                 "id": "r",
@@ -174,6 +178,7 @@ def test_the_reply_for_a_small_server_exactly():
                 "gpu_memory_bytes": {},
                 "total_gpu_memory_bytes": None,
                 "note": REMOTE_NOTE,
+                "gpu_utilization": {},
             },
         ],
         "my_other_processes": [
@@ -529,3 +534,46 @@ def test_instances_that_cannot_be_listed_are_a_note_not_a_failure():
     reply = read(server, [], {SERVER: 1})
     [row] = reply["gpus"][3]["mig_instances"]
     assert row["mig_index"] is None and "could not be listed" in row["notes"][0]
+
+
+# -- utilization ------------------------------------------------------------------------------
+def test_a_kernels_utilization_is_read_since_the_readers_previous_reading():
+    server = small_server()
+    clock = [NOW]
+    server.clock = lambda: clock[0]
+    nvml = Nvml(lib=server)
+    reader = UtilizationReader(nvml)
+    table = fake_process_table(server, me="alice", my_pid=SERVER)
+
+    def kernel_a():
+        reply = inventory(nvml, [KERNEL_A], table, TREE, clock=lambda: NOW, utilization=reader)
+        return reply["kernels"][0]["gpu_utilization"]["0"]["percent"]
+
+    assert kernel_a() == 60
+    server.gpus[0].processes[1].sm_percent = 0  # its worker stops: no sample since the last reading
+    clock[0] += 10
+    assert kernel_a() == 0
+
+
+def test_a_kernel_on_a_gpu_without_per_process_samples_gets_the_gpu_figure_said_per_device():
+    server = small_server()
+    server.gpus[0].unsupported.add("process_utilization")
+    figure = read(server, [KERNEL_A])["kernels"][0]["gpu_utilization"]["0"]
+    assert figure["percent"] == 35 and figure["scope"] == "device"
+    assert figure["note"].startswith("per device")
+
+
+def test_a_failed_utilization_reading_is_a_note_and_the_memory_stays():
+    server = small_server()
+    server.gpus[0].faults["process_utilization"] = NVMLError(NVML_ERROR_NO_PERMISSION)
+    kernel = read(server, [KERNEL_A])["kernels"][0]
+    assert kernel["total_gpu_memory_bytes"] == 5 * GIB
+    assert kernel["gpu_utilization"]["0"]["percent"] is None
+    assert "Insufficient Permissions" in kernel["gpu_utilization"]["0"]["note"]
+
+
+def test_utilization_is_read_only_on_the_gpus_kernels_hold_memory_on():
+    server = small_server()
+    server.gpus[1].faults["process_utilization"] = RuntimeError("GPU 1 must not be asked")
+    read(server, [KERNEL_A])
+    assert server.faults_raised == 0

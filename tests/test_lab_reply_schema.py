@@ -143,7 +143,9 @@ def invalid_samples(reply: dict) -> Iterator[tuple[str, str, dict]]:
             yield "a wrong type", where, replaced(reply, path, other)
         for branch in allowed:
             if "const" in branch:
-                yield "an unknown const value", where, replaced(reply, path, branch["const"] + 1)
+                const = branch["const"]  # a version number, or a word ("process", "device")
+                other_value = const + "x" if isinstance(const, str) else const + 1
+                yield "an unknown const value", where, replaced(reply, path, other_value)
             for bound, step in (("minimum", -1), ("maximum", 1), ("exclusiveMinimum", 0)):
                 if bound in branch:
                     yield "a value out of range", where, replaced(reply, path, branch[bound] + step)

@@ -78,6 +78,21 @@ export interface IKernel {
   // When the server's GPU idle culler shuts it down if it stays idle (ISO 8601, the server's
   // clock); null when it is not due (culler off, busy, no GPU memory) or the server is older.
   cull_due_at?: string | null;
+  // nvidia-smi index (as a string) -> its utilization there, the driver's figures (absent from an
+  // older server): `scope` "process" is its own processes' (NVML's samples since the server's
+  // previous reading), "device" the whole GPU's where the driver gives none per process (MIG).
+  gpu_utilization?: Record<string, IUtilization>;
+  // The server's idle tracking: since when it has held memory at 0%, the memory-time held so (bytes
+  // times seconds), and the line its notebook shows once past the configured thresholds.
+  gpu_idle_since?: string | null;
+  idle_gpu_memory_byte_seconds?: number;
+  gpu_idle_notice?: string | null;
+}
+
+export interface IUtilization {
+  percent: number | null; // null: could not be read (note says why)
+  scope: 'process' | 'device';
+  note: string | null;
 }
 
 export interface IProcess {
@@ -282,6 +297,39 @@ const MEMORY_BY_GPU = reader('an object of bytes by GPU index', (v, path, proble
   return memory;
 });
 
+const SCOPE = reader<'process' | 'device'>('"process" or "device"', v =>
+  v === 'process' || v === 'device' ? v : undefined
+);
+const SECONDS_TIMES_BYTES = number('a number ≥ 0', n => n >= 0);
+
+const UTILIZATION = record(
+  'a utilization',
+  (f): IUtilization => ({
+    percent: f.get('percent', nullable(PERCENT), null),
+    scope: f.get('scope', SCOPE, 'process'),
+    note: f.get('note', nullable(STRING), null)
+  })
+);
+
+/** nvidia-smi index -> a utilization; another key is left out (and said). */
+const UTILIZATION_BY_GPU = reader('an object of utilizations by GPU index', (v, path, problems) => {
+  if (!isObject(v)) {
+    return undefined;
+  }
+  const found: Record<string, IUtilization> = {};
+  const fields = new Fields(v, path, problems);
+  for (const index of Object.keys(v)) {
+    if (/^\d{1,4}$/.test(index)) {
+      const read = fields.get<IUtilization | null>(index, UTILIZATION, null);
+      if (read !== null) {
+        found[index] = read;
+      }
+    } else {
+      problems.push(`${path}.${index}: not a GPU index`);
+    }
+  }
+  return found;
+});
 
 const SHARE = record(
   'a platform share',
@@ -371,6 +419,18 @@ function kernel(f: Fields): IKernel | null {
   };
   if (f.has('cull_due_at')) {
     read.cull_due_at = f.get('cull_due_at', nullable(STRING), null);
+  }
+  if (f.has('gpu_utilization')) {
+    read.gpu_utilization = f.get('gpu_utilization', UTILIZATION_BY_GPU, {});
+  }
+  if (f.has('gpu_idle_since')) {
+    read.gpu_idle_since = f.get('gpu_idle_since', nullable(STRING), null);
+  }
+  if (f.has('idle_gpu_memory_byte_seconds')) {
+    read.idle_gpu_memory_byte_seconds = f.get('idle_gpu_memory_byte_seconds', SECONDS_TIMES_BYTES, 0);
+  }
+  if (f.has('gpu_idle_notice')) {
+    read.gpu_idle_notice = f.get('gpu_idle_notice', nullable(STRING), null);
   }
   return read;
 }

@@ -60,8 +60,9 @@ from ..command import grammar
 from ..command.units import MIB
 from ..gpus import owners, platform
 from ..gpus.nvml import Nvml
+from ..gpus.utilization import UtilizationReader
 from ..safe_text import strict_json
-from . import kernel_inventory, metrics
+from . import gpu_idle, kernel_inventory, metrics
 from .activity import Activity, ActivityWatcher
 from .culler import Culler, CullPolicy, LiveState, StaleReading, epoch
 from .kernel_inventory import KernelDescription
@@ -143,7 +144,33 @@ class TfgpuMagic(Configurable):
         help="""Seconds between two checks of the GPU idle culler (at least 1).""",
     ).tag(config=True)
 
-    @validate("refresh_interval", "reading_timeout", "cull_idle_gpu_kernels_after", "cull_interval")
+    idle_notice_after = Float(
+        gpu_idle.DEFAULT_AFTER_S,
+        help="""Seconds a kernel may hold GPU memory with its processes at 0% GPU utilization
+        (NVML's per-process samples, as the server's readings see them) before its notebook is
+        told so: the GPU panel's kernel row and the status bar show what it holds, for how long,
+        and what to do (`%gpu free`, or when the idle culler acts).  The kernel's own notice
+        under a cell has its own setting (%config GpuMagics.idle_notice_after).""",
+    ).tag(config=True)
+
+    idle_notice_min_memory = Unicode(
+        "1G",
+        help="""The least GPU memory (all GPUs together, the driver's figure) a kernel at 0% must
+        hold before its notebook is told ("1G", "512M"; a bare number is MiB).""",
+    ).tag(config=True)
+
+    def idle_tracker(self) -> gpu_idle.IdleTracker:
+        """The idle notice's thresholds as a tracker; raises TraitError for a size that is not one."""
+        least = _size_bytes(self.idle_notice_min_memory, "idle_notice_min_memory")
+        return gpu_idle.IdleTracker(self.idle_notice_after, least if least is not None else 0)
+
+    @validate(
+        "refresh_interval",
+        "reading_timeout",
+        "cull_idle_gpu_kernels_after",
+        "cull_interval",
+        "idle_notice_after",
+    )
     def _finite(self, proposal: Any) -> float:
         value, name = proposal["value"], proposal["trait"].name
         if not math.isfinite(value):  # Float(min=...) lets NaN through, and NaN is never stale
@@ -177,6 +204,7 @@ _LEAST_SECONDS = {
     "reading_timeout": 0.1,
     "cull_idle_gpu_kernels_after": 0.0,
     "cull_interval": 1.0,
+    "idle_notice_after": 0.0,
 }
 
 
@@ -370,10 +398,13 @@ class StatusSource:
         self._last_good: Reading | None = None
         # The platform's share of each GPU, from the environment this server inherited (gpus/platform.py).
         self._shares = platform.ShareRecord(os.environ)
+        self._utilization: UtilizationReader | None = None  # each GPU read since the previous reading
+        self._idle = _idle_tracker(settings, self._log)
         self.device: Any = None  # the device source's object (None: the real driver)
         try:
             self.device = load_device_source(settings.device_source)
             self._nvml = Nvml(lib=self.device)
+            self._utilization = UtilizationReader(self._nvml)
             self._table = owners.process_table_for(self._nvml, os.getpid())
         except Exception as err:  # a wrong setting must not stop the server: the reply says it
             self._load_error = (
@@ -443,6 +474,7 @@ class StatusSource:
     def _annotate(self, reply: dict[str, Any]) -> None:
         try:
             self._policy.annotate(reply, cullable=self._cullable)
+            gpu_idle.add_cull_deadline(reply)
         except Exception as err:  # a bug of ours: the reply still goes out, without due times
             self._log.exception("tfgpu_magic: the culler's due times could not be added")
             reply["notes"] = [
@@ -464,17 +496,28 @@ class StatusSource:
         """In a worker thread: NVML and the process table (both may block)."""
         if self._nvml is None:
             return self._unavailable(kernels, self._load_error or "no device source", notes)
-        return kernel_inventory.inventory(
+        reply = kernel_inventory.inventory(
             self._nvml,
             kernels,
             self._table,
             refresh_interval_s=self._interval,
             notes=notes,
             shares=self._shares,
+            utilization=self._utilization,
         )
+        self._idle.annotate(reply)  # here, one reading at a time: the idle stretches follow the readings
+        return reply
 
     def _unavailable(self, kernels: list[KernelDescription], reason: str, notes: list[str]) -> dict[str, Any]:
         return kernel_inventory.unavailable(kernels, reason, refresh_interval_s=self._interval, notes=notes)
+
+
+def _idle_tracker(settings: TfgpuMagic, log: logging.Logger) -> gpu_idle.IdleTracker:
+    try:
+        return settings.idle_tracker()
+    except TraitError as err:
+        log.error("tfgpu_magic: %s; 1 GiB is used instead", _one_line(err))
+        return gpu_idle.IdleTracker(settings.idle_notice_after)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

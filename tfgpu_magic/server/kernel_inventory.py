@@ -34,6 +34,7 @@ from typing import Any, overload
 from ..gpus import holdings, owners, platform
 from ..gpus.nvml import GpuInfo, GpuLost, Nvml, NvmlUnavailable, ReadingFailed
 from ..gpus.process_tree import children_of, descendants, read_ancestry, read_parent_map
+from ..gpus.utilization import UtilizationReader, of_pids
 from ..safe_text import safe_tree
 
 __all__ = [
@@ -100,8 +101,12 @@ def inventory(
     clock: Callable[[], float] = time.time,
     notes: Iterable[str] = (),
     shares: platform.ShareRecord | None = None,
+    utilization: UtilizationReader | None = None,
 ) -> dict[str, Any]:
     """The contract's reply: GPUs, kernels (most GPU memory first), and everyone else's processes.
+
+    ``utilization`` reads each kernel's GPU utilization on the GPUs where a kernel holds memory,
+    since its own previous reading (default: a new reader, so whatever samples the driver keeps).
 
     ``table`` gives owners and commands (default: the device source's own table, else psutil);
     ``parents`` maps pid to parent pid (default: :func:`read_ancestry` of the pids NVML lists
@@ -148,7 +153,9 @@ def inventory(
     for entry, gpu in zip(reply["gpus"], gpus, strict=False):
         entry["mig_instances"] = _mig_instances(nvml, gpu, owner_of) if gpu.mig_enabled else None
         entry["share"] = found[gpu.index].as_json() if gpu.index in found else None
-    reply["kernels"] = _sorted([_kernel(k, usages, owner_of, parents, foreign, unlisted) for k in kernels])
+    kernel_rows = [_kernel(k, usages, owner_of, parents, foreign, unlisted) for k in kernels]
+    _add_utilization(kernel_rows, usages, owner_of, utilization or UtilizationReader(nvml))
+    reply["kernels"] = _sorted(kernel_rows)
     reply.update(_everyone_else(usages, owner_of))
     return safe_tree(reply)
 
@@ -393,7 +400,31 @@ def _kernel_fields(
         "gpu_memory_bytes": memory,  # per nvidia-smi index (string keys), only GPUs it holds
         "total_gpu_memory_bytes": total,
         "note": note,
+        # per nvidia-smi index, the GPUs it holds memory on: {"percent", "scope", "note"} (the driver's)
+        "gpu_utilization": {},
     }
+
+
+def _add_utilization(
+    rows: list[dict[str, Any]],
+    usages: list[holdings.GpuUsage],
+    owner_of: Mapping[int, str],
+    reader: UtilizationReader,
+) -> None:
+    """Each kernel's utilization on each GPU it holds memory on: one NVML reading per such GPU."""
+    pids: dict[str, dict[int, set[int]]] = {}  # kernel id -> GPU index -> its pids there
+    for usage in usages:
+        for entry in usage.processes or ():
+            kernel_id = _kernels_entry(entry, owner_of)
+            if kernel_id is not None:
+                pids.setdefault(kernel_id, {}).setdefault(usage.index, set()).add(entry.pid)
+    readings = reader.read({index for held in pids.values() for index in held})
+    for row in rows:
+        held = pids.get(row["id"], {})
+        row["gpu_utilization"] = {
+            str(index): of_pids(readings.get(index), sorted(on_gpu)).as_json()
+            for index, on_gpu in sorted(held.items())
+        }
 
 
 def _sorted(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from .culler import parse_iso_utc
@@ -46,10 +46,11 @@ PER_KERNEL_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar(
 KEEP_WARM_S = 300.0  # keep reading this long after the last scrape (longer than any scrape interval)
 
 _KERNEL = ["kernel_id", "kernel_name", "path"]
+IDLE_MEMORY_TIME = "tfgpu_kernel_idle_gpu_memory_byte_seconds"
 _GPU = ["gpu", "gpu_uuid", "name"]
 
 
-def _gauges() -> dict[str, GaugeMetricFamily]:
+def _gauges() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
     """Every family this collector exposes, empty (also its ``describe``)."""
     specs = [
         (
@@ -85,6 +86,13 @@ def _gauges() -> dict[str, GaugeMetricFamily]:
             "and whether it holds: enforcement is hard or soft",
             ["gpu", "gpu_uuid", "source", "enforcement"],
         ),
+        (
+            "tfgpu_kernel_gpu_utilization_ratio",
+            "A Jupyter kernel's GPU utilization on a GPU it holds memory on, 0 to 1, the driver's figure: "
+            "its processes' samples since the last reading (scope \"process\"), or the whole GPU's where the "
+            'driver gives none per process (scope "device", e.g. MIG); absent where it could not be read',
+            [*_KERNEL, "gpu", "gpu_uuid", "scope"],
+        ),
         ("tfgpu_driver_available", "1 when the NVIDIA driver could be read, else 0", []),
         ("tfgpu_reading_timestamp_seconds", "When these figures were read (Unix time)", []),
         (
@@ -93,12 +101,24 @@ def _gauges() -> dict[str, GaugeMetricFamily]:
             ["user", "version"],
         ),
     ]
-    return {name: GaugeMetricFamily(name, text, labels=labels) for name, text, labels in specs}
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        name: GaugeMetricFamily(name, text, labels=labels) for name, text, labels in specs
+    }
+    # A counter (exposed as ..._total): it only grows while the server watches the kernel, so
+    # rate() and increase() give the waste over any window; it starts again with the server.
+    families[IDLE_MEMORY_TIME] = CounterMetricFamily(
+        IDLE_MEMORY_TIME,
+        "GPU memory a Jupyter kernel held with its processes at 0% GPU utilization, in byte-seconds "
+        "(the driver's bytes times the seconds between the server's readings), since the server began "
+        "watching it",
+        labels=_KERNEL,
+    )
+    return families
 
 
 def families(
     reply: Mapping[str, Any], version: str, user: str | None = None, per_kernel: bool = True
-) -> list[GaugeMetricFamily]:
+) -> list[GaugeMetricFamily | CounterMetricFamily]:
     """The metric families of one inventory reply (pure: no reading, no clock).  ``user`` names the
     server's user in ``tfgpu_server_info`` (default: the reply's, the operating system's user);
     ``per_kernel`` False leaves out every series labelled with a kernel's id and notebook path."""
@@ -144,6 +164,15 @@ def families(
             labels,
             parse_iso_utc(kernel.get("cull_due_at")),
         )
+        for gpu, figure in sorted((kernel.get("gpu_utilization") or {}).items()):
+            percent = figure.get("percent") if isinstance(figure, Mapping) else None
+            scope = _text(figure.get("scope")) if isinstance(figure, Mapping) else ""
+            _add(
+                gauges["tfgpu_kernel_gpu_utilization_ratio"],
+                [*labels, gpu, uuids.get(gpu, ""), scope],
+                None if percent is None else percent / 100,
+            )
+        _add(gauges[IDLE_MEMORY_TIME], labels, kernel.get("idle_gpu_memory_byte_seconds"))
     return list(gauges.values())
 
 
@@ -157,7 +186,7 @@ def _idle_seconds(kernel: Mapping[str, Any], read_at: float) -> float | None:
     return max(read_at - last_activity, 0.0)
 
 
-def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:
     """A sample, or none at all: an unknown reading is absent, never 0."""
     if value is not None:
         family.add_metric(labels, float(value))
@@ -196,10 +225,10 @@ class GpuMetrics(Collector):
         self._last_scrape: float | None = None
         self._warmer: asyncio.Task[None] | None = None
 
-    def describe(self) -> Iterable[GaugeMetricFamily]:
+    def describe(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         return list(_gauges().values())  # the names, without reading anything (registration calls this)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         self._last_scrape = self._clock()
         self._keep_warm()
         reply = self._latest()
