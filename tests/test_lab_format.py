@@ -186,3 +186,40 @@ def test_a_kernel_whose_spec_name_is_null_is_not_called_kernel_null(tmp_path):
     )
     assert named == "work/a.ipynb\nkernel python3, idle 3 min\npid 1234"
     assert unnamed == "0123456789abcdef\nbusy"
+
+
+def test_utilization_per_gpu_said_per_device_or_na_and_why_on_hover(tmp_path):
+    k = kernel(
+        {"3": GIB, "1": GIB},
+        gpu_utilization={
+            "3": {"percent": 12, "scope": "device", "note": "per device: the driver gives none per process"},
+            "1": {"percent": 0, "scope": "process", "note": None},
+        },
+    )
+    unread = kernel({"1": GIB}, gpu_utilization={"1": {"percent": None, "scope": "process", "note": "boom"}})
+    calls = [
+        ("utilizationFigures", [k]),
+        ("utilizationFigures", [unread]),
+        ("utilizationFigures", [kernel({"1": GIB})]),  # an older server: nothing said
+        ("kernelDetails", [unread, "idle"]),
+    ]
+    assert evaluate(tmp_path, calls) == [
+        ["GPU 1: 0%", "GPU 3: 12% per device"],
+        ["GPU 1: n/a"],
+        [],
+        "work/a.ipynb\nkernel python3, idle\npid 1234\nGPU 1 utilization: boom",
+    ]
+
+
+def test_the_status_bar_says_when_the_kernel_holds_memory_nobody_uses(tmp_path):
+    notice = (
+        "This kernel has held 6.1 GiB of GPU memory (the driver's figure) at 0% GPU utilization for 12 min"
+    )
+    idle = kernel({"1": int(6.1 * GIB)}, id="k1", gpu_idle_notice=notice)
+    busy = kernel({"1": int(6.1 * GIB)}, id="k2", gpu_idle_notice=None)
+    said = evaluate(
+        tmp_path, [("statusText", [reply([idle, busy]), "k1"]), ("statusText", [reply([idle, busy]), "k2"])]
+    )
+    assert said[0]["text"] == "GPU 1: 6.1 GiB · unused" and said[0]["idle"] is True
+    assert said[0]["title"].startswith(notice + ".\n")
+    assert said[1]["text"] == "GPU 1: 6.1 GiB" and "idle" not in said[1]

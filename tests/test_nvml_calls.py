@@ -64,6 +64,10 @@ def test_a_warm_refresh_reads_memory_utilization_and_processes_only(counted):
         warm = lib.refresh(session)
         assert "nvmlDeviceGetMigMode" not in warm
         assert "nvmlDeviceGetHandleByIndex" not in warm
+        # This kernel's utilization (issue 31, item 4) is read only on the GPUs where NVML lists one of
+        # its processes holding memory: one call there (GPU 1 of 4 here), none elsewhere.
+        utilization = warm.pop("nvmlDeviceGetProcessUtilization")
+        assert utilization == 1
         assert per_gpu(warm, gpus) == {
             "nvmlDeviceGetMemoryInfo": 1,
             "nvmlDeviceGetUtilizationRates": 1,

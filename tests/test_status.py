@@ -44,6 +44,7 @@ GPU 0  NVIDIA A100-SXM4-40GB  30.3 GiB / 40.0 GiB used (driver)  util 97%  visib
   pid 41001    alice        30.0 GiB  python train_resnet.py
 GPU 1  NVIDIA A100-SXM4-80GB  22.3 GiB / 80.0 GiB used (driver)  util 35%  visible
   [#####==xxxx:............................] this kernel 10.0 GiB · my other processes 4.0 GiB · other users 8.0 GiB · unattributed 0.3 GiB · free 57.7 GiB
+  this kernel: 0% GPU utilization (the driver's recent samples of its processes)
   pid 4242     me           10.0 GiB  python -m ipykernel_launcher  (this kernel)
   pid 41002    me            4.0 GiB  python -m ipykernel_launcher
   pid 41003    bob           8.0 GiB  python finetune.py
@@ -141,7 +142,9 @@ def test_unsupported_readings_are_missing_never_zero():
         None,
     )
     assert gpu["usage"]["unattributed_bytes"] is None and gpu["usage"]["free_bytes"] is None
-    line = status.render_text(report_for(server)).splitlines()[13]
+    line = status.render_text(report_for(server)).splitlines()[
+        14
+    ]  # after GPU 1's utilization line for this kernel
     assert line == "GPU 2  n/a  n/a / n/a used (driver)  util n/a  visible"
 
 
@@ -429,3 +432,21 @@ def test_the_card_and_the_gpu_panel_colour_each_holder_alike():
         "others_bytes": panel["others"],
         "unattributed_bytes": panel["unattributed"],
     }
+
+
+def test_this_kernels_utilization_only_where_it_holds_memory_said_per_device_where_the_driver_has_none():
+    server = shared_server(ME)
+    next(p for p in server.gpus[1].processes if p.pid == ME).sm_percent = 80
+    report = report_for(server)
+    assert [g["this_kernel_utilization"] for g in report["gpus"]] == [
+        None,
+        {"percent": 80, "scope": "process", "note": None},
+        None,
+        None,
+    ]
+    server.gpus[1].unsupported.add("process_utilization")
+    figure = report_for(server)["gpus"][1]["this_kernel_utilization"]
+    assert (figure["percent"], figure["scope"]) == (35, "device")  # the whole GPU's, everyone's
+    assert "this kernel: 35% GPU utilization, the whole GPU's (per device:" in status.render_text(
+        report_for(server)
+    )

@@ -43,6 +43,28 @@ export function formatPerGpu(kernel: IKernel): string {
   return gpuFigures(kernel).join(' · ');
 }
 
+/**
+ * ["GPU 1: 0%", "GPU 3: 12% per device"]: the kernel's utilization of each GPU it holds memory on
+ * (the driver's figures; "per device" where the driver gives none per process, e.g. MIG); "n/a"
+ * where it could not be read.  [] from a server that does not send it.
+ */
+export function utilizationFigures(kernel: IKernel): string[] {
+  return Object.entries(kernel.gpu_utilization ?? {})
+    .map(([index, figure]): [number, string] => {
+      const percent = figure.percent === null ? 'n/a' : `${Math.round(figure.percent)}%`;
+      return [Number(index), `GPU ${index}: ${percent}${figure.scope === 'device' ? ' per device' : ''}`];
+    })
+    .sort((a, b) => a[0] - b[0])
+    .map(([, text]) => text);
+}
+
+/** Why a utilization figure is per device or missing, one line each (the tooltip's). */
+export function utilizationNotes(kernel: IKernel): string[] {
+  return Object.entries(kernel.gpu_utilization ?? {})
+    .filter(([, figure]) => figure.note)
+    .map(([index, figure]) => `GPU ${index} utilization: ${figure.note}`);
+}
+
 /** Bytes a kernel holds over all GPUs, for sorting: the server's total, else what is known. */
 export function kernelTotal(kernel: IKernel): number {
   return kernel.total_gpu_memory_bytes ?? perGpu(kernel).reduce((sum, [, bytes]) => sum + (bytes ?? 0), 0);
@@ -67,6 +89,7 @@ export function kernelDetails(kernel: IKernel, activity: string): string {
   if (kernel.note) {
     details.push(kernel.note);
   }
+  details.push(...utilizationNotes(kernel));
   return details.join('\n');
 }
 
@@ -119,6 +142,7 @@ export function formatDuration(seconds: number): string {
 export interface IStatusText {
   text: string;
   title: string;
+  idle?: boolean; // it holds memory at 0% past the server's thresholds (gpu_idle_notice)
 }
 
 const CLICK = 'Click for the GPU panel.';
@@ -154,5 +178,10 @@ export function statusText(reading: Reading | null, kernelId: string | null): IS
     notes.push('n/a: NVML lists its processes there but not how much memory they hold');
   }
   const note = notes.filter(Boolean).length ? ` (${notes.filter(Boolean).join('; ')})` : '';
-  return { text: held, title: `${kernelLabel(kernel)}: its kernel holds ${held}${note}. ${CLICK}` };
+  const title = `${kernelLabel(kernel)}: its kernel holds ${held}${note}. ${CLICK}`;
+  if (kernel.gpu_idle_notice) {
+    // Memory nobody uses: said in the item itself, the whole line on hover.
+    return { text: `${held} · unused`, title: `${kernel.gpu_idle_notice}.\n${title}`, idle: true };
+  }
+  return { text: held, title };
 }

@@ -22,7 +22,8 @@ import {
   kernelDetails,
   kernelLabel,
   kernelTotal,
-  perGpu
+  perGpu,
+  utilizationFigures
 } from './format';
 import { gpuIcon } from './icons';
 import { PolledWidget } from './polled';
@@ -81,6 +82,8 @@ interface IKernelRow {
   path: string | null;
   openable: boolean;
   memory: string[]; // "GPU 1: 6.1 GiB", one per GPU it holds memory on
+  utilization: string[]; // "GPU 1: 0%", the driver's, one per GPU it holds memory on
+  notice: string | null; // memory it holds at 0% past the server's thresholds: what, how long, what to do
   activity: string;
   title: string;
   current: boolean;
@@ -407,6 +410,8 @@ function kernelRow(kernel: IKernel, generatedAt: number, current: boolean): IKer
     path: kernel.path,
     openable: notebook && Boolean(kernel.path),
     memory: gpuFigures(kernel),
+    utilization: utilizationFigures(kernel),
+    notice: kernel.gpu_idle_notice ?? null,
     activity,
     title: kernelDetails(kernel, activity),
     current
@@ -561,7 +566,8 @@ function drawKernel(row: IKernelRow): HTMLElement {
   memory.append(...row.memory.map(text => h('span', 'tfgpu-lab-kernel-gpu', text)));
   top.append(h('span', 'tfgpu-lab-kernel-name', row.name), memory);
   const bottom = h('div', 'tfgpu-lab-kernel-bottom');
-  bottom.append(h('span', 'tfgpu-lab-kernel-activity'));
+  const use = row.utilization.length ? `utilization ${row.utilization.join(' · ')}` : '';
+  bottom.append(h('span', 'tfgpu-lab-kernel-activity'), h('span', 'tfgpu-lab-kernel-utilization', use));
   const actions = h('span', 'tfgpu-lab-kernel-actions');
   const open = h('button', 'tfgpu-lab-button', 'Open');
   open.dataset.action = 'open';
@@ -573,6 +579,9 @@ function drawKernel(row: IKernelRow): HTMLElement {
   actions.append(open, shutdown);
   bottom.append(actions);
   item.append(top, bottom);
+  if (row.notice) {
+    item.append(h('div', 'tfgpu-lab-kernel-idle', row.notice));
+  }
   return item;
 }
 

@@ -43,7 +43,8 @@ export class GpuStatusItem extends PolledWidget {
   protected override onUpdateRequest(msg: Message): void {
     super.onUpdateRequest(msg);
     const kernelId = this._options.currentKernelId() ?? null;
-    const { text, title } = statusText(this._options.poller.reading, kernelId);
+    const { text, title, idle } = statusText(this._options.poller.reading, kernelId);
+    this.node.classList.toggle('tfgpu-lab-status-idle', Boolean(idle));
     if (this._text.textContent !== text) {
       this._text.textContent = text;
     }

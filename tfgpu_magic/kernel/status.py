@@ -21,6 +21,7 @@ from ..command.units import MIB, sizes_for
 from ..frameworks.base import ReportView, Stage, environment_line
 from ..gpus import claims, holdings, owners
 from ..gpus.nvml import GpuInfo, GpuLost, NvmlUnavailable, ReadingFailed
+from ..gpus.utilization import UtilizationReader, of_pids
 from ..safe_text import safe_tree
 from .session import Session, SessionError
 
@@ -220,6 +221,23 @@ def _add_gpus(
         ]
         entry["mig_instances"] = _mig_rows(session, gpu, table, me) if gpu.mig_enabled else None
         report["gpus"].append(entry)
+    _add_utilization(report, session)
+
+
+def _add_utilization(report: dict[str, Any], session: Session) -> None:
+    """``this_kernel_utilization`` of each GPU: this kernel's processes' utilization there (NVML's
+    samples the driver still keeps: the last seconds), read only where NVML lists one of them
+    holding memory, one call per such GPU; None elsewhere."""
+    mine = {
+        entry["index"]: [p["pid"] for p in entry.get("processes") or () if p["whose"] == holdings.THIS_KERNEL]
+        for entry in report["gpus"]
+    }
+    readings = UtilizationReader(session.nvml).read(index for index, pids in mine.items() if pids)
+    for entry in report["gpus"]:
+        pids = mine[entry["index"]]
+        entry["this_kernel_utilization"] = (
+            of_pids(readings.get(entry["index"]), pids).as_json() if pids else None
+        )
 
 
 def _mig_rows(
@@ -564,6 +582,8 @@ def _gpu_details(gpu: dict[str, Any], label: str | None, names: dict[str, str]) 
     usage, size = gpu["usage"], sizes_for(gpu["memory_total_bytes"])
     lines = [f"[{_text_bar(usage, gpu['memory_total_bytes'])}] " + _legend(usage, label, size, names)]
     lines += _allocator_lines(gpu, size)
+    if gpu.get("this_kernel_utilization"):
+        lines.append(_utilization_line(gpu["this_kernel_utilization"], label))
     if gpu["processes"] is None:
         lines.append("processes: n/a")
     for proc in gpu["processes"] or []:
@@ -579,6 +599,16 @@ def _gpu_details(gpu: dict[str, Any], label: str | None, names: dict[str, str]) 
         )
         lines.extend(f"  note: {note}" for note in row.get("notes", []))
     return lines
+
+
+def _utilization_line(figure: dict[str, Any], label: str | None) -> str:
+    """``this kernel: 0% GPU utilization (...)``: whose figure it is, the driver's, said."""
+    who = label or "this kernel"
+    if figure["percent"] is None:
+        return f"{who}: GPU utilization n/a ({figure['note']})"
+    if figure["scope"] == "device":
+        return f"{who}: {figure['percent']}% GPU utilization, the whole GPU's ({figure['note']})"
+    return f"{who}: {figure['percent']}% GPU utilization (the driver's recent samples of its processes)"
 
 
 def _mig_line(index: int, row: dict[str, Any], label: str | None) -> str:
