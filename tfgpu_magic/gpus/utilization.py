@@ -17,12 +17,28 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..command.units import format_bytes
 from .nvml import GpuLost, Nvml, NvmlUnavailable, ProcessUtilization, ReadingFailed
 
-__all__ = ["DEVICE", "PROCESS", "Utilization", "UtilizationReader", "of_pids"]
+__all__ = [
+    "CULLER_ENV",
+    "DEVICE",
+    "PROCESS",
+    "Utilization",
+    "UtilizationReader",
+    "idle_line",
+    "of_pids",
+    "span_text",
+]
 
 PROCESS = "process"  # the pids' own samples
 DEVICE = "device"  # the whole GPU's utilization: the driver gives none per process here
+# Set by the Jupyter server extension in the kernels it starts while its idle culler is on:
+# "<idle seconds>,<least bytes>[,<free below bytes>]" (TfgpuMagic.cull_idle_gpu_kernels_after,
+# cull_min_gpu_memory, cull_only_when_free_below), for the kernel's idle notice (kernel/idle_notice).
+# The culler counts idle time from the kernel's last activity, no earlier than its last cell's end:
+# the time the kernel says is the earliest it can act.
+CULLER_ENV = "TFGPU_MAGIC_CULLER"
 PER_DEVICE_NOTE = "per device: the driver gives no per-process utilization on this GPU ({why})"
 
 
@@ -46,12 +62,15 @@ class UtilizationReader:
         self._since: dict[int, int] = {}  # GPU index -> the newest sample seen (microseconds)
         self._lock = threading.Lock()  # held over no call that can call back: only the dict's update
 
-    def read(self, indices: Iterable[int]) -> dict[int, ProcessUtilization | str]:
-        """Each GPU's samples since the last reading, or the note why they could not be read."""
+    def read(
+        self, indices: Iterable[int], since_us: int | None = None
+    ) -> dict[int, ProcessUtilization | str]:
+        """Each GPU's samples since the last reading (or since ``since_us``, microseconds of the
+        clock NVML stamps samples with: Unix time), or the note why they could not be read."""
         found: dict[int, ProcessUtilization | str] = {}
         for index in sorted(set(indices)):
             with self._lock:
-                since = self._since.get(index, 0)
+                since = self._since.get(index, 0) if since_us is None else since_us
             try:
                 reading = self._nvml.process_utilization(index, since)
             except (GpuLost, ReadingFailed, NvmlUnavailable) as err:
@@ -77,3 +96,23 @@ def of_pids(reading: ProcessUtilization | str | None, pids: Iterable[int]) -> Ut
     if reading.per_device:
         return Utilization(reading.device_percent, DEVICE, PER_DEVICE_NOTE.format(why=reading.note))
     return Utilization(reading.percent_of(pids), PROCESS)
+
+
+def idle_line(held_bytes: int, idle_s: float) -> str:
+    """The one line a kernel's notebook shows when it holds memory it does not use (the panel, the
+    status bar, under a cell): what it holds, for how long, what to do."""
+    return (
+        f"This kernel has held {format_bytes(held_bytes)} of GPU memory (the driver's figure) at 0% GPU "
+        f"utilization for {span_text(idle_s)}: `%gpu free` gives it back to your colleagues"
+    )
+
+
+def span_text(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3 h 5 min``."""
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60} min"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.completer import SimpleCompletion, context_matcher
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from traitlets import List, Unicode, observe
+from traitlets import Float, List, Unicode, observe
 
 from . import deferred
 
@@ -70,6 +70,15 @@ class GpuMagics(Magics):
         Unicode(),
         default_value=[],
         help="%gpu commands applied when the extension loads, e.g. ['grow', 'limit 50%'].",
+    ).tag(config=True)
+    idle_notice_after = Float(
+        600.0,
+        help="Seconds between two cells after which the next cell says, under it, that the kernel "
+        "holds GPU memory it has not used since (its processes at 0%, the driver's samples).",
+    ).tag(config=True)
+    idle_notice_min_memory = Unicode(
+        "1G",
+        help='The least GPU memory (the driver\'s figure, all GPUs) the kernel must hold for that line ("1G", "512M").',
     ).tag(config=True)
 
     def __init__(self, shell: Any = None, session: Session | None = None, **kwargs: Any) -> None:
@@ -136,6 +145,18 @@ class GpuMagics(Magics):
             allocator_figures.publish(self.session)  # the panel's figures, read here on the user's thread
         if answer:
             print(answer)
+
+    def idle_thresholds(self) -> Any:
+        """The idle notice's thresholds as configured now (a size that is not one: 1 GiB)."""
+        from ..command import grammar
+        from ..command.units import MIB
+        from .idle_notice import Thresholds
+
+        try:
+            least = int(grammar.parse_size(self.idle_notice_min_memory, percent=False)) * MIB
+        except grammar.GrammarError:
+            least = 1024 * MIB
+        return Thresholds(max(float(self.idle_notice_after), 0.0), least)
 
     def _configure(self, command: Any) -> str:
         return self.session.configure(command)
@@ -287,12 +308,14 @@ def load(ipython: Any) -> None:
         _load_lightly(ipython, magics)
         return
     from .allocator_figures import install as publish_after_each_cell  # for the memory panel
+    from .idle_notice import install as notice_idle_memory
     from .oom_handler import install as explain_out_of_memory  # hooks in when a framework is imported
 
     session = magics.session
     session.prepare()
     explain_out_of_memory(ipython, session)
     publish_after_each_cell(ipython, session)
+    notice_idle_memory(ipython, session, magics.idle_thresholds)
     session.loaded_into = ipython
     magics.apply_defaults()
     magics.apply_notebook_settings()  # the notebook's saved settings, after (over) the defaults
@@ -349,12 +372,14 @@ def _load_lightly(ipython: Any, magics: GpuMagics) -> None:
 
     def finish(session: Session) -> None:
         from .allocator_figures import install as publish_after_each_cell
+        from .idle_notice import install as notice_idle_memory
         from .oom_handler import install as explain_out_of_memory
 
         session.machine.met_at_load(environment, written)
         session.install_import_hooks()
         explain_out_of_memory(ipython, session)
         publish_after_each_cell(ipython, session)
+        notice_idle_memory(ipython, session, magics.idle_thresholds)
         session.loaded_into = ipython
 
     deferred.defer(ipython, finish)

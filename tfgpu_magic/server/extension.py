@@ -60,7 +60,7 @@ from ..command import grammar
 from ..command.units import MIB
 from ..gpus import owners, platform
 from ..gpus.nvml import Nvml
-from ..gpus.utilization import UtilizationReader
+from ..gpus.utilization import CULLER_ENV, UtilizationReader
 from ..safe_text import strict_json
 from . import gpu_idle, kernel_inventory, metrics
 from .activity import Activity, ActivityWatcher
@@ -658,6 +658,26 @@ class KernelEnvironment(KernelStartHook):
         kwargs["env"] = {**(os.environ if env is None else env), **self._variables()}
 
 
+def _kernel_variables(device_variables: Any, policy: CullPolicy) -> Callable[[], dict[str, str]] | None:
+    """What each kernel the server starts finds in its environment: a simulated server's name (the
+    kernels read it too), and the idle culler's settings while it is on (a kernel's idle notice says
+    when it would act: ``TFGPU_MAGIC_CULLER`` = "<idle seconds>,<least bytes>[,<free below bytes>]");
+    None: nothing to add."""
+    culler = {}
+    if policy.enabled:
+        parts = [f"{policy.after_s:g}", str(policy.min_memory_bytes)]
+        if policy.free_below_bytes is not None:
+            parts.append(str(policy.free_below_bytes))
+        culler = {CULLER_ENV: ",".join(parts)}
+    if not callable(device_variables) and not culler:
+        return None
+
+    def variables() -> dict[str, str]:
+        return {**(device_variables() if callable(device_variables) else {}), **culler}
+
+    return variables
+
+
 class _Extension:
     """What the extension started on one server, stopped by :meth:`stop` when the server stops."""
 
@@ -776,8 +796,8 @@ def _start(serverapp: Any, handlers: list[Any] | None) -> _Extension:
             policy = CullPolicy()
     started.source = source = StatusSource(serverapp, settings, policy, started.watcher)
     started.status = status = SharedRefresh(source.read, settings.refresh_interval)
-    variables = getattr(source.device, "kernel_environment", None)
-    if callable(variables):  # a simulated server: the kernels this server starts read it too
+    variables = _kernel_variables(getattr(source.device, "kernel_environment", None), policy)
+    if variables is not None:
         started.kernel_environment = KernelEnvironment(serverapp.kernel_manager, variables)
         started.kernel_environment.install()
     # A notebook with saved GPU settings: its kernel loads tfgpu_magic at start to apply them.

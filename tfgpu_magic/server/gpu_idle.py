@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ..command.units import format_bytes
+from ..gpus.utilization import idle_line, span_text
 from .kernel_inventory import iso_utc
 
 __all__ = [
@@ -113,22 +113,3 @@ def _all_at_zero(utilization: Mapping[str, Any]) -> bool:
     return bool(utilization) and all(
         isinstance(u, Mapping) and u.get("percent") == 0 for u in utilization.values()
     )
-
-
-def idle_line(held_bytes: int, idle_s: float) -> str:
-    """The one line a kernel's notebook shows (the panel, the status bar, under a cell)."""
-    return (
-        f"This kernel has held {format_bytes(held_bytes)} of GPU memory (the driver's figure) at 0% GPU "
-        f"utilization for {span_text(idle_s)}: `%gpu free` gives it back to your colleagues"
-    )
-
-
-def span_text(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``3 h 5 min``."""
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    minutes = seconds // 60
-    if minutes < 120:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"
