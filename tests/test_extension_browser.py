@@ -544,3 +544,66 @@ def test_lab_panel_shows_each_gpus_platform_share_and_whether_it_holds(tmp_path,
         title = share.get_attribute("title") or ""
         assert "CUDA_DEVICE_MEMORY_LIMIT=4g" in title and "libvgpu.so" in title
         shot(page, "extension-lab-share.png")
+
+
+# -- memory nobody uses (issue 31, item 4) ---------------------------------------------------------
+IDLE_CELLS = (
+    '%load_ext tfgpu_magic\n%config GpuMagics.idle_notice_after = 3\n%config GpuMagics.idle_notice_min_memory = "512M"\n'
+    "%gpu status --json",
+    "x = 2",
+)
+UNUSED = "of GPU memory (the driver's figure) at 0% GPU utilization for"
+
+
+def test_a_kernel_holding_memory_at_zero_is_told_under_its_next_cell_in_the_panel_and_status_bar(
+    tmp_path, browser
+):
+    """The simulated server gives per-process utilization: this kernel (kernels_server's kernel 0,
+    1 GiB on GPU 0) runs nothing on the GPU.  Past the thresholds (3 s and 512 MiB in the kernel, 2 s
+    and 512 MiB on the server) its next cell says so under it, and the panel's row and the status bar
+    say so from the server's readings, with when the idle culler can act."""
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "idle.ipynb").write_text(notebook(*IDLE_CELLS))
+    args = [
+        SOURCE,
+        "--ServerApp.jpserver_extensions=tfgpu_magic=True",
+        "--TfgpuMagic.refresh_interval=0.5",
+        "--TfgpuMagic.idle_notice_after=2",
+        "--TfgpuMagic.idle_notice_min_memory=512M",
+        "--TfgpuMagic.cull_idle_gpu_kernels_after=3600",
+    ]
+    with jupyter_server(
+        tmp_path / "root", tmp_path / "home", log_name="extension-idle.log", args=args
+    ) as srv:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            open_in_lab(page, srv, "idle", "idle.ipynb")
+            run_cell(page, 0)
+            wait_for_output(page, 0, '"this_kernel_utilization"')
+            time.sleep(4)  # longer than GpuMagics.idle_notice_after: the next cell follows a pause
+            run_cell(page, 1)
+            said = wait_for_output(page, 1, "tfgpu_magic: This kernel has held")
+            assert UNUSED in said and "`%gpu free` gives it back" in said
+            assert re.search(r"the idle culler can shut it down from \d\d:\d\d UTC if it stays idle", said)
+            shot(page, "extension-idle-notice-under-cell.png")
+
+            page.locator(".tfgpu-lab-status").click()  # the status bar opens the panel
+            row = page.locator(".tfgpu-lab-kernel", has_text="idle.ipynb")
+            notice = row.locator(".tfgpu-lab-kernel-idle")
+            notice.wait_for(timeout=20_000)
+            text = notice.inner_text()
+            assert text.startswith("This kernel has held") and UNUSED in text
+            assert re.search(r"the idle culler shuts it down at \d\d:\d\d UTC if it stays idle", text)
+            assert row.locator(".tfgpu-lab-kernel-utilization").inner_text() == "utilization GPU 0: 0%"
+            wait_for_status(page, "GPU 0: 1.0 GiB · unused")
+            assert UNUSED in page.locator(".tfgpu-lab-status").get_attribute("title")
+            shot(page, "extension-idle-notice-panel.png")
+            status = srv.get_json("tfgpu/api/status")
+            [kernel] = status["kernels"]
+            assert kernel["gpu_utilization"] == {"0": {"percent": 0, "scope": "process", "note": None}}
+            assert kernel["gpu_idle_since"] and kernel["idle_gpu_memory_byte_seconds"] > 0
+        except Exception:
+            shot(page, "FAILED-extension-idle-notice.png")
+            raise
+        finally:
+            page.close()

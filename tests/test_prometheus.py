@@ -149,6 +149,44 @@ def test_server_info_reading_and_idle_kernels(stack, prom):
 
 @pytest.mark.slow
 @needs_prometheus
+def test_each_kernels_utilization_and_idle_memory_time_are_the_servers(stack, prom):
+    """Issue 31, item 4: the kernels ran a cell and nothing since, so each is at 0% on its GPU (the
+    simulated driver's process samples) and its memory-time held idle grows, as the status says."""
+    keys = ("instance", "kernel_id", "path", "gpu", "gpu_uuid", "scope")
+    stored = by(prom.query("tfgpu_kernel_gpu_utilization_ratio"), *keys)
+    expected = {}
+    for server in stack.servers:
+        status = server.status()
+        uuid = {str(gpu["index"]): gpu["uuid"] for gpu in status["gpus"]}
+        for kernel in status["kernels"]:
+            for gpu, figure in kernel["gpu_utilization"].items():
+                key = (
+                    stack.instance[id(server)],
+                    kernel["id"],
+                    kernel["path"],
+                    gpu,
+                    uuid[gpu],
+                    figure["scope"],
+                )
+                expected[key] = figure["percent"] / 100
+    assert len(expected) == 3 and set(expected.values()) == {0.0}  # three idle kernels, each on its GPU
+    assert stored == expected
+    idle = prom.wait_for("tfgpu_kernel_idle_gpu_memory_byte_seconds_total > 0", count=3, timeout=30)
+    first = by(idle, "instance", "kernel_id")
+    time.sleep(3)
+    later = by(prom.query("tfgpu_kernel_idle_gpu_memory_byte_seconds_total"), "instance", "kernel_id")
+    for key, value in first.items():
+        server = next(s for s in stack.servers if stack.instance[id(s)] == key[0])
+        kernel = next(k for k in server.status()["kernels"] if k["id"] == key[1])
+        assert (
+            value < later[key] <= kernel["idle_gpu_memory_byte_seconds"]
+        )  # it grows; the server's is newest
+        assert kernel["gpu_idle_since"] is not None
+    assert prom.query("increase(tfgpu_kernel_idle_gpu_memory_byte_seconds_total[1m]) > 0")  # a team's waste
+
+
+@pytest.mark.slow
+@needs_prometheus
 def test_without_the_token_metrics_is_refused_and_prometheus_says_403(stack, prom):
     for server in stack.servers:
         assert server.request("GET", "metrics", authorization=None)[0] == 403
