@@ -450,3 +450,6 @@ def test_this_kernels_utilization_only_where_it_holds_memory_said_per_device_whe
     assert "this kernel: 35% GPU utilization, the whole GPU's (per device:" in status.render_text(
         report_for(server)
     )
+    assert "this kernel: 35% GPU utilization, the whole GPU&#x27;s (per device:" in status.render_html(
+        report_for(server)
+    )

@@ -768,6 +768,8 @@ def _gpu_html(gpu: dict[str, Any], label: str, listed_by: str | None, names: dic
     size = sizes_for(gpu["memory_total_bytes"])
     parts = [head, _bar_html(gpu["usage"], gpu["memory_total_bytes"], label, size, names)]
     parts.extend(f"<div>{_e(line)}</div>" for line in _allocator_lines(gpu, size))
+    if gpu.get("this_kernel_utilization"):
+        parts.append(f"<div>{_e(_utilization_line(gpu['this_kernel_utilization'], label))}</div>")
     parts.append(_processes_html(gpu["processes"], label, size))
     if gpu.get("claim"):
         parts.append(f"<div>Claimed by {_e(_claim_text(gpu['claim'], label))}</div>")
