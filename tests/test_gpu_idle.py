@@ -152,3 +152,14 @@ def test_the_thresholds_are_the_server_extensions_settings(caplog):
     with caplog.at_level(logging.ERROR):
         assert serverext.load_settings(wrong, log)[0].idle_notice_after == 600.0
     assert "TfgpuMagic.idle_notice_after must be at least 0 s" in caplog.text
+
+
+def test_a_reply_without_its_time_measures_nothing():
+    tracker = IdleTracker(after_s=0, min_bytes=0)
+    reply = {
+        "generated_at": None,
+        "kernels": [{"id": "k", "total_gpu_memory_bytes": GIB, "gpu_utilization": {}}],
+    }
+    tracker.annotate(reply)
+    assert reply["kernels"][0]["gpu_idle_since"] is None
+    assert reply["kernels"][0]["idle_gpu_memory_byte_seconds"] == 0.0

@@ -135,3 +135,20 @@ def test_a_server_file_gives_its_processes_samples(tmp_path):
     )
     reading = Nvml(lib=FileServerNvml(str(spec))).process_utilization(0)
     assert reading.percent_by_pid == {4194305: 40}
+
+
+@pytest.mark.parametrize("planted", ["busy", None, [1], 10**30])
+def test_a_planted_percentage_in_a_server_file_is_refused_or_fails_only_its_reading(tmp_path, planted):
+    """The file is shared state: whatever ``sm_percent`` holds, no reading outside it breaks."""
+    spec = tmp_path / "server.json"
+    spec.write_text(
+        json.dumps({"gpus": [{"processes": [{"pid": 4194305, "used_mib": 1, "sm_percent": planted}]}]})
+    )
+    nvml = Nvml(lib=FileServerNvml(str(spec)))
+    # not a number at all: the file is no server's description, said so (NVML unavailable)
+    assert nvml.available() == isinstance(planted, int)
+    if not nvml.available():
+        return
+    with pytest.raises(ReadingFailed):
+        nvml.process_utilization(0)
+    assert nvml.memory(0).used_bytes == 1024**2
