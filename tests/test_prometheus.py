@@ -231,6 +231,7 @@ def test_the_dashboard_is_a_grafana_10_dashboard_on_a_chosen_prometheus():
             "Idle kernels holding GPU memory",
             "Other users' memory per GPU",
             CULLING_PANEL,
+            "Idle GPU memory by user",
         ]
     )
     assert len({p["id"] for p in panels(board)}) == len(titles)
@@ -275,6 +276,10 @@ def test_the_panels_add_up(stack, prom):
     assert sorted(s["instance"] for s in instances) == sorted(stack.instance.values())
     gpus = by(prom.query(as_grafana_sends(targets_of("GPU memory by GPU across hosts")[1])), "gpu_uuid")
     assert len(gpus) == 4  # one line per physical GPU, though two servers report each
+    idle = by(prom.query(as_grafana_sends(targets_of("Idle GPU memory by user")[0])), "user")
+    # the idle kernels' waste: both servers run as this user
+    [(user,)] = idle
+    assert user == stack.plain.status()["user"] and idle[(user,)] > 0
 
 
 def test_grafana_variables_are_substituted_as_with_all_selected():
