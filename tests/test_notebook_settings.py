@@ -512,6 +512,8 @@ def test_everything_save_writes_is_valid_against_the_schema(gpu):
 @example({"version": 1, "requirements": {"gpus": 1, "bandwidth": 1}})
 @example({"version": 1, "requirements": {"gpus": 1, "min_free_bytes": 2**53 + 1}})
 @example({"version": 2})
+@example({"version": 1.0, "requirements": {"gpus": 2.0, "min_free_bytes": 1e9}})  # JSON's one number
+@example({"version": 1.5})
 def test_the_schema_and_the_reader_agree_on_every_key(value):
     """What the schema allows reads (its policy lines may still each be refused one by one); and,
     ``observed`` aside (information the reader keeps as written), what reads is what it allows."""

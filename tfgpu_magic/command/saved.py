@@ -187,8 +187,8 @@ def read(metadata: Any) -> NotebookSettings | None:
     value = metadata[KEY]
     if not isinstance(value, Mapping):
         raise _bad("", f"is {_kind(value)}, not an object")
-    version = value.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
+    version = _whole(value.get("version"))
+    if not _is_int(version):
         raise _bad(".version", f"is {_kind(version)}; this tfgpu_magic reads version {VERSION}")
     if version > VERSION:
         raise SettingsError(
@@ -219,12 +219,12 @@ def _requirements(value: Any) -> Requirements:
     if any(value[key] is None for key in value):  # written out as null: absent is how to say "not asked"
         key = next(str(key) for key in value if value[key] is None)
         raise _bad(f".requirements.{key}", "is null; leave it out when it is not asked")
-    gpus = value.get("gpus")
+    gpus = _whole(value.get("gpus"))
     if gpus is not None and gpus != "all" and not (_is_int(gpus) and 0 <= gpus <= grammar.MAX_GPUS):
         raise _bad(
             ".requirements.gpus", f'is {_shown(gpus)}; give a count from 0 to {grammar.MAX_GPUS}, or "all"'
         )
-    free = value.get("min_free_bytes")
+    free = _whole(value.get("min_free_bytes"))
     if free is not None and not (_is_int(free) and 0 <= free <= MAX_BYTES):
         raise _bad(".requirements.min_free_bytes", f"is {_shown(free)}; give a whole number of bytes")
     capability = value.get("min_compute_capability")
@@ -265,6 +265,14 @@ def _observed(value: Any) -> dict[str, Any] | None:
     if len(json.dumps(value, default=str)) > 64 * 1024:
         raise _bad(".observed", "is over 64 KiB; delete it (the next run writes it again)")
     return dict(value)
+
+
+def _whole(value: Any) -> Any:
+    """``1.0`` as ``1``: JSON has one kind of number, and the schema (like JavaScript, which may
+    write it) counts 1.0 as the integer 1; other values unchanged."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
 
 
 def _is_int(value: Any) -> bool:
