@@ -356,7 +356,7 @@ def test_on_a_mig_instance_the_instance_is_the_share_and_a_hard_limit_is_labelle
     report = json.loads(gpu(shell, "status --json"))
     [share] = report["platform_shares"]
     assert (share["gpu"], share["source"], share["label"]) == (3, "MIG", "hard (MIG)")
-    gpu(shell, "limit 2G --hard")
+    gpu(shell, f"limit {instance.total_mib}M --hard")  # the instance's whole memory
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in session.env  # the instance holds it, not MPS
     assert json.loads(gpu(shell, "status --json"))["limit_enforcement"] == "hard (MIG)"
     assert "Limit:      hard (MIG):" in gpu(shell, "")
@@ -392,3 +392,34 @@ def test_in_a_fresh_kernel_jax_imported_with_no_limit_starts_within_the_share():
     built, fraction = out.stdout.strip().splitlines()[-1].split()
     assert built == "False"  # the light load: the share is met when the session is built, at the import
     assert float(fraction) == pytest.approx((4096 - 300) / 81920, abs=0.001)  # GPU 1 has 80 GiB
+
+
+@pytest.mark.parametrize("line", ["limit 4G", "limit off", "limit 4G,4G,4G,4G"])
+def test_after_cuda_started_under_a_hard_mps_limit_nothing_above_it_is_claimed(tmp_path, line):
+    """MPS read 2048M as CUDA started and holds the process to it: a larger limit (or none) cannot
+    be in force, so it is refused in one line naming MPS's figure, and the 2 GiB stays shown."""
+    session = torch_session({"CUDA_MPS_PIPE_DIRECTORY": mps_running(tmp_path)})
+    session.configure(grammar.parse("limit 2G --hard"))
+    torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
+    session._on_import(session.adapter("pytorch"), torch)
+    torch.cuda.start()
+    with pytest.raises(SessionError) as refused:
+        session.configure(grammar.parse(line))
+    message = str(refused.value)
+    assert "\n" not in message and "2048 MiB" in message and "MPS" in message and "restart" in message
+    assert session.requested.limits is not None and session.limit_label() == "hard (MPS)"
+    assert all(g.cap_mib == 2048 for g in session.resolved().gpus)
+
+
+def test_a_hard_limit_below_a_mig_instance_is_not_called_hard_by_mig(shell, monkeypatch):
+    """The instance holds the process to its own memory (9984 MiB), not to 2 GiB: only TensorFlow's
+    allocator would hold 2 GiB, so `--hard` is refused in one line naming the instance's size."""
+    server = mig_server(os.getpid())
+    instance = server.gpus[3].mig_instances[0]
+    session, _ = loaded(shell, monkeypatch, {"CUDA_VISIBLE_DEVICES": instance.uuid}, server)
+    refused = gpu(shell, "limit 2G --hard")
+    assert refused.startswith("UsageError: ") and "\n" not in refused.strip()
+    assert "9984 MiB" in refused and "MIG" in refused
+    assert session.requested.limits is None
+    gpu(shell, f"limit {instance.total_mib}M --hard")  # the instance's whole memory: that the GPU holds
+    assert json.loads(gpu(shell, "status --json"))["limit_enforcement"] == "hard (MIG)"

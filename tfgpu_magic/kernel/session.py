@@ -37,6 +37,8 @@ from ..gpus.nvml import Nvml
 from . import allocator_figures, deferred, shares
 from .machine import Machine
 
+MIB = 1024**2
+
 __all__ = ["Session", "SessionError", "get_session", "set_device_source"]
 
 
@@ -91,6 +93,9 @@ class Session:
         # What makes the accepted limit hard ("MPS", "MIG"), recorded when `limit ... --hard` was
         # accepted; None: the limit (if any) is soft, held by the frameworks' allocators only.
         self.hard_by: str | None = None
+        # The per-GPU limit (nvidia-smi index -> MiB) put in MPS's variable for CUDA to read at its
+        # start: once CUDA started, the MPS server holds the process to it, whatever is asked since.
+        self._mps_caps: dict[int, int] = {}
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         # The accepted `use auto` (its --min-free and --min-cc are what `%gpu save` keeps); None
         # when the GPUs in force were named, or none was asked.
@@ -528,6 +533,7 @@ class Session:
         where neither can hold it.  Otherwise MPS's variable is what the kernel inherited."""
         machine, started = self.machine, self._cuda_started()
         if started and self.hard_by == "MPS":
+            self._within_mps_caps(resolution)
             return  # CUDA read MPS's limit as it started: it holds, whatever is asked since
         self.hard_by = self._hard_enforcer(resolution, started)
         if started:
@@ -537,8 +543,26 @@ class Session:
                 f"{k}={g.cap_mib}M" for k, g in enumerate(resolution.gpus) if g.cap_mib is not None
             )
             machine.set_env(platform.MPS_LIMIT_ENV, value)
+            self._mps_caps = {g.index: g.cap_mib for g in resolution.gpus if g.cap_mib is not None}
         else:
+            self._mps_caps = {}
             machine.set_env(platform.MPS_LIMIT_ENV, machine.unmanaged_value(platform.MPS_LIMIT_ENV))
+
+    def _within_mps_caps(self, resolution: Resolution) -> None:
+        """After CUDA started under a `--hard` MPS limit the MPS server holds each GPU to what CUDA
+        read then: a larger limit, or none, could not be in force, so it is refused in one line."""
+        for gpu in resolution.gpus:
+            held = self._mps_caps.get(gpu.index)
+            if held is None or (gpu.cap_mib is not None and gpu.cap_mib <= held):
+                continue
+            refused = (
+                "the limit cannot be lifted" if gpu.cap_mib is None else f"{gpu.cap_mib} MiB cannot hold"
+            )
+            raise SessionError(
+                f"MPS holds this kernel to {held} MiB on GPU {gpu.index} since CUDA started "
+                f"({platform.MPS_LIMIT_ENV} is read only then), so {refused}: "
+                f"ask for at most `%gpu limit {held}M`, or restart the kernel to lift it"
+            )
 
     def _cuda_started(self) -> bool:
         return self.machine.cuda_record.capture is not None or self.machine.listed()
@@ -550,9 +574,19 @@ class Session:
             return None
         shares = self.machine.platform_shares()
         indices = [g.index for g in resolution.gpus]
-        if indices and all(i in shares and shares[i].source == "MIG" for i in indices):
-            return "MIG"
         pipe = platform.mps_pipe_directory(self.machine.inherited_platform)
+        if indices and all(i in shares and shares[i].source == "MIG" for i in indices):
+            below = [g for g in resolution.gpus if (g.cap_mib or 0) < shares[g.index].bytes // MIB]
+            if not below:
+                return "MIG"  # the limit is the instance's whole memory: the GPU holds exactly that
+            if pipe is None:  # (MPS runs on a MIG instance too: it can hold less than the instance)
+                size = shares[below[0].index].bytes // MIB
+                raise SessionError(
+                    f"`--hard` cannot hold {below[0].cap_mib} MiB here: the MIG instance on GPU "
+                    f"{below[0].index} holds this kernel to its {size} MiB, not less, and no MPS control "
+                    f"daemon runs; ask `%gpu limit {size}M --hard` for the whole instance, or drop --hard "
+                    "for a soft limit"
+                )
         if pipe is not None and not started:
             return "MPS"
         if pipe is not None:
