@@ -255,6 +255,17 @@ def test_a_limit_plus_a_context_above_the_free_memory():
     assert f"`%gpu limit {(free_mib - 300) * 9 // 10}`" in finding["fix"]
 
 
+def test_when_more_than_the_limit_itself_is_held_outside_it_no_tiny_limit_is_advised():
+    """10 GiB held by the driver's figure against a 4 GiB limit: no lower limit makes room (the old
+    advice was `%gpu limit 1`, one MiB); the fix says so and names what to look at instead."""
+    session = session_on(shared_server(ME))
+    session.configure(grammar.parse("use 1"))
+    session.configure(grammar.parse("limit 4G"))
+    finding = only(examine(session), "limit_exceeded")
+    assert not GPU_LINE.search(finding["fix"]).group(1).startswith("%gpu limit")
+    assert "no lower limit makes room" in finding["fix"].lower() and "\n" not in finding["fix"]
+
+
 # -- (e) CUDA_VISIBLE_DEVICES set by hand against the claims ---------------------------------------
 def test_visible_devices_set_by_hand_after_gpu_use():
     session = session_on(shared_server(ME))

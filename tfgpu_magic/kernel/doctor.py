@@ -573,14 +573,27 @@ def limit_exceeded(facts: Facts) -> Finding | None:
             worst = _lower(worst, g, g.free_bytes + held - CONTEXT_BYTES)
     if worst is None:
         return None
-    size = max(worst[1] * 9 // 10 // MIB, 1)
     return Finding(
         "limit_exceeded",
         "This kernel's limit does not hold on the driver's figures: the CUDA context and libraries "
         "(cuDNN, cuBLAS) sit outside the frameworks' allocators",
         tuple(evidence),
-        f"Lower the limit to leave room for them: `%gpu limit {size}` (MiB; a started framework keeps its "
-        "limit until the kernel restarts).",
+        _room_fix(worst[1]),
+    )
+
+
+def _room_fix(room: int) -> str:
+    """Lower the limit to 90% of the room left, unless that is less than a CUDA context (a limit of
+    a few MiB is no advice): then no lower limit makes room, and the fix says where to look."""
+    if room * 9 // 10 < CONTEXT_BYTES:
+        return (
+            "No lower limit makes room here: more than the limit is held outside the allocators, or the GPU "
+            "is nearly full. `%gpu status` names each process and what it holds; free what a library or "
+            "child process holds, restart the kernel, or `%gpu use auto` for a GPU with room."
+        )
+    return (
+        f"Lower the limit to leave room for them: `%gpu limit {room * 9 // 10 // MIB}` (MiB; a started "
+        "framework keeps its limit until the kernel restarts)."
     )
 
 
