@@ -155,6 +155,25 @@ def test_the_daemons_default_is_asked_only_where_its_pipe_directory_holds_a_fifo
     assert stat.S_ISFIFO(os.lstat(pipes / "control").st_mode)  # still there, never opened
 
 
+def test_a_control_binary_that_hangs_costs_one_timeout_not_one_per_gpu(tmp_path, monkeypatch):
+    """The daemon's default is asked per CUDA device; one that does not answer within the timeout
+    will not answer the next either: the reading (on the kernel's thread) stops asking, so eight
+    GPUs cost one timeout, not eight."""
+    calls = tmp_path / "calls"
+    binary = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    binary.parent.mkdir()
+    binary.write_text(f"#!/bin/sh\necho asked >> {calls}\nexec sleep 30\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", str(binary.parent) + os.pathsep + os.environ["PATH"])
+    monkeypatch.setattr(platform, "MPS_CONTROL_TIMEOUT_S", 0.5)
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    os.mkfifo(pipes / "control")
+    eight = [GpuFacts(i, f"GPU-{i}", 16 * GIB) for i in range(8)]
+    assert read_shares({"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}, eight) == {}
+    assert calls.read_text().splitlines() == ["asked"]
+
+
 def test_a_linked_pipe_directory_is_not_followed(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", fake_control(tmp_path, "4096M") + os.pathsep + os.environ["PATH"])
     real = tmp_path / "real"

@@ -270,7 +270,10 @@ def _mps(
         return []
     found = []
     for k, index in enumerate(cuda):
-        size = _mps_daemon_default(k)
+        try:
+            size = _mps_daemon_default(k)
+        except _NoAnswer:  # it will not answer the next device either: one timeout, not one per GPU
+            break
         if size is not None and index in by_index:
             evidence = f"the MPS control daemon's default pinned limit (device {k})"
             found.append(_share(by_index[index], size, "MPS", True, MPS_ENFORCED, evidence))
@@ -311,9 +314,14 @@ def mps_pipe_directory(environ: Mapping[str, str | None]) -> str | None:
     return None if found is None else found.directory
 
 
+class _NoAnswer(Exception):
+    """The control binary could not be run, or did not answer within the timeout."""
+
+
 def _mps_daemon_default(device: int) -> int | None:
     """The control daemon's default pinned memory limit for CUDA device ``device``; None when no
-    control binary, no answer within the timeout, or no limit set."""
+    control binary or no limit set; :class:`_NoAnswer` when it cannot be run or does not answer
+    within the timeout."""
     import shutil  # only where an MPS pipe directory is there
     import subprocess
 
@@ -330,7 +338,7 @@ def _mps_daemon_default(device: int) -> int | None:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
+        raise _NoAnswer from None
     words = answer.stdout.strip()[:64].split()
     return parse_amount(words[-1]) if answer.returncode == 0 and words else None
 
