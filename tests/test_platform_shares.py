@@ -442,3 +442,13 @@ def test_a_hard_limit_below_a_mig_instance_is_not_called_hard_by_mig(shell, monk
     assert session.requested.limits is None
     gpu(shell, f"limit {instance.total_mib}M --hard")  # the instance's whole memory: that the GPU holds
     assert json.loads(gpu(shell, "status --json"))["limit_enforcement"] == "hard (MIG)"
+
+
+def test_a_share_smaller_than_a_cuda_context_gets_no_self_contradicting_advice(shell, monkeypatch):
+    """A 200 MiB share leaves no room for a CUDA context: the refusal said `%gpu limit 1M` as "the
+    share less a CUDA context" (and at most 0 MiB with `=6`, bytes, then advised 1M above it)."""
+    loaded(shell, monkeypatch, {"CUDA_DEVICE_MEMORY_LIMIT": "200m"})
+    refused = gpu(shell, "limit 1G")
+    assert refused.startswith("UsageError: ") and "\n" not in refused.strip()
+    assert "at most 200 MiB" in refused and "%gpu limit 1M" not in refused
+    assert "no room for a CUDA context" in refused

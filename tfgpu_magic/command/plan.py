@@ -335,9 +335,7 @@ def _gpu_plan(
         asked = cap if cap is not None else sum(plan.split.sizes) if plan.split and plan.split.sizes else None
         if asked is not None and asked > share_mib:
             raise PlanError(
-                f"{asked} MiB is above this kernel's share of GPU {index} ({share.short()}); ask for at "
-                f"most {share_mib} MiB, e.g. `%gpu limit {max(1, share_mib - SHARE_CONTEXT_MIB)}M` "
-                "(the share less a CUDA context)"
+                f"{asked} MiB is above this kernel's share of GPU {index} ({share.short()}); {_within(share_mib)}"
             )
         whole_gpu = total_mib is not None and share_mib >= total_mib
         if cap is None and not whole_gpu and (plan.split is None or plan.split.count):
@@ -349,6 +347,19 @@ def _gpu_plan(
         )
     shares = tuple((key, _mib(size, total_mib)) for key, size in plan.shares or ())
     return GpuPlan(index, total_mib, cap, _logical_sizes(plan, index, cap, total_mib), shares, within)
+
+
+def _within(share_mib: int) -> str:
+    """What to ask for under a share: its size less a CUDA context, where the share has room for one."""
+    if share_mib <= SHARE_CONTEXT_MIB:
+        return (
+            f"ask for at most {share_mib} MiB, though that leaves no room for a CUDA context (about "
+            f"{SHARE_CONTEXT_MIB} MiB): no framework can start on this GPU within it; ask the platform for more"
+        )
+    return (
+        f"ask for at most {share_mib} MiB, e.g. `%gpu limit {share_mib - SHARE_CONTEXT_MIB}M` "
+        "(the share less a CUDA context)"
+    )
 
 
 def _cap_mib(plan: Plan, position: int, index: int, total_mib: int | None) -> int | None:
