@@ -266,6 +266,17 @@ def test_the_servers_reply_carries_each_gpus_share_and_the_schema_allows_it():
     jsonschema.validate(reply, json.loads(SCHEMA.read_text()))
 
 
+def test_the_servers_reply_numbers_the_shares_as_cuda_under_its_inherited_visible_devices():
+    """MPS's and HAMi's device numbers are CUDA's: a server started with CUDA_VISIBLE_DEVICES=2,3
+    (its kernels inherit it) has MPS's device 0 on GPU 2, as the kernel's own record says, and no
+    share on GPUs 0 and 1 its kernels cannot see."""
+    env = {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6G,1=4G"}
+    reply = server_reply(env)
+    assert [g["share"] and g["share"]["bytes"] for g in reply["gpus"]] == [None, None, 6 * GIB, 4 * GIB]
+    hami = server_reply({"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_MEMORY_LIMIT": "2g"})
+    assert [g["share"] and g["share"]["bytes"] for g in hami["gpus"]] == [None, None, None, 2 * GIB]
+
+
 def test_metrics_expose_the_share_with_its_source_and_enforcement():
     reply = server_reply({"CUDA_DEVICE_MEMORY_LIMIT_1": "2048m"})
     found = [

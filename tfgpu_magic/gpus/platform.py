@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from . import numbering
+
 __all__ = [
     "MPS_LIMIT_ENV",
     "SHARE_VARIABLES",
@@ -135,6 +137,8 @@ class ShareRecord:
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.variables = inherited_variables(environ)
+        # MPS's and HAMi's device numbers are CUDA's under this inherited value (the kernels inherit it too)
+        self.visible_devices = environ.get("CUDA_VISIBLE_DEVICES")
         self._made: tuple[tuple[str | None, ...], dict[int, PlatformShare]] | None = None
 
     def shares(self, gpus: Sequence[GpuFacts]) -> dict[int, PlatformShare]:
@@ -142,7 +146,10 @@ class ShareRecord:
         key = tuple(g.uuid for g in gpus)
         made = self._made
         if made is None or made[0] != key:
-            made = (key, read_shares(self.variables, gpus))
+            cuda_map = None
+            if self.visible_devices is not None:
+                cuda_map = numbering.cuda_to_nvml({"CUDA_VISIBLE_DEVICES": self.visible_devices}, list(key))
+            made = (key, read_shares(self.variables, gpus, cuda_map))
             self._made = made
         return made[1]
 
