@@ -420,3 +420,10 @@ def test_a_compute_mode_the_driver_cannot_read_and_no_driver_at_all_are_no_findi
     data = examine(session_on(SimulatedNvml([], driver=False)))
     assert data["findings"] == []
     assert doctor.render_text(data).splitlines()[2].startswith("  NVML: ")
+
+
+def test_a_kernel_left_with_no_gpu_is_summarised_as_such():
+    """An inherited CUDA_VISIBLE_DEVICES naming no GPU here: the summary said "this kernel: GPU "."""
+    session = session_on(shared_server(ME), {"CUDA_VISIBLE_DEVICES": "GPU-not-here"})
+    summary = examine(session)["summary"]
+    assert "this kernel: no GPU (CUDA sees none)" in summary

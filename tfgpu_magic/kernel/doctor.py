@@ -754,6 +754,8 @@ def summary(facts: Facts) -> list[str]:
             "every GPU allowed"
             if facts.applied_visible is None
             else f"GPU {_gpu_list(facts.applied_visible)}"
+            if facts.applied_visible
+            else "no GPU (CUDA sees none)"
         )
         + (f"; claimed GPU {_gpu_list(facts.claimed)}" if facts.claimed else "")
     )
