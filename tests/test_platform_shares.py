@@ -463,3 +463,16 @@ def test_a_share_smaller_than_a_cuda_context_gets_no_self_contradicting_advice(s
     assert refused.startswith("UsageError: ") and "\n" not in refused.strip()
     assert "at most 200 MiB" in refused and "%gpu limit 1M" not in refused
     assert "no room for a CUDA context" in refused
+
+
+def test_reset_after_cuda_started_under_a_hard_mps_limit_keeps_it_and_says_so(tmp_path):
+    session = torch_session({"CUDA_MPS_PIPE_DIRECTORY": mps_running(tmp_path)})
+    session.configure(grammar.parse("limit 2G --hard"))
+    session.configure(grammar.parse("grow on"))
+    torch = cuda_torch([80 * GIB, 80 * GIB, 24 * GIB, 16 * GIB])
+    session._on_import(session.adapter("pytorch"), torch)
+    torch.cuda.start()
+    said = session.reset()
+    assert "cannot undo: the hard limit" in said and "until the kernel restarts" in said
+    assert session.limit_label() == "hard (MPS)" and all(g.cap_mib == 2048 for g in session.resolved().gpus)
+    assert session.requested.growth is None  # the rest went back to the defaults

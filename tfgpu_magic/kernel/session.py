@@ -660,7 +660,9 @@ class Session:
             if frozen:  # a started framework's GPU settings are fixed: only the precision can go back
                 target = Plan(**{**_fields(kept), "precision": self.defaults.precision})
                 resolution = self._frozen_resolution(target)
+                held_by_mps = False
             else:
+                target, held_by_mps = self._kept_under_mps(target, before)
                 resolution = self.resolution(target)
                 self._hand_over(
                     resolution, self._changes(Change(None, "reset", target, before, resolution, self.machine))
@@ -677,7 +679,23 @@ class Session:
             )
             for framework in self._frameworks:
                 lines.extend(f"cannot undo: {why}" for why in framework.frozen(kept, self.machine))
+            if not frozen and held_by_mps:
+                lines.append(
+                    f"cannot undo: the hard limit ({platform.MPS_LIMIT_ENV}, read by CUDA as it started): "
+                    "the MPS server holds it until the kernel restarts"
+                )
             return "\n".join(lines)
+
+    def _kept_under_mps(self, target: Plan, before: Plan) -> tuple[Plan, bool]:
+        """``target``, or, where the MPS server holds a hard limit CUDA read at its start and
+        ``target`` asks for more (or none), ``target`` with the limit of ``before`` kept (True)."""
+        if self.hard_by != "MPS" or not self._cuda_started():
+            return target, False
+        try:
+            self._within_mps_caps(self.resolution(target))
+        except SessionError:
+            return replace(target, limits=before.limits, shares=before.shares, hard=before.hard), True
+        return target, False
 
     def _frozen_resolution(self, target: Plan) -> Resolution:
         """``target`` keeps the started framework's GPU settings: so does its resolution."""
