@@ -21,6 +21,7 @@ export interface IMonitorState {
   devices: IDeviceDescription[]; // in chart order
   running: boolean; // false once stopped: no more points come
   note: string; // the kernel's word on the shared interval
+  limit_label: string; // who holds the limit line: "soft (TensorFlow's allocator)", "hard (MPS)"; "" without one
 }
 
 export interface IDeviceDescription {
@@ -765,7 +766,7 @@ export class Panel {
     this.statusText.textContent =
       status || (noDevices ? "Nothing to chart: no NVIDIA GPU and no framework's allocator figures." : "");
     this.statusText.hidden = !this.statusText.textContent;
-    const figures = figuresLine(this.store);
+    const figures = [figuresLine(this.store), limitLine(this.model.get("limit_label"))].filter(Boolean).join(" · ");
     if (this.figuresText.textContent !== figures) this.figuresText.textContent = figures;
     this.figuresText.hidden = !figures;
   }
@@ -788,6 +789,11 @@ export function figuresLine(store: IStore): string {
   return parts.join(" · ");
 }
 
+/** Who holds the dashed limit line: a soft limit caps the frameworks' pools only. */
+export function limitLine(label: string | undefined): string {
+  return label ? `Limit line: ${label}` : "";
+}
+
 // ---------------------------------------------------------------------------------------
 // anywidget entry point
 
@@ -802,6 +808,7 @@ function render({ model, el: root }: RenderProps<IMonitorState>): () => void {
     ["change:interval", () => panel.showInterval(model.get("interval"))],
     ["change:running", () => panel.showRunning()],
     ["change:note", () => panel.updateText()],
+    ["change:limit_label", () => panel.updateText()],
   ];
   for (const [event, handler] of handlers) model.on(event, handler);
   model.send({ kind: "history" });

@@ -300,3 +300,22 @@ def test_a_non_finite_setting_from_the_front_end_is_refused_and_the_panel_keeps_
 
     for data in sent:  # every message is strict JSON (jupyter_client warned of a non-JSON float)
         json.dumps(data, allow_nan=False)
+
+
+def test_the_panel_says_who_holds_its_limit_line_and_follows_each_cell():
+    """Every limit shown says soft or hard: the chart's dashed limit line too (issue 31)."""
+    from tfgpu_magic.command import grammar
+    from tfgpu_magic.kernel import allocator_figures
+    from tfgpu_magic.kernel.session import Session
+
+    session = Session(nvml=Nvml(lib=shared_server()), env={})
+    panel = panels.open_panel(interval=0.1, window=60, display=False, session=session)
+    assert panel.limit_label == ""  # no limit, no line
+    session.configure(grammar.parse("limit 2G"))
+    allocator_figures.publish(session)  # what runs after each cell, on the user's thread
+    assert panel.limit_label.startswith("soft (") and panel.limit_label.endswith("allocator)")
+    assert panel.limit_label == session.limit_label()
+    session.configure(grammar.parse("limit off"))
+    allocator_figures.publish(session)
+    assert panel.limit_label == ""
+    panel.close()

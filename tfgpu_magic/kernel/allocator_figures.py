@@ -88,6 +88,7 @@ class KernelContext:
     visible: tuple[int, ...] | None = None  # nvidia-smi indices this kernel sees; None: all
     found_no_gpu: str | None = None  # the name of the framework that found none
     notes: tuple[str, ...] = ()  # an answer that could not be read
+    limit_label: str | None = None  # who holds the caps: "soft (...)", "hard (MPS)", "hard (MIG)"
 
 
 UNKNOWN_CONTEXT = KernelContext()
@@ -178,6 +179,7 @@ class Board:
         self._latest = NOTHING_READ
         self._context = UNKNOWN_CONTEXT
         self._clock = clock
+        self._context_listeners: list[weakref.WeakMethod[Callable[[KernelContext], None]]] = []
 
     def latest(self) -> AllocatorFigures:
         return self._latest
@@ -186,7 +188,21 @@ class Board:
         return self._context
 
     def publish_context(self, context: KernelContext) -> None:
+        """Replace the context, then tell each live listener (on the publishing thread: the user's)."""
         self._context = context
+        alive = [ref for ref in self._context_listeners if ref() is not None]
+        self._context_listeners = alive
+        for ref in alive:
+            listener = ref()
+            if listener is not None:
+                try:
+                    listener(context)
+                except Exception:  # a closed panel's comm, say: the others still hear
+                    pass
+
+    def on_context(self, listener: Callable[[KernelContext], None]) -> None:
+        """Call the bound method ``listener`` with each context published, while its object lives."""
+        self._context_listeners.append(weakref.WeakMethod(listener))
 
     def publish(
         self, frameworks: Callable[[], Iterable[Any]], cuda_map: Callable[[], list[int]]
@@ -240,7 +256,10 @@ def read_context(session: Any) -> KernelContext:
     # What `%gpu use` and CUDA_VISIBLE_DEVICES hid, not what a framework found (see exposed_gpus).
     visible = ask("the visible GPUs", session.exposed_gpus, None)
     found = ask("the frameworks' GPUs", session.found_no_gpu, None)
-    return KernelContext(limits, None if visible is None else tuple(visible), found, tuple(notes))
+    label = ask("who holds the limit", getattr(session, "limit_label", lambda: None), None)
+    return KernelContext(
+        limits, None if visible is None else tuple(visible), found, tuple(notes), label if limits else None
+    )
 
 
 _hooks: weakref.WeakKeyDictionary[Any, Callable[..., None]] = weakref.WeakKeyDictionary()

@@ -63,9 +63,22 @@ def open_panel(
         return Sampler(interval=first, keep_s=window, **readers)
 
     panel = MemoryPanel(monitor.hub(), make, interval=interval, window=window)
+    _follow_limit_label(panel, session)
     if display:
         _show(panel, sidebar)
     return panel
+
+
+def _follow_limit_label(panel: Any, session: Any) -> None:
+    """The panel says who holds its limit line, as the session's context last published it (after
+    each cell, on the user's thread): every limit shown says soft or hard."""
+    if session is None:
+        from .session import get_session
+
+        session = get_session()
+    board = allocator_figures.board_of(session)
+    panel.show_limit_label(board.context())
+    board.on_context(panel.show_limit_label)
 
 
 def _has_front_end() -> bool:

@@ -292,6 +292,15 @@ class MemoryPanel(anywidget.AnyWidget):
     )  # [{key, label, gpu}], in chart order
     running = traitlets.Bool(False).tag(sync=True)  # False once stopped: no more points come
     note = traitlets.Unicode("").tag(sync=True)  # shown in the state line: the shared interval
+    # Who holds the limit line ("soft (TensorFlow's allocator)", "hard (MPS)"), set on the user's
+    # thread when the session's context is published (after each cell); "" without a limit.
+    limit_label = traitlets.Unicode("").tag(sync=True)
+
+    def show_limit_label(self, context: Any) -> None:
+        """Follow the session's context (allocator_figures.KernelContext): who holds the limit."""
+        label = context.limit_label or ""
+        if self.limit_label != label:
+            self.limit_label = label
 
     # Until __init__ has joined the hub (a refused window, say), stop() and close() have nothing to do.
     side_area: SideArea | None = None  # set when shown in the side area (``--sidebar``)
