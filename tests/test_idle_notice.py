@@ -125,6 +125,8 @@ def test_the_thresholds_are_the_magics_config(shell, session):
     assert magics.idle_thresholds() == Thresholds(5.0, 512 * 1024**2)
     magics.idle_notice_min_memory = "lots"
     assert magics.idle_thresholds().min_bytes == GIB
+    magics.idle_notice_after = float("nan")  # would read the driver after every cell
+    assert magics.idle_thresholds().after_s == 600.0
 
 
 def test_the_hooks_run_under_a_real_shells_cells(shell, session, capsys):

@@ -112,6 +112,11 @@ def test_hami_per_device_variable_overrides_the_common_one_and_is_labelled_soft(
     assert shares[1].evidence == "CUDA_DEVICE_MEMORY_LIMIT_1=2048m" and shares[1].label == "soft (HAMi)"
 
 
+def test_a_share_above_the_gpus_memory_is_the_whole_gpu_not_a_planted_figure():
+    shares = read_shares({"CUDA_DEVICE_MEMORY_LIMIT": "99999999999999T"}, FOUR)
+    assert all(share.bytes == gpu.total_bytes for gpu, share in zip(FOUR, shares.values(), strict=True))
+
+
 def test_alibaba_unit_is_told_apart_by_the_devices_memory():
     mib = read_shares({"ALIYUN_COM_GPU_MEM_CONTAINER": "4096", "ALIYUN_COM_GPU_MEM_DEV": "16384"}, FOUR)
     gib = read_shares({"ALIYUN_COM_GPU_MEM_CONTAINER": "4", "ALIYUN_COM_GPU_MEM_DEV": "16"}, FOUR)

@@ -222,6 +222,8 @@ def read_shares(
 def _share(
     gpu: GpuFacts, size: int, source: str, hard: bool, enforced_by: str, evidence: str
 ) -> PlatformShare:
+    if gpu.total_bytes:  # a share above the GPU's memory grants the whole GPU, no more
+        size = min(size, gpu.total_bytes)
     return PlatformShare(gpu.index, gpu.uuid, size, source, hard, enforced_by, evidence)
 
 

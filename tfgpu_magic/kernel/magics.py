@@ -11,6 +11,7 @@ at the first ``%gpu`` (see :func:`load`).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import sys
@@ -156,7 +157,10 @@ class GpuMagics(Magics):
             least = int(grammar.parse_size(self.idle_notice_min_memory, percent=False)) * MIB
         except grammar.GrammarError:
             least = 1024 * MIB
-        return Thresholds(max(float(self.idle_notice_after), 0.0), least)
+        after = float(self.idle_notice_after)
+        if not math.isfinite(after):  # NaN would read the driver after every cell
+            after = float(GpuMagics.idle_notice_after.default_value)
+        return Thresholds(max(after, 0.0), least)
 
     def _configure(self, command: Any) -> str:
         return self.session.configure(command)
