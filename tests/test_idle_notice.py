@@ -50,8 +50,8 @@ def test_after_a_long_pause_holding_memory_unused_the_next_cell_says_so(capsys):
     assert kernel.cell(capsys, after_s=30) == "" and kernel.server.calls == calls  # one clock reading
     said = kernel.cell(capsys, after_s=600)
     assert said == (
-        "tfgpu_magic: This kernel has held 10.0 GiB of GPU memory (the driver's figure) at 0% GPU utilization "
-        "for 10 min: `%gpu free` gives it back to your colleagues\n"
+        "tfgpu_magic: This kernel holds 10.0 GiB of GPU memory (the driver's figure) and the driver's samples "
+        "show no GPU work by it since its last cell ended, 10 min ago: `%gpu free` gives it back to your colleagues\n"
     )
     assert kernel.cell(capsys) == ""  # said once: the next cell follows at once
 
@@ -140,7 +140,7 @@ def test_the_hooks_run_under_a_real_shells_cells(shell, session, capsys):
         clock[0] += 120
         shell.run_cell("print('cell output')")
         out = capsys.readouterr().out
-        assert out.index("cell output") < out.index("tfgpu_magic: This kernel has held 10.0 GiB")
+        assert out.index("cell output") < out.index("tfgpu_magic: This kernel holds 10.0 GiB")
         assert idle_notice.install(shell, session, lambda: Thresholds(60.0, GIB)) is not notice  # replaced
     finally:
         again = idle_notice._hooks.pop(id(shell))

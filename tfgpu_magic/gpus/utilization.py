@@ -100,10 +100,22 @@ def of_pids(reading: ProcessUtilization | str | None, pids: Iterable[int]) -> Ut
 
 def idle_line(held_bytes: int, idle_s: float) -> str:
     """The one line a kernel's notebook shows when it holds memory it does not use (the panel, the
-    status bar, under a cell): what it holds, for how long, what to do."""
+    status bar): what it holds, for how long, what to do.  The server's readings followed it the
+    whole time; under a cell the kernel says :func:`idle_since_cell_line`."""
     return (
         f"This kernel has held {format_bytes(held_bytes)} of GPU memory (the driver's figure) at 0% GPU "
         f"utilization for {span_text(idle_s)}: `%gpu free` gives it back to your colleagues"
+    )
+
+
+def idle_since_cell_line(held_bytes: int, since_s: float) -> str:
+    """The line under a cell: the kernel read the driver's samples only now, and the driver keeps
+    a bounded number of them, so it says what they show since the last cell ended, not that the
+    whole pause was idle."""
+    return (
+        f"This kernel holds {format_bytes(held_bytes)} of GPU memory (the driver's figure) and the driver's "
+        f"samples show no GPU work by it since its last cell ended, {span_text(since_s)} ago: "
+        "`%gpu free` gives it back to your colleagues"
     )
 
 

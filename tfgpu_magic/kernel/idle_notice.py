@@ -78,7 +78,7 @@ class IdleNotice:
 
     def _notice(self, ended: float, paused: float, limits: Thresholds) -> str | None:
         from ..gpus.process_tree import read_ancestry
-        from ..gpus.utilization import UtilizationReader, idle_line, of_pids
+        from ..gpus.utilization import UtilizationReader, idle_since_cell_line, of_pids
 
         nvml = self._session.nvml
         listed = [p for i in range(nvml.device_count()) for p in nvml.processes(i)]
@@ -94,7 +94,7 @@ class IdleNotice:
             figure = of_pids(readings.get(index), [p.pid for p in mine if p.gpu_index == index])
             if figure.percent != 0:  # at work, or unknown (None): nothing to say
                 return None
-        return f"tfgpu_magic: {idle_line(held, paused)}{self._culler_deadline(ended, held)}"
+        return f"tfgpu_magic: {idle_since_cell_line(held, paused)}{self._culler_deadline(ended, held)}"
 
     def _is_mine(self, pid: int, parents: dict[int, int]) -> bool:
         """This kernel's process, or one below it (what it started)."""
