@@ -1,6 +1,6 @@
 """The package's folders are its architecture: each layer imports only the layers below it.
 
-    command/     the %gpu language and the plan          (imports nothing of the package)
+    command/     the %gpu language and the plan          (nothing of the package but SHARED)
     gpus/        NVML, numbering, owners, claims, ...    (command/)
     frameworks/  the adapters to TensorFlow, PyTorch, JAX (command/, gpus/)
     kernel/      what runs in the user's kernel          (anything but server/)
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tfgpu_magic"
-SHARED = {"safe_text", "_version"}  # the top-level helpers every layer may use
+SHARED = {"safe_text", "records", "_version"}  # the top-level helpers every layer may use
 ALLOWED = {
     "command": {"command"},
     "gpus": {"command", "gpus"},
@@ -70,6 +70,7 @@ def test_every_module_lives_in_a_layer_or_is_a_documented_top_level_name():
         "keras",
         "monitor",
         "notebook",
+        "records",
         "safe_text",
         "simulated",
     ]

@@ -178,6 +178,32 @@ def test_tfgpu_json_in_a_fresh_python_imports_only_what_a_status_reads(tmp_path)
 
 
 @pytest.mark.slow
+def test_the_frozen_dataclasses_a_status_defines_are_records():
+    """Each frozen dataclass of a fresh `tfgpu --json` takes its equality, hash and repr from
+    Record, so Python compiles only its __init__ and frozen guards (records.py says why)."""
+    code = (
+        "import dataclasses, json, os, sys\n"
+        "from tfgpu_magic.__main__ import main\n"
+        "from tfgpu_magic.records import Record\n"
+        "saved = sys.stdout\n"
+        "with open(os.devnull, 'w') as sys.stdout:\n"
+        "    main(['--json'])\n"
+        "sys.stdout = saved\n"
+        "frozen = {f'{c.__module__}.{c.__qualname__}': issubclass(c, Record)\n"
+        "          for name, module in list(sys.modules.items()) if name.startswith('tfgpu_magic.')\n"
+        "          for c in vars(module).values()\n"
+        "          if isinstance(c, type) and c.__module__ == name and dataclasses.is_dataclass(c)\n"
+        "          and c.__dataclass_params__.frozen}\n"
+        "print(json.dumps(frozen))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in LOAD_TIME_VARIABLES}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    frozen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(frozen) > 40  # the status path's records were found
+    assert [name for name, is_record in frozen.items() if not is_record] == []
+
+
+@pytest.mark.slow
 def test_a_first_status_listing_real_processes_imports_no_psutil():
     # Processes of this machine listed (this one and its parent), owners and commands read as a
     # terminal's status reads them: the simulated server has no owner table of its own.

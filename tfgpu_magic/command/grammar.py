@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar, overload
 
+from ..records import Record
+
 __all__ = [
     "CELL_FORMS",
     "CELL_VERBS",
@@ -64,8 +66,8 @@ class GrammarError(ValueError):
 
 
 # -- values -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Percent:
+@dataclass(frozen=True, eq=False, repr=False)
+class Percent(Record):
     """A share of each GPU's total memory, 0 < value <= 100."""
 
     value: float
@@ -79,8 +81,8 @@ Everything = Literal["all", "none"]  # `use all`, `use none`
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Auto:
+@dataclass(frozen=True, eq=False, repr=False)
+class Auto(Record):
     """``use auto``: let the product choose GPUs (see :mod:`tfgpu_magic.inventory`)."""
 
     count: int = 1
@@ -90,18 +92,24 @@ class Auto:
 
 
 # -- commands -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Use:
+@dataclass(frozen=True, eq=False, repr=False)
+class Use(Record):
+    """``%gpu use``: the GPUs the kernel's frameworks are shown."""
+
     gpus: tuple[int, ...] | Everything | Auto  # NVML indices, "all", "none", or Auto
 
 
-@dataclass(frozen=True)
-class Grow:
+@dataclass(frozen=True, eq=False, repr=False)
+class Grow(Record):
+    """``%gpu grow`` / ``grow off``: memory taken as needed, or reserved at the start."""
+
     on: bool
 
 
-@dataclass(frozen=True)
-class Limit:
+@dataclass(frozen=True, eq=False, repr=False)
+class Limit(Record):
+    """``%gpu limit``: the kernel's cap on each visible GPU (``None``: ``limit off``)."""
+
     sizes: tuple[Size, ...] | None  # None: off; one size for every GPU, or one per GPU
     # Or the kernel's limit as named shares, one size each, on every visible GPU: ("tensorflow", 6144), ...
     shares: tuple[tuple[str, Size], ...] | None = None
@@ -119,8 +127,10 @@ FRAMEWORK_WORDS = {
 }
 
 
-@dataclass(frozen=True)
-class Split:
+@dataclass(frozen=True, eq=False, repr=False)
+class Split(Record):
+    """``%gpu split``: logical GPUs on each visible GPU (neither field: ``split off``)."""
+
     count: int | None = None  # n equal logical GPUs on each visible GPU
     sizes: tuple[int, ...] | None = None  # explicit MiB of each logical GPU
 
@@ -129,53 +139,63 @@ class Split:
         return self.count is None and self.sizes is None
 
 
-@dataclass(frozen=True)
-class Allocator:
+@dataclass(frozen=True, eq=False, repr=False)
+class Allocator(Record):
+    """``%gpu allocator``: the frameworks' GPU allocator."""
+
     name: str  # "async", "default" or "platform" (JAX's allocator that hands memory back)
 
 
-@dataclass(frozen=True)
-class Precision:
+@dataclass(frozen=True, eq=False, repr=False)
+class Precision(Record):
+    """``%gpu precision``: Keras's dtype policy."""
+
     policy: str
 
 
-@dataclass(frozen=True)
-class Free:
-    pass
+@dataclass(frozen=True, eq=False, repr=False)
+class Free(Record):
+    """``%gpu free``: the frameworks' caches emptied, with the driver's reading before and after."""
 
 
-@dataclass(frozen=True)
-class Save:
+@dataclass(frozen=True, eq=False, repr=False)
+class Save(Record):
     """``%gpu save``: this notebook's GPU settings into its metadata (``tfgpu``)."""
 
 
-@dataclass(frozen=True)
-class Status:
+@dataclass(frozen=True, eq=False, repr=False)
+class Status(Record):
+    """``%gpu status``: what was asked, what is in force, and who holds what."""
+
     json: bool = False
 
 
-@dataclass(frozen=True)
-class Reset:
-    pass
+@dataclass(frozen=True, eq=False, repr=False)
+class Reset(Record):
+    """``%gpu reset``: forget the requested settings not yet in force."""
 
 
-@dataclass(frozen=True)
-class Doctor:
+@dataclass(frozen=True, eq=False, repr=False)
+class Doctor(Record):
     """``%gpu doctor``: how this kernel shares its GPUs, each finding with its evidence and fix."""
 
     json: bool = False
 
 
-@dataclass(frozen=True)
-class Monitor:
+@dataclass(frozen=True, eq=False, repr=False)
+class Monitor(Record):
+    """``%gpu monitor``: the live memory chart, in the output or the sidebar."""
+
     sidebar: bool = False
     interval: float | None = None  # seconds between samples; None: the running sampler's (0.5 s if none)
     window: float = 300.0  # seconds of history shown
     off: bool = False  # `%gpu monitor off`: stop every panel of this kernel and its sampler
 
 
-@dataclass(frozen=True)
-class Trace:
+@dataclass(frozen=True, eq=False, repr=False)
+class Trace(Record):
+    """``%gpu trace``: after each cell, each framework's allocator peak and retained change."""
+
     on: bool
 
 
@@ -592,8 +612,8 @@ def _on(tokens: list[str]) -> int:
 
 
 # -- the table: each verb declared once ----------------------------------------------------------
-@dataclass(frozen=True)
-class Verb:
+@dataclass(frozen=True, eq=False, repr=False)
+class Verb(Record):
     """One verb of ``%gpu`` (or one word of ``%%gpu`` when ``cell``), declared once.
 
     ``parse`` gets the tokens after the verb and returns its command (a cell word: its value),

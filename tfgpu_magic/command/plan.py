@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from ..records import Record
 from . import grammar
 from .grammar import Percent, Size
 from .units import MIB, format_bytes
@@ -57,8 +58,10 @@ Visible = (
 )  # nvidia-smi indices, "all", "none", or None (not asked)
 
 
-@dataclass(frozen=True)
-class Plan:
+@dataclass(frozen=True, eq=False, repr=False)
+class Plan(Record):
+    """What was asked, field by field (``None``: not asked, the framework's default)."""
+
     visible: Visible = None
     growth: bool | None = None
     limits: tuple[Size, ...] | None = None
@@ -150,8 +153,8 @@ def _sizes_text(sizes: tuple[Size, ...]) -> str:
     return ",".join(str(s) if isinstance(s, Percent) else f"{s}MiB" for s in sizes)
 
 
-@dataclass(frozen=True)
-class MachineFacts:
+@dataclass(frozen=True, eq=False, repr=False)
+class MachineFacts(Record):
     """What resolving needs to know about the machine (built by :class:`tfgpu_magic.kernel.machine.Machine`).
 
     ``count`` and ``totals_mib`` come from NVML (None without it).  ``allocated`` are the
@@ -172,8 +175,8 @@ class MachineFacts:
     shares: Mapping[int, PlatformShare] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class GpuPlan:
+@dataclass(frozen=True, eq=False, repr=False)
+class GpuPlan(Record):
     """One visible GPU as the plan configures it."""
 
     index: int  # nvidia-smi's
@@ -200,8 +203,8 @@ class GpuPlan:
         return None if not self.logical_mib else sum(self.logical_mib) * MIB
 
 
-@dataclass(frozen=True)
-class Resolution:
+@dataclass(frozen=True, eq=False, repr=False)
+class Resolution(Record):
     """A plan made concrete for this machine: the one answer every reader uses."""
 
     plan: Plan

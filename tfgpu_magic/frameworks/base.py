@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..command.plan import Plan, Resolution
+from ..records import Record
 
 __all__ = [
     "CUDA_ENV",
@@ -66,8 +67,8 @@ class Stage(enum.IntEnum):
         }[self]
 
 
-@dataclass(frozen=True)
-class Capture:
+@dataclass(frozen=True, eq=False, repr=False)
+class Capture(Record):
     """Environment variables as they were when a framework (or CUDA) read them.
 
     ``late`` is True when the moment had passed before tfgpu_magic was loaded, so the values
@@ -146,8 +147,8 @@ class Host(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Change:
+@dataclass(frozen=True, eq=False, repr=False)
+class Change(Record):
     """One `%gpu` setting on its way to the frameworks: what was asked, resolved once.
 
     Every adapter is handed the same Change; it says what the setting means for its framework
@@ -169,8 +170,8 @@ class Change:
         return self.plan != self.before
 
 
-@dataclass(frozen=True)
-class FreeReport:
+@dataclass(frozen=True, eq=False, repr=False)
+class FreeReport(Record):
     """A framework's part of `%gpu free`: what was run and its allocator's figures before and after."""
 
     lines: tuple[str, ...] = ()
@@ -179,8 +180,8 @@ class FreeReport:
 
 
 # -- what every adapter answers -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class DeviceMemory:
+@dataclass(frozen=True, eq=False, repr=False)
+class DeviceMemory(Record):
     """One device as its framework's allocator reports it, in bytes (never the driver's view)."""
 
     in_use_bytes: int  # held by live tensors or arrays
@@ -189,8 +190,8 @@ class DeviceMemory:
     limit_bytes: int | None = None  # the most the allocator will take, by its own account
 
 
-@dataclass(frozen=True)
-class ChartedFigure:
+@dataclass(frozen=True, eq=False, repr=False)
+class ChartedFigure(Record):
     """One figure of a framework's allocator that the memory panel draws as a series of its own.
 
     ``field`` names the :class:`DeviceMemory` attribute it is read from; ``series`` is its key in
@@ -205,8 +206,8 @@ class ChartedFigure:
     wire_field: str | None = None
 
 
-@dataclass(frozen=True)
-class PeakReading:
+@dataclass(frozen=True, eq=False, repr=False)
+class PeakReading(Record):
     """A device's allocator over one window (a traced cell, a budgeted cell).
 
     ``exact`` is False where the framework cannot reset its peak (JAX) and the peak did not rise
@@ -586,8 +587,8 @@ class UnresettablePeakWindow:
 
 
 # -- reports (status, out-of-memory, %%gpu on) ----------------------------------------------------------
-@dataclass(frozen=True)
-class ReportView:
+@dataclass(frozen=True, eq=False, repr=False)
+class ReportView(Record):
     """What an adapter's report reads of the kernel, handed over by the caller (never the session):
     frameworks/ knows nothing of kernel/.  Made for one report; ``notes`` is that report's list,
     where an adapter says a reading that failed (a note, never a broken ``%gpu``)."""
@@ -608,8 +609,8 @@ class ReportView:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class GpuShare:
+@dataclass(frozen=True, eq=False, repr=False)
+class GpuShare(Record):
     """A framework's part of one GPU (by nvidia-smi index): its names for the devices there, and
     what its allocator holds on them, summed over them, in bytes (None: no reading)."""
 
@@ -618,8 +619,8 @@ class GpuShare:
     peak_bytes: int | None = None  # the sum of the devices' peaks: an upper bound
 
 
-@dataclass(frozen=True)
-class OomFacts:
+@dataclass(frozen=True, eq=False, repr=False)
+class OomFacts(Record):
     """What a framework's out-of-memory error says, read by its adapter right after the failure;
     the kernel adds the driver's view (how full the GPU is, who else is on it, a freer GPU)."""
 

@@ -26,6 +26,7 @@ from typing import Any
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
+from ..records import Record
 from .base import (
     CUDA_ENV,
     Capture,
@@ -98,8 +99,8 @@ def mem_fraction_name(env: Mapping[str, str]) -> str:
     return new if env.get(new) and not env.get(old) else old
 
 
-@dataclass(frozen=True)
-class JaxStart:
+@dataclass(frozen=True, eq=False, repr=False)
+class JaxStart(Record):
     """What JAX started its backends with, as its CUDA plugin read the variables."""
 
     preallocate: bool  # True: 75% of each GPU (or the fraction) taken at the first op
@@ -758,8 +759,10 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) 
 FRACTION_STEP = 0.0001  # the fractions given to JAX are multiples of this
 
 
-@dataclass(frozen=True)
-class _Cap:
+@dataclass(frozen=True, eq=False, repr=False)
+class _Cap(Record):
+    """A GPU's cap and total (MiB) in a resolution."""
+
     index: int  # nvidia-smi's
     cap_mib: int
     total_mib: int

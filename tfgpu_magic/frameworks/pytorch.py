@@ -26,6 +26,7 @@ from typing import Any
 from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
+from ..records import Record
 from .base import (
     CUDA_ENV,
     Capture,
@@ -97,8 +98,8 @@ NEEDS = (
 )
 
 
-@dataclass(frozen=True)
-class TorchMemory:
+@dataclass(frozen=True, eq=False, repr=False)
+class TorchMemory(Record):
     """PyTorch's caching allocator on one CUDA device, in bytes (not the driver's view)."""
 
     allocated_bytes: int  # held by live tensors

@@ -31,6 +31,7 @@ from ..command import grammar
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
 from ..gpus.holdings import allocator_by_gpu
+from ..records import Record
 from .base import (
     CUDA_ENV,
     Capture,
@@ -89,16 +90,16 @@ class ApplyError(RuntimeError):
     """TensorFlow refused a configuration; the message says why and what to do."""
 
 
-@dataclass(frozen=True)
-class AllocatorStats:
+@dataclass(frozen=True, eq=False, repr=False)
+class AllocatorStats(Record):
     """TensorFlow's own allocator for one device, in bytes (not the driver's view)."""
 
     current_bytes: int
     peak_bytes: int
 
 
-@dataclass(frozen=True)
-class InForce:
+@dataclass(frozen=True, eq=False, repr=False)
+class InForce(Record):
     """What TensorFlow runs with (once started) or will start with (once enumerated)."""
 
     visible_nvml: tuple[int, ...]  # nvidia-smi indices of the GPUs TensorFlow uses
@@ -1156,8 +1157,8 @@ _DTYPE_BYTES = {
 }
 
 
-@dataclass(frozen=True)
-class OomSite:
+@dataclass(frozen=True, eq=False, repr=False)
+class OomSite(Record):
     """What TensorFlow's out-of-memory message says about the failed allocation."""
 
     device: str | None  # "GPU:0" (TensorFlow's numbering) or "CPU:0"; None when not named

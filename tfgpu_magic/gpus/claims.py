@@ -54,6 +54,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, overload
 
+from ..records import Record
 from ..safe_text import safe
 from .process_table import ProcessTable, own_start
 
@@ -99,8 +100,8 @@ class ClaimError(RuntimeError):
     """The claim directory cannot be used; the one-line message says which path, why, and what to do."""
 
 
-@dataclass(frozen=True)
-class Holder:
+@dataclass(frozen=True, eq=False, repr=False)
+class Holder(Record):
     """Who holds a claim.
 
     ``uid`` is the claim file's owner, from the file system: the identity that counts.

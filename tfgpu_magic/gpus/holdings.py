@@ -14,6 +14,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..records import Record
 from .nvml import GpuInfo, GpuLost, GpuProcess, MigDevice, Nvml, ReadingFailed
 from .owners import EXITED_NOTE, HIDDEN_NOTE, ProcessDetails, ProcessTable, lookup_listing
 
@@ -40,8 +41,10 @@ THIS_KERNEL, MINE, OTHERS, UNKNOWN = "this kernel", "mine", "others", "unknown"
 HIDDEN = "hidden"  # /proc hides it (hidepid): another user's, or exited; nobody can tell
 
 
-@dataclass(frozen=True)
-class ProcessEntry:
+@dataclass(frozen=True, eq=False, repr=False)
+class ProcessEntry(Record):
+    """A process on a GPU with its owner and command, as a status lists it."""
+
     pid: int
     used_memory_bytes: int | None  # None: NVML could not say
     kind: str  # "compute" or "graphics"
@@ -52,8 +55,8 @@ class ProcessEntry:
     note: str | None = None
 
 
-@dataclass(frozen=True)
-class GpuUsage:
+@dataclass(frozen=True, eq=False, repr=False)
+class GpuUsage(Record):
     """One GPU's memory split by holder, in bytes.  None: not known (never a made-up 0)."""
 
     index: int
@@ -68,8 +71,8 @@ class GpuUsage:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class AllocatorShare:
+@dataclass(frozen=True, eq=False, repr=False)
+class AllocatorShare(Record):
     """What one framework's allocator holds on a GPU: this kernel's share where NVML lists no pid of ours."""
 
     in_use_bytes: int
@@ -236,8 +239,8 @@ def allocator_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict
 tf_by_gpu = allocator_by_gpu  # the old name, kept while kernel/monitor.py imports it (issue 27)
 
 
-@dataclass(frozen=True)
-class MigListing:
+@dataclass(frozen=True, eq=False, repr=False)
+class MigListing(Record):
     """One MIG instance of a GPU and the processes NVML lists on it (None: the listing failed, see notes)."""
 
     device: MigDevice

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..command.units import format_bytes
+from ..records import Record
 from ..safe_text import safe
 
 __all__ = [
@@ -55,8 +56,8 @@ SHOWN_CHARS = 40  # an entry echoed back is cut to this many characters (a value
 NOT_AN_ENTRY = "not a GPU index, GPU UUID or MIG instance UUID"
 
 
-@dataclass(frozen=True)
-class MigInstance:
+@dataclass(frozen=True, eq=False, repr=False)
+class MigInstance(Record):
     """A MIG instance as NVML lists it under its GPU (what an entry ``MIG-<uuid>`` names)."""
 
     uuid: str  # "MIG-..."
@@ -70,8 +71,8 @@ class MigInstance:
         return f"MIG instance {self.gpu_instance_id}/{self.compute_instance_id} ({self.uuid}{memory})"
 
 
-@dataclass(frozen=True)
-class InvalidEntry:
+@dataclass(frozen=True, eq=False, repr=False)
+class InvalidEntry(Record):
     """The first entry CUDA cannot use: CUDA uses the entries before it and ignores the rest."""
 
     position: int  # 1 for the first entry
@@ -85,8 +86,8 @@ class InvalidEntry:
         )
 
 
-@dataclass(frozen=True)
-class Reading:
+@dataclass(frozen=True, eq=False, repr=False)
+class Reading(Record):
     """``CUDA_VISIBLE_DEVICES`` read as CUDA reads it: CUDA's device k is ``gpus[k]``."""
 
     gpus: tuple[int, ...]  # nvidia-smi index of each CUDA device (a MIG instance: its GPU's)
@@ -137,8 +138,10 @@ def read_visible(
     return Reading(tuple(gpus), tuple(instances))
 
 
-@dataclass(frozen=True)
-class _Unknown:
+@dataclass(frozen=True, eq=False, repr=False)
+class _Unknown(Record):
+    """An entry that cannot be read without NVML's answer (why)."""
+
     why: str
 
 
@@ -216,8 +219,8 @@ def cuda_to_nvml(
     return list(read_visible(env.get("CUDA_VISIBLE_DEVICES"), nvml_uuids, mig).gpus)
 
 
-@dataclass(frozen=True)
-class Allocation:
+@dataclass(frozen=True, eq=False, repr=False)
+class Allocation(Record):
     """The GPUs the environment gave this kernel: an inherited ``CUDA_VISIBLE_DEVICES``.
 
     A scheduler (Slurm, Kubernetes' device plugin, a JupyterHub spawner) or an administrator

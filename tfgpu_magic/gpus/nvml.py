@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..records import Record
 from ..safe_text import safe
 
 __all__ = [
@@ -133,8 +134,8 @@ class ReadingFailed(RuntimeError):
         return f"{self.reading}: {self.reason}"
 
 
-@dataclass(frozen=True)
-class MemoryInfo:
+@dataclass(frozen=True, eq=False, repr=False)
+class MemoryInfo(Record):
     """Device memory as the driver sees it, in bytes (all processes, all users).
 
     ``used_bytes`` is nvidia-smi's "used": where the driver offers NVML's version-2 reading,
@@ -149,8 +150,8 @@ class MemoryInfo:
     reserved_bytes: int | None = None
 
 
-@dataclass(frozen=True)
-class GpuInfo:
+@dataclass(frozen=True, eq=False, repr=False)
+class GpuInfo(Record):
     """One physical GPU.  ``None`` means NVML could not give that reading; ``notes`` say why."""
 
     index: int  # NVML index, as nvidia-smi shows it
@@ -165,8 +166,8 @@ class GpuInfo:
     notes: tuple[str, ...] = ()  # "<reading>: <reason>" for each reading that failed
 
 
-@dataclass(frozen=True)
-class MigDevice:
+@dataclass(frozen=True, eq=False, repr=False)
+class MigDevice(Record):
     """One MIG instance (a compute instance in a GPU instance), as NVML lists it under its GPU."""
 
     index: int  # its GPU's nvidia-smi index
@@ -179,8 +180,8 @@ class MigDevice:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+@dataclass(frozen=True, eq=False, repr=False)
+class GpuProcess(Record):
     """A process holding memory on a GPU, as NVML reports it (no owner lookup here)."""
 
     pid: int

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..records import Record
 from ..safe_text import bounded, safe
 from .nvml import Nvml
 from .process_table import PROC, STAT_BYTES, STATUS_BYTES, ProcReader, Stat, parse_stat, parse_status
@@ -85,8 +86,8 @@ CMDLINE_READ_BYTES = (
 )  # bytes of /proc/<pid>/cmdline read: enough for the characters kept
 
 
-@dataclass(frozen=True)
-class ProcessDetails:
+@dataclass(frozen=True, eq=False, repr=False)
+class ProcessDetails(Record):
     """What the operating system says about a pid.  None: not known or not allowed to see.
 
     ``user`` and ``command`` are bounded here, whoever built the details (see the module's docstring).

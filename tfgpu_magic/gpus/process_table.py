@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..records import Record
+
 __all__ = [
     "PROC",
     "Proc",
@@ -93,8 +95,8 @@ class Proc:
 PROC = Proc()
 
 
-@dataclass(frozen=True)
-class Stat:
+@dataclass(frozen=True, eq=False, repr=False)
+class Stat(Record):
     """The fields of ``/proc/<pid>/stat`` the tables use."""
 
     state: bytes  # field 3: R, S, D, Z (zombie), X (dead), ...
@@ -118,8 +120,8 @@ def parse_stat(data: bytes) -> Stat | None:
         return None
 
 
-@dataclass(frozen=True)
-class Status:
+@dataclass(frozen=True, eq=False, repr=False)
+class Status(Record):
     """The lines of ``/proc/<pid>/status`` the tables use; None where a line is missing or odd."""
 
     name: bytes | None  # "Name:" (comm, escaped by the kernel)
@@ -144,8 +146,10 @@ def parse_status(data: bytes) -> Status:
     return Status(name, state, uids)
 
 
-@dataclass(frozen=True)
-class Process:
+@dataclass(frozen=True, eq=False, repr=False)
+class Process(Record):
+    """A process as /proc gave it: pid, start time (ticks) and user ids."""
+
     pid: int
     start: int
     uids: tuple[int, ...]  # real, effective, saved, file system

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..frameworks.base import Stage
+from ..records import Record
 
 __all__ = [
     "NOTHING_READ",
@@ -40,8 +41,8 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class FigureSeries:
+@dataclass(frozen=True, eq=False, repr=False)
+class FigureSeries(Record):
     """One series the panel draws: a figure of one framework's allocator."""
 
     framework: str  # the adapter's key ("pytorch")
@@ -50,8 +51,8 @@ class FigureSeries:
     wire_field: str | None = None  # an older DeviceSample field it also fills
 
 
-@dataclass(frozen=True)
-class DeviceFigures:
+@dataclass(frozen=True, eq=False, repr=False)
+class DeviceFigures(Record):
     """One framework device's figures, in bytes (None: this figure is not kept there)."""
 
     framework: str  # the adapter's key
@@ -61,8 +62,8 @@ class DeviceFigures:
     values: tuple[tuple[str, int | None], ...]  # (series, bytes), in the adapter's order
 
 
-@dataclass(frozen=True)
-class AllocatorFigures:
+@dataclass(frozen=True, eq=False, repr=False)
+class AllocatorFigures(Record):
     """What every imported framework's allocator held at ``read_at`` (immutable: swapped whole)."""
 
     read_at: float | None  # Unix time of the reading; None: never read
@@ -78,8 +79,8 @@ class AllocatorFigures:
 NOTHING_READ = AllocatorFigures(None)
 
 
-@dataclass(frozen=True)
-class KernelContext:
+@dataclass(frozen=True, eq=False, repr=False)
+class KernelContext(Record):
     """The session's answers the panel needs beside the figures, read on the user's thread too
     (they ask the adapters where they are): the caps, the GPUs shown, and which framework found no
     GPU although CUDA was shown some."""

@@ -34,6 +34,7 @@ from ..frameworks.base import Change, Framework, Refusal, ReportView, Stage
 from ..frameworks.import_hooks import run_after_import
 from ..gpus import numbering, platform
 from ..gpus.nvml import Nvml
+from ..records import Record
 from . import allocator_figures, deferred, shares
 from .machine import Machine
 
@@ -46,8 +47,8 @@ class SessionError(ValueError):
     """A command that cannot be carried out; the message (one line) says what to do."""
 
 
-@dataclass(frozen=True)
-class DefaultsRecord:
+@dataclass(frozen=True, eq=False, repr=False)
+class DefaultsRecord(Record):
     """An administrator's defaults as this kernel met them, recorded when they were applied: every
     configured line, and each one that was not applied with why (read by ``%gpu``)."""
 

@@ -16,14 +16,15 @@ from dataclasses import dataclass
 
 from ..command.plan import GpuPlan
 from ..command.units import MIB, format_bytes
+from ..records import Record
 
 __all__ = ["LEAST_MIB", "Sharer", "part_mib", "sharing_note"]
 
 LEAST_MIB = 1  # what a framework with no part left is capped at: it can allocate nothing
 
 
-@dataclass(frozen=True)
-class Sharer:
+@dataclass(frozen=True, eq=False, repr=False)
+class Sharer(Record):
     """A framework taking a part of the kernel's limit."""
 
     key: str
