@@ -745,6 +745,9 @@ def test_stat_and_status_lines_that_are_not_the_format_read_as_unknown():
     )
     assert parse_status(b"Uid:\t1\tx\t3\t4\nState:\n") == Status(None, None, None)
     assert parse_status(b"") == Status(None, None, None)
+    # Read up to the last of the three lines, as the kernel orders them: what follows is not read.
+    after = b"Name:\tpython\nState:\tS (sleeping)\nUid:\t1\t2\t3\t4\nName:\tother\nUid:\t0\t0\t0\t0\n"
+    assert parse_status(after) == Status(b"python", b"S", (1, 2, 3, 4))
 
 
 @pytest.mark.skipif(not LINUX_PROC, reason="shows the table a /proc file it cannot parse")

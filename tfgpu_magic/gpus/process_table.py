@@ -132,6 +132,7 @@ class Status(Record):
 def parse_status(data: bytes) -> Status:
     name = state = None
     uids: tuple[int, ...] | None = None
+    wanted = 3  # the kernel writes Name, State and Uid among the first ten of some sixty lines
     for line in data.splitlines():
         key, _, value = line.partition(b":")
         if key == b"Name":
@@ -143,6 +144,11 @@ def parse_status(data: bytes) -> Status:
                 uids = tuple(int(u) for u in value.split()[:4]) or None
             except ValueError:
                 uids = None
+        else:
+            continue
+        wanted -= 1
+        if not wanted:  # the rest is not read (a cold status reads this file for every process)
+            break
     return Status(name, state, uids)
 
 
