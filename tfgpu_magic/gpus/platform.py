@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..records import Record
 from . import numbering
 
 __all__ = [
@@ -84,8 +85,8 @@ _NUMBER = re.compile(r"[0-9]{1,12}", re.ASCII)  # int() of a planted 5,000-digit
 _UNIT = {"": 1, "k": 1024, "m": MIB, "g": GIB, "t": 1024**4}
 
 
-@dataclass(frozen=True)
-class GpuFacts:
+@dataclass(frozen=True, eq=False, repr=False)
+class GpuFacts(Record):
     """One GPU as NVML numbers it: what matching a share to it needs."""
 
     index: int  # nvidia-smi's
@@ -93,8 +94,8 @@ class GpuFacts:
     total_bytes: int | None
 
 
-@dataclass(frozen=True)
-class PlatformShare:
+@dataclass(frozen=True, eq=False, repr=False)
+class PlatformShare(Record):
     """The memory the platform granted this kernel on one GPU, and who holds it to that."""
 
     gpu: int  # nvidia-smi index when read (the record is keyed by ``uuid`` where NVML gave one)
