@@ -117,6 +117,10 @@ def strict_json(value: Any, indent: int | None = None) -> str:
     Where ``value`` is a dict with a ``notes`` list, a note says which figures were not finite
     numbers.  Raises ValueError only for what JSON cannot hold at all (a float key that is NaN).
     """
+    try:  # the usual case, every number finite: the encoder alone, no copy of the tree
+        return json.dumps(value, indent=indent, allow_nan=False)
+    except ValueError:
+        pass  # a NaN or an infinity somewhere: copied with None there, and said where, below
     tree, found = finite_tree(value)
     if found and isinstance(tree, dict) and isinstance(tree.get("notes"), list):
         places = ", ".join(f"{bounded(where, 120)} ({number!r})" for where, number in found[:NOTED_PLACES])
