@@ -190,8 +190,8 @@ class GpuProcess(Record):
     kind: str  # "compute" or "graphics"
 
 
-@dataclass(frozen=True)
-class ProcessUtilization:
+@dataclass(frozen=True, eq=False, repr=False)
+class ProcessUtilization(Record):
     """How busy processes kept one GPU since a time: NVML's process utilization samples (the driver's figures).
 
     ``percent_by_pid``: each sampled pid's highest SM utilization among its samples.  The driver

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..command.units import format_bytes
+from ..records import Record
 from .nvml import GpuLost, Nvml, NvmlUnavailable, ProcessUtilization, ReadingFailed
 
 __all__ = [
@@ -42,8 +43,8 @@ CULLER_ENV = "TFGPU_MAGIC_CULLER"
 PER_DEVICE_NOTE = "per device: the driver gives no per-process utilization on this GPU ({why})"
 
 
-@dataclass(frozen=True)
-class Utilization:
+@dataclass(frozen=True, eq=False, repr=False)
+class Utilization(Record):
     """Some processes' utilization of one GPU, percent (the driver's); None: unknown, ``note`` says why."""
 
     percent: int | None
