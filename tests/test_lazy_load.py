@@ -14,6 +14,7 @@ import pytest
 
 from tfgpu_magic import frameworks
 from tfgpu_magic.command import saved
+from tfgpu_magic.frameworks import import_hooks
 from tfgpu_magic.kernel import deferred, magics
 from tfgpu_magic.kernel import session as session_module
 
@@ -49,6 +50,8 @@ def light(monkeypatch):
     monkeypatch.setattr(deferred, "_finish", None)
     monkeypatch.setattr(deferred, "_shell", None)
     monkeypatch.setattr(frameworks, "WATCHED_MODULES", ("tfgpu_test_never_imported",))
+    # the hooks a session built here installs (for jax, torch...) must not outlive the test
+    monkeypatch.setattr(import_hooks, "_waiting", {k: list(v) for k, v in import_hooks._waiting.items()})
     for name in LOAD_TIME_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 

@@ -481,3 +481,24 @@ def test_reset_after_cuda_started_under_a_hard_mps_limit_keeps_it_and_says_so(tm
     assert "cannot undo: the hard limit" in said and "until the kernel restarts" in said
     assert session.limit_label() == "hard (MPS)" and all(g.cap_mib == 2048 for g in session.resolved().gpus)
     assert session.requested.growth is None  # the rest went back to the defaults
+
+
+def test_with_nothing_inherited_that_could_grant_a_share_nvml_is_not_started_for_it(tmp_path):
+    """A framework's import asks for the shares: where no variable, MIG instance or MPS pipe could
+    grant one, that costs no NVML start (issue 32's import-hook budget)."""
+    from tfgpu_magic.kernel.machine import Machine
+
+    asked = []
+
+    class Untouchable:
+        def __getattr__(self, name):
+            asked.append(name)
+            raise AttributeError(name)
+
+    nowhere = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")}
+    assert Machine(nvml=Nvml(lib=Untouchable()), env=dict(nowhere)).platform_shares() == {}
+    assert asked == []
+    assert not platform.may_grant_a_share(nowhere, "0,1")
+    assert platform.may_grant_a_share({**nowhere, "CUDA_DEVICE_MEMORY_LIMIT": "4g"}, None)
+    assert platform.may_grant_a_share(nowhere, "MIG-4f2c0a1e-0000-0000-0000-000000000000")
+    assert platform.may_grant_a_share({"CUDA_MPS_PIPE_DIRECTORY": mps_running(tmp_path)}, None)

@@ -51,6 +51,7 @@ __all__ = [
     "ShareRecord",
     "SlurmGpus",
     "inherited_variables",
+    "may_grant_a_share",
     "mps_pipe",
     "mps_pipe_directory",
     "parse_amount",
@@ -163,6 +164,16 @@ def inherited_variables(environ: Mapping[str, str]) -> dict[str, str]:
         for name, value in environ.items()
         if name in SHARE_VARIABLES or (name.startswith(prefix) and name[len(prefix) :].isdigit())
     }
+
+
+def may_grant_a_share(environ: Mapping[str, str | None], cuda_visible_devices: str | None) -> bool:
+    """Whether the inherited variables could grant a share (checked without NVML): a share
+    variable, a MIG instance in ``CUDA_VISIBLE_DEVICES``, or an MPS daemon's pipe (lstat only)."""
+    if any(value for name, value in environ.items() if name != MPS_PIPE_ENV):
+        return True
+    if cuda_visible_devices and "MIG-" in cuda_visible_devices:
+        return True
+    return mps_pipe(environ) is not None
 
 
 def parse_amount(text: str, bare: int = 1) -> int | None:

@@ -168,6 +168,10 @@ class Machine:
         inherited the first time NVML can number the GPUs, and kept: every report reads this."""
         if self._platform_shares is not None:
             return self._platform_shares
+        raw_visible = self.inherited.get("CUDA_VISIBLE_DEVICES")
+        if not platform.may_grant_a_share(self.inherited_platform, raw_visible):
+            self._platform_shares = {}  # nothing inherited could: no NVML start for it (a framework's import asks)
+            return self._platform_shares
         count = self.gpu_count()
         if count is None:
             return {}
