@@ -50,6 +50,8 @@ from typing import Any
 
 from . import SIMULATED_SOURCE_ENV
 
+RECHECK_NOT_A_KERNEL_S = 1.0  # a process found not to be a kernel is looked at again after this
+
 __all__ = [
     "DEMO_KERNEL_PID",
     "MIG_READINGS",
@@ -645,7 +647,8 @@ class LiveKernelsNvml(SimulatedNvml):
         self._scan_lock = threading.Lock()
         self._scanned_at: float | None = None
         self._live: dict[int, list[SimulatedProcess]] = {}
-        self._remembered: dict[int, tuple[object, Any]] = {}  # pid -> (identity, what was read of it)
+        # pid -> (identity, what was read of it, when)
+        self._remembered: dict[int, tuple[object, Any, float]] = {}
         self._next_number = 0  # the number ``kernel_environment()`` gives the next kernel
         self.source_name = "kernels_server"  # the factory a kernel calls to read the same server
 
@@ -702,11 +705,15 @@ class LiveKernelsNvml(SimulatedNvml):
         if identity is NoIdentity.GONE:
             return read(pid)
         known = self._remembered.get(pid)
+        now = time.monotonic()
         if known is not None and identity is not NoIdentity.UNKNOWN and known[0] == identity:
-            return known[1]
+            # A "not a kernel" answer is read again after a while: a process seen between its fork
+            # and its exec (a kernel being started) keeps its start time but not its command line.
+            if known[1] is not None or now - known[2] < RECHECK_NOT_A_KERNEL_S:
+                return known[1]
         value = read(pid)
         if identity is not NoIdentity.UNKNOWN:
-            self._remembered[pid] = (identity, value)
+            self._remembered[pid] = (identity, value, now)
         return value
 
     def _forget_exited(self, parents: Any) -> None:
