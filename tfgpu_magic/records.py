@@ -1,17 +1,22 @@
 """Frozen records that cost little to define: :class:`Record`.
 
-Before Python 3.13, ``@dataclass(frozen=True)`` compiles six methods from source for each class
-(``__init__``, ``__repr__``, ``__eq__``, ``__hash__``, ``__setattr__``, ``__delattr__``), about
-0.05 ms each; a fresh ``tfgpu --json`` defines some sixty such classes, which was about half of
-its imports' time.  A class declared
+A class declared
 
-    @dataclass(frozen=True, eq=False, repr=False)
-    class Reading(Record): ...
+    class Reading(Record):
+        index: int
+        notes: tuple[str, ...] = ()
 
-is the same frozen dataclass (``fields``, ``replace``, ``asdict`` and ``FrozenInstanceError`` as
-before) with the same equality, hash and repr, but these three come from :class:`Record`, shared
-by every record: they read the fields' values through one getter per class, made at its first
-comparison.  Only ``__init__`` and the frozen guards are compiled for the class.
+is a frozen dataclass: ``dataclasses.fields``, ``replace``, ``asdict`` and ``is_dataclass`` work,
+assigning a field raises ``FrozenInstanceError``, and equality, hash and repr are those
+``@dataclass(frozen=True)`` would make.  Only its cost differs.
+
+Before Python 3.13, ``@dataclass(frozen=True)`` compiles source for each class it makes: an
+``__init__``, a ``__repr__``, an ``__eq__`` and the frozen ``__setattr__`` and ``__delattr__``,
+about 0.06 ms each.  A fresh ``tfgpu --json`` defines some sixty record classes and uses about
+twenty, and that compiling was over half of its imports' time.  Here the frozen guards, equality,
+hash and repr are written once, on :class:`Record`, for every record; and a class's ``__init__`` is
+compiled the first time one of its records is made, so a class never instantiated compiles
+nothing.  Defining a record costs the dataclass's reading of its fields, and nothing else.
 """
 
 from __future__ import annotations
@@ -19,20 +24,47 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform  # in typing from Python 3.11
+else:
+
+    def dataclass_transform(**_: Any) -> Callable[[type], type]:
+        return lambda cls: cls  # only type checkers read it
+
 
 __all__ = ["Record"]
 
 _Values = Callable[[Any], tuple[Any, ...]]
 
 
+# For type checkers: a subclass's fields make its __init__ and its instances are frozen, as
+# @dataclass(frozen=True) would have them (PEP 681).
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 class Record:
-    """Equality, hash and repr of a frozen dataclass declared with ``eq=False, repr=False``, as
-    ``@dataclass(frozen=True)`` would have made them: equal when of the same class with equal
-    fields (those with ``compare``), hashed on those fields (or those with ``hash=True``), shown
-    as ``Name(field=value, ...)`` (those with ``repr``)."""
+    """A frozen dataclass that compares, hashes and shows as ``@dataclass(frozen=True)`` would:
+    equal when of the same class with equal fields (those with ``compare``), hashed on those
+    fields (or those with ``hash=True``), shown as ``Name(field=value, ...)`` (those with
+    ``repr``)."""
 
     __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__doc__ is None:
+            cls.__doc__ = cls.__name__  # else the dataclass inspects a signature to write one
+        dataclasses.dataclass(cls, init=False, repr=False, eq=False)  # reads the fields; compiles nothing
+        fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+        _check_order(cls, fields)  # the mistake @dataclass reports when the class is defined
+        if "__init__" not in cls.__dict__:
+            type.__setattr__(cls, "__init__", _first_init(cls))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -48,6 +80,78 @@ class Record:
         return f"{self.__class__.__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in shown)})"
 
 
+# -- __init__, compiled at the first record of each class --------------------------------------------
+def _check_order(cls: type, fields: list[dataclasses.Field[Any]]) -> None:
+    defaulted = None
+    for f in fields:
+        if f.kw_only:
+            continue
+        if _has_default(f):
+            defaulted = f.name
+        elif defaulted is not None:
+            raise TypeError(f"{cls.__qualname__}: non-default argument {f.name!r} follows default argument")
+
+
+def _has_default(f: dataclasses.Field[Any]) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _first_init(cls: type) -> Callable[..., None]:
+    """An ``__init__`` for ``cls`` that compiles the real one, puts it on ``cls`` and runs it.
+    (Two threads racing here each compile the same function: harmless.)"""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init = _compile_init(cls)
+        type.__setattr__(cls, "__init__", init)
+        init(self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
+
+
+_NO_VALUE = object()  # the default of a field whose default is made by a factory
+
+
+def _compile_init(cls: type) -> Callable[..., None]:
+    """The ``__init__`` ``@dataclass(frozen=True)`` would have given ``cls``: each field set with
+    ``object.__setattr__``, factories called for fields not given, then ``__post_init__``."""
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    me = "__record_self__" if "self" in names else "self"
+    scope: dict[str, Any] = {"_set": object.__setattr__, "_NO_VALUE": _NO_VALUE}
+    positional: list[str] = []
+    keyword: list[str] = []
+    body: list[str] = []
+    for i, f in enumerate(fields):
+        value = f.name
+        if f.default_factory is not dataclasses.MISSING:
+            scope[f"_factory_{i}"] = f.default_factory
+            if f.init:
+                body.append(f"  if {f.name} is _NO_VALUE: {f.name} = _factory_{i}()")
+            else:
+                value = f"_factory_{i}()"
+            default = "=_NO_VALUE"
+        elif f.default is not dataclasses.MISSING:
+            scope[f"_default_{i}"] = f.default
+            value = f.name if f.init else f"_default_{i}"
+            default = f"=_default_{i}"
+        else:
+            default = ""
+        if f.init:
+            (keyword if f.kw_only else positional).append(f.name + default)
+        body.append(f"  _set({me}, {f.name!r}, {value})")
+    if hasattr(cls, "__post_init__"):
+        body.append(f"  {me}.__post_init__()")
+    parameters = ", ".join([me, *positional, *(["*", *keyword] if keyword else [])])
+    source = f"def __init__({parameters}) -> None:\n" + "\n".join(body or ["  pass"])
+    exec(source, scope)  # the source is made above from the class's own field names
+    init: Callable[..., None] = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    return init
+
+
+# -- equality, hash and repr: the fields' values, read through one getter per class -------------------
 def _getters(cls: type) -> tuple[_Values, _Values, tuple[str, ...]]:
     """(the compared values, the hashed values, the names shown) of ``cls``'s records, made once."""
     made = cls.__dict__.get("_record_getters")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal, TypeVar, overload
 
 from ..records import Record
@@ -66,7 +66,6 @@ class GrammarError(ValueError):
 
 
 # -- values -------------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False, repr=False)
 class Percent(Record):
     """A share of each GPU's total memory, 0 < value <= 100."""
 
@@ -81,7 +80,6 @@ Everything = Literal["all", "none"]  # `use all`, `use none`
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Auto(Record):
     """``use auto``: let the product choose GPUs (see :mod:`tfgpu_magic.inventory`)."""
 
@@ -92,21 +90,18 @@ class Auto(Record):
 
 
 # -- commands -----------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False, repr=False)
 class Use(Record):
     """``%gpu use``: the GPUs the kernel's frameworks are shown."""
 
     gpus: tuple[int, ...] | Everything | Auto  # NVML indices, "all", "none", or Auto
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Grow(Record):
     """``%gpu grow`` / ``grow off``: memory taken as needed, or reserved at the start."""
 
     on: bool
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Limit(Record):
     """``%gpu limit``: the kernel's cap on each visible GPU (``None``: ``limit off``)."""
 
@@ -127,7 +122,6 @@ FRAMEWORK_WORDS = {
 }
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Split(Record):
     """``%gpu split``: logical GPUs on each visible GPU (neither field: ``split off``)."""
 
@@ -139,50 +133,42 @@ class Split(Record):
         return self.count is None and self.sizes is None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Allocator(Record):
     """``%gpu allocator``: the frameworks' GPU allocator."""
 
     name: str  # "async", "default" or "platform" (JAX's allocator that hands memory back)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Precision(Record):
     """``%gpu precision``: Keras's dtype policy."""
 
     policy: str
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Free(Record):
     """``%gpu free``: the frameworks' caches emptied, with the driver's reading before and after."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Save(Record):
     """``%gpu save``: this notebook's GPU settings into its metadata (``tfgpu``)."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Status(Record):
     """``%gpu status``: what was asked, what is in force, and who holds what."""
 
     json: bool = False
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Reset(Record):
     """``%gpu reset``: forget the requested settings not yet in force."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Doctor(Record):
     """``%gpu doctor``: how this kernel shares its GPUs, each finding with its evidence and fix."""
 
     json: bool = False
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Monitor(Record):
     """``%gpu monitor``: the live memory chart, in the output or the sidebar."""
 
@@ -192,7 +178,6 @@ class Monitor(Record):
     off: bool = False  # `%gpu monitor off`: stop every panel of this kernel and its sampler
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Trace(Record):
     """``%gpu trace``: after each cell, each framework's allocator peak and retained change."""
 
@@ -612,7 +597,6 @@ def _on(tokens: list[str]) -> int:
 
 
 # -- the table: each verb declared once ----------------------------------------------------------
-@dataclass(frozen=True, eq=False, repr=False)
 class Verb(Record):
     """One verb of ``%gpu`` (or one word of ``%%gpu`` when ``cell``), declared once.
 

@@ -19,7 +19,7 @@ Decisions on combinations TensorFlow mishandles:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Protocol
 
 from ..records import Record
@@ -58,7 +58,6 @@ Visible = (
 )  # nvidia-smi indices, "all", "none", or None (not asked)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Plan(Record):
     """What was asked, field by field (``None``: not asked, the framework's default)."""
 
@@ -153,7 +152,6 @@ def _sizes_text(sizes: tuple[Size, ...]) -> str:
     return ",".join(str(s) if isinstance(s, Percent) else f"{s}MiB" for s in sizes)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class MachineFacts(Record):
     """What resolving needs to know about the machine (built by :class:`tfgpu_magic.kernel.machine.Machine`).
 
@@ -175,7 +173,6 @@ class MachineFacts(Record):
     shares: Mapping[int, PlatformShare] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class GpuPlan(Record):
     """One visible GPU as the plan configures it."""
 
@@ -203,7 +200,6 @@ class GpuPlan(Record):
         return None if not self.logical_mib else sum(self.logical_mib) * MIB
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Resolution(Record):
     """A plan made concrete for this machine: the one answer every reader uses."""
 

@@ -14,7 +14,6 @@ import importlib.util
 import os
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..command.plan import Plan, Resolution
@@ -67,7 +66,6 @@ class Stage(enum.IntEnum):
         }[self]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Capture(Record):
     """Environment variables as they were when a framework (or CUDA) read them.
 
@@ -147,7 +145,6 @@ class Host(Protocol):
         ...
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Change(Record):
     """One `%gpu` setting on its way to the frameworks: what was asked, resolved once.
 
@@ -170,7 +167,6 @@ class Change(Record):
         return self.plan != self.before
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class FreeReport(Record):
     """A framework's part of `%gpu free`: what was run and its allocator's figures before and after."""
 
@@ -180,7 +176,6 @@ class FreeReport(Record):
 
 
 # -- what every adapter answers -----------------------------------------------------------------------
-@dataclass(frozen=True, eq=False, repr=False)
 class DeviceMemory(Record):
     """One device as its framework's allocator reports it, in bytes (never the driver's view)."""
 
@@ -190,7 +185,6 @@ class DeviceMemory(Record):
     limit_bytes: int | None = None  # the most the allocator will take, by its own account
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class ChartedFigure(Record):
     """One figure of a framework's allocator that the memory panel draws as a series of its own.
 
@@ -206,7 +200,6 @@ class ChartedFigure(Record):
     wire_field: str | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class PeakReading(Record):
     """A device's allocator over one window (a traced cell, a budgeted cell).
 
@@ -587,7 +580,6 @@ class UnresettablePeakWindow:
 
 
 # -- reports (status, out-of-memory, %%gpu on) ----------------------------------------------------------
-@dataclass(frozen=True, eq=False, repr=False)
 class ReportView(Record):
     """What an adapter's report reads of the kernel, handed over by the caller (never the session):
     frameworks/ knows nothing of kernel/.  Made for one report; ``notes`` is that report's list,
@@ -609,7 +601,6 @@ class ReportView(Record):
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class GpuShare(Record):
     """A framework's part of one GPU (by nvidia-smi index): its names for the devices there, and
     what its allocator holds on them, summed over them, in bytes (None: no reading)."""
@@ -619,7 +610,6 @@ class GpuShare(Record):
     peak_bytes: int | None = None  # the sum of the devices' peaks: an upper bound
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class OomFacts(Record):
     """What a framework's out-of-memory error says, read by its adapter right after the failure;
     the kernel adds the driver's view (how full the GPU is, who else is on it, a freer GPU)."""

@@ -20,7 +20,6 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..command import grammar
@@ -99,7 +98,6 @@ def mem_fraction_name(env: Mapping[str, str]) -> str:
     return new if env.get(new) and not env.get(old) else old
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class JaxStart(Record):
     """What JAX started its backends with, as its CUDA plugin read the variables."""
 
@@ -759,7 +757,6 @@ def _before_first_call(owner: Any, name: str, note: Any, done: Any, after: Any) 
 FRACTION_STEP = 0.0001  # the fractions given to JAX are multiples of this
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class _Cap(Record):
     """A GPU's cap and total (MiB) in a resolution."""
 

@@ -20,7 +20,6 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..command import grammar
@@ -98,7 +97,6 @@ NEEDS = (
 )
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class TorchMemory(Record):
     """PyTorch's caching allocator on one CUDA device, in bytes (not the driver's view)."""
 

@@ -24,7 +24,6 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..command import grammar
@@ -90,7 +89,6 @@ class ApplyError(RuntimeError):
     """TensorFlow refused a configuration; the message says why and what to do."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class AllocatorStats(Record):
     """TensorFlow's own allocator for one device, in bytes (not the driver's view)."""
 
@@ -98,7 +96,6 @@ class AllocatorStats(Record):
     peak_bytes: int
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class InForce(Record):
     """What TensorFlow runs with (once started) or will start with (once enumerated)."""
 
@@ -1157,7 +1154,6 @@ _DTYPE_BYTES = {
 }
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class OomSite(Record):
     """What TensorFlow's out-of-memory message says about the failed allocation."""
 

@@ -100,7 +100,6 @@ class ClaimError(RuntimeError):
     """The claim directory cannot be used; the one-line message says which path, why, and what to do."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Holder(Record):
     """Who holds a claim.
 

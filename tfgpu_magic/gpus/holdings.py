@@ -11,7 +11,6 @@ logical GPUs on one physical), so every reader shows the same number.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..records import Record
@@ -41,7 +40,6 @@ THIS_KERNEL, MINE, OTHERS, UNKNOWN = "this kernel", "mine", "others", "unknown"
 HIDDEN = "hidden"  # /proc hides it (hidepid): another user's, or exited; nobody can tell
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class ProcessEntry(Record):
     """A process on a GPU with its owner and command, as a status lists it."""
 
@@ -55,7 +53,6 @@ class ProcessEntry(Record):
     note: str | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class GpuUsage(Record):
     """One GPU's memory split by holder, in bytes.  None: not known (never a made-up 0)."""
 
@@ -71,7 +68,6 @@ class GpuUsage(Record):
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class AllocatorShare(Record):
     """What one framework's allocator holds on a GPU: this kernel's share where NVML lists no pid of ours."""
 
@@ -239,7 +235,6 @@ def allocator_by_gpu(stats: Mapping[str, Any], names: Mapping[str, int]) -> dict
 tf_by_gpu = allocator_by_gpu  # the old name, kept while kernel/monitor.py imports it (issue 27)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class MigListing(Record):
     """One MIG instance of a GPU and the processes NVML lists on it (None: the listing failed, see notes)."""
 

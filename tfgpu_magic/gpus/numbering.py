@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ..command.units import format_bytes
 from ..records import Record
@@ -56,7 +55,6 @@ SHOWN_CHARS = 40  # an entry echoed back is cut to this many characters (a value
 NOT_AN_ENTRY = "not a GPU index, GPU UUID or MIG instance UUID"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class MigInstance(Record):
     """A MIG instance as NVML lists it under its GPU (what an entry ``MIG-<uuid>`` names)."""
 
@@ -71,7 +69,6 @@ class MigInstance(Record):
         return f"MIG instance {self.gpu_instance_id}/{self.compute_instance_id} ({self.uuid}{memory})"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class InvalidEntry(Record):
     """The first entry CUDA cannot use: CUDA uses the entries before it and ignores the rest."""
 
@@ -86,7 +83,6 @@ class InvalidEntry(Record):
         )
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Reading(Record):
     """``CUDA_VISIBLE_DEVICES`` read as CUDA reads it: CUDA's device k is ``gpus[k]``."""
 
@@ -138,7 +134,6 @@ def read_visible(
     return Reading(tuple(gpus), tuple(instances))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class _Unknown(Record):
     """An entry that cannot be read without NVML's answer (why)."""
 
@@ -219,7 +214,6 @@ def cuda_to_nvml(
     return list(read_visible(env.get("CUDA_VISIBLE_DEVICES"), nvml_uuids, mig).gpus)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Allocation(Record):
     """The GPUs the environment gave this kernel: an inherited ``CUDA_VISIBLE_DEVICES``.
 

@@ -53,7 +53,6 @@ import atexit
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..records import Record
@@ -134,7 +133,6 @@ class ReadingFailed(RuntimeError):
         return f"{self.reading}: {self.reason}"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class MemoryInfo(Record):
     """Device memory as the driver sees it, in bytes (all processes, all users).
 
@@ -150,7 +148,6 @@ class MemoryInfo(Record):
     reserved_bytes: int | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class GpuInfo(Record):
     """One physical GPU.  ``None`` means NVML could not give that reading; ``notes`` say why."""
 
@@ -166,7 +163,6 @@ class GpuInfo(Record):
     notes: tuple[str, ...] = ()  # "<reading>: <reason>" for each reading that failed
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class MigDevice(Record):
     """One MIG instance (a compute instance in a GPU instance), as NVML lists it under its GPU."""
 
@@ -180,7 +176,6 @@ class MigDevice(Record):
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class GpuProcess(Record):
     """A process holding memory on a GPU, as NVML reports it (no owner lookup here)."""
 
@@ -190,7 +185,6 @@ class GpuProcess(Record):
     kind: str  # "compute" or "graphics"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class ProcessUtilization(Record):
     """How busy processes kept one GPU since a time: NVML's process utilization samples (the driver's figures).
 

@@ -46,7 +46,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -86,7 +85,6 @@ CMDLINE_READ_BYTES = (
 )  # bytes of /proc/<pid>/cmdline read: enough for the characters kept
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class ProcessDetails(Record):
     """What the operating system says about a pid.  None: not known or not allowed to see.
 

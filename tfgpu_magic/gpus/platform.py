@@ -36,7 +36,6 @@ import os
 import re
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..records import Record
@@ -86,7 +85,6 @@ _NUMBER = re.compile(r"[0-9]{1,12}", re.ASCII)  # int() of a planted 5,000-digit
 _UNIT = {"": 1, "k": 1024, "m": MIB, "g": GIB, "t": 1024**4}
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class GpuFacts(Record):
     """One GPU as NVML numbers it: what matching a share to it needs."""
 
@@ -95,7 +93,6 @@ class GpuFacts(Record):
     total_bytes: int | None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class PlatformShare(Record):
     """The memory the platform granted this kernel on one GPU, and who holds it to that."""
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 from ..records import Record
@@ -95,7 +94,6 @@ class Proc:
 PROC = Proc()
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Stat(Record):
     """The fields of ``/proc/<pid>/stat`` the tables use."""
 
@@ -120,7 +118,6 @@ def parse_stat(data: bytes) -> Stat | None:
         return None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Status(Record):
     """The lines of ``/proc/<pid>/status`` the tables use; None where a line is missing or odd."""
 
@@ -152,7 +149,6 @@ def parse_status(data: bytes) -> Status:
     return Status(name, state, uids)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Process(Record):
     """A process as /proc gave it: pid, start time (ticks) and user ids."""
 

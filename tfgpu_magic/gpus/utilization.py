@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ..command.units import format_bytes
@@ -43,7 +42,6 @@ CULLER_ENV = "TFGPU_MAGIC_CULLER"
 PER_DEVICE_NOTE = "per device: the driver gives no per-process utilization on this GPU ({why})"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Utilization(Record):
     """Some processes' utilization of one GPU, percent (the driver's); None: unknown, ``note`` says why."""
 

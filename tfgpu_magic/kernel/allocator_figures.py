@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ..frameworks.base import Stage
@@ -41,7 +40,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class FigureSeries(Record):
     """One series the panel draws: a figure of one framework's allocator."""
 
@@ -51,7 +49,6 @@ class FigureSeries(Record):
     wire_field: str | None = None  # an older DeviceSample field it also fills
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class DeviceFigures(Record):
     """One framework device's figures, in bytes (None: this figure is not kept there)."""
 
@@ -62,7 +59,6 @@ class DeviceFigures(Record):
     values: tuple[tuple[str, int | None], ...]  # (series, bytes), in the adapter's order
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class AllocatorFigures(Record):
     """What every imported framework's allocator held at ``read_at`` (immutable: swapped whole)."""
 
@@ -79,7 +75,6 @@ class AllocatorFigures(Record):
 NOTHING_READ = AllocatorFigures(None)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class KernelContext(Record):
     """The session's answers the panel needs beside the figures, read on the user's thread too
     (they ask the adapters where they are): the caps, the GPUs shown, and which framework found no

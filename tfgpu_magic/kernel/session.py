@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..command import grammar
@@ -47,7 +47,6 @@ class SessionError(ValueError):
     """A command that cannot be carried out; the message (one line) says what to do."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class DefaultsRecord(Record):
     """An administrator's defaults as this kernel met them, recorded when they were applied: every
     configured line, and each one that was not applied with why (read by ``%gpu``)."""

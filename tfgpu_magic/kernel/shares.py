@@ -12,8 +12,6 @@ Pure arithmetic on what the session hands over; the frameworks themselves are no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..command.plan import GpuPlan
 from ..command.units import MIB, format_bytes
 from ..records import Record
@@ -23,7 +21,6 @@ __all__ = ["LEAST_MIB", "Sharer", "part_mib", "sharing_note"]
 LEAST_MIB = 1  # what a framework with no part left is capped at: it can allocate nothing
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Sharer(Record):
     """A framework taking a part of the kernel's limit."""
 
