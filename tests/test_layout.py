@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tfgpu_magic"
-SHARED = {"safe_text", "records", "_version"}  # the top-level helpers every layer may use
+SHARED = {"safe_text", "json_text", "records", "_version"}  # the top-level helpers every layer may use
 ALLOWED = {
     "command": {"command"},
     "gpus": {"command", "gpus"},
@@ -67,6 +67,7 @@ def test_every_module_lives_in_a_layer_or_is_a_documented_top_level_name():
         "__main__",
         "_version",
         "claims",
+        "json_text",
         "keras",
         "monitor",
         "notebook",

@@ -15,15 +15,20 @@ Before Python 3.13, ``@dataclass(frozen=True)`` compiles source for each class i
 about 0.06 ms each.  A fresh ``tfgpu --json`` defines some sixty record classes and uses about
 twenty, and that compiling was over half of its imports' time.  Here the frozen guards, equality,
 hash and repr are written once, on :class:`Record`, for every record; and a class's ``__init__`` is
-compiled the first time one of its records is made, so a class never instantiated compiles
-nothing.  Defining a record costs the dataclass's reading of its fields, and nothing else.
+made the first time one of its records is made, so a class never instantiated costs nothing more.
+Most records have only positional fields, given or defaulted: their ``__init__`` is one compiled
+template per number of fields with the class's names put in.  The others (factories, keyword-only
+fields, ``__post_init__``) have theirs compiled from source, as the dataclass would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 from collections.abc import Callable
 from operator import attrgetter
+from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -109,16 +114,63 @@ def _first_init(cls: type) -> Callable[..., None]:
     return __init__
 
 
-_NO_VALUE = object()  # the default of a field whose default is made by a factory
-
-
 def _compile_init(cls: type) -> Callable[..., None]:
     """The ``__init__`` ``@dataclass(frozen=True)`` would have given ``cls``: each field set with
     ``object.__setattr__``, factories called for fields not given, then ``__post_init__``."""
     fields = dataclasses.fields(cls)
+    if _is_plain(cls, fields):
+        init = _from_template(cls, fields)
+    else:
+        init = _from_source(cls, fields)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    return init
+
+
+def _is_plain(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> bool:
+    """Positional fields, each given or defaulted, and nothing else to run: most records."""
+    return not hasattr(cls, "__post_init__") and all(
+        f.init and not f.kw_only and f.default_factory is dataclasses.MISSING and f.name != "self"
+        for f in fields
+    )
+
+
+@functools.cache
+def _template(arity: int) -> CodeType:
+    """The code of ``def __init__(self, _0, ..., _n): __record_set__(self, "_0", _0) ...`` for ``arity`` fields."""
+    names = [f"_{i}" for i in range(arity)]
+    body = "".join(f"  __record_set__(self, {n!r}, {n})\n" for n in names) or "  pass\n"
+    scope: dict[str, Any] = {}
+    exec(f"def __init__({', '.join(['self', *names])}):\n{body}", scope)
+    code: CodeType = scope["__init__"].__code__
+    return code
+
+
+def _from_template(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[..., None]:
+    """A plain record's ``__init__``: the template of its arity with the fields' names put in
+    (compiling costs some 0.08 ms a class; this, a microsecond).  Arguments, defaults and the
+    messages of a wrong call are then those of the compiled function."""
+    template = _template(len(fields))
+    named = {f"_{i}": f.name for i, f in enumerate(fields)}
+    code = template.replace(
+        co_varnames=("self", *(f.name for f in fields)),
+        co_consts=tuple(named.get(c, c) if isinstance(c, str) else c for c in template.co_consts),
+    )
+    if sys.version_info >= (3, 11):  # Python 3.11+ names the function in a wrong call's message from it
+        code = code.replace(co_qualname=f"{cls.__qualname__}.__init__")
+    defaults = tuple(f.default for f in fields if f.default is not dataclasses.MISSING)
+    return FunctionType(code, {"__record_set__": object.__setattr__}, "__init__", defaults or None)
+
+
+_NO_VALUE = object()  # the default of a field whose default is made by a factory
+
+
+def _from_source(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[..., None]:
+    """Any record's ``__init__``, compiled from source: factories, keyword-only fields, fields
+    not in ``__init__``, ``__post_init__``."""
     names = {f.name for f in fields}
     me = "__record_self__" if "self" in names else "self"
-    scope: dict[str, Any] = {"_set": object.__setattr__, "_NO_VALUE": _NO_VALUE}
+    scope: dict[str, Any] = {"__record_set__": object.__setattr__, "_NO_VALUE": _NO_VALUE}
     positional: list[str] = []
     keyword: list[str] = []
     body: list[str] = []
@@ -139,15 +191,13 @@ def _compile_init(cls: type) -> Callable[..., None]:
             default = ""
         if f.init:
             (keyword if f.kw_only else positional).append(f.name + default)
-        body.append(f"  _set({me}, {f.name!r}, {value})")
+        body.append(f"  __record_set__({me}, {f.name!r}, {value})")
     if hasattr(cls, "__post_init__"):
         body.append(f"  {me}.__post_init__()")
     parameters = ", ".join([me, *positional, *(["*", *keyword] if keyword else [])])
     source = f"def __init__({parameters}) -> None:\n" + "\n".join(body or ["  pass"])
     exec(source, scope)  # the source is made above from the class's own field names
     init: Callable[..., None] = scope["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
     return init
 
 

@@ -23,8 +23,8 @@ from dataclasses import field, replace
 from typing import Protocol
 
 from ..records import Record
-from . import grammar
-from .grammar import Percent, Size
+from . import commands
+from .commands import Percent, Size
 from .units import MIB, format_bytes
 
 
@@ -54,7 +54,7 @@ class PlanError(ValueError):
 
 
 Visible = (
-    tuple[int, ...] | grammar.Everything | None
+    tuple[int, ...] | commands.Everything | None
 )  # nvidia-smi indices, "all", "none", or None (not asked)
 
 
@@ -64,7 +64,7 @@ class Plan(Record):
     visible: Visible = None
     growth: bool | None = None
     limits: tuple[Size, ...] | None = None
-    split: grammar.Split | None = None
+    split: commands.Split | None = None
     allocator: str | None = None  # "async", "default" or "platform" (JAX only)
     precision: str | None = None
     # The kernel's limit named in shares (framework key, size on each visible GPU); `limits` is
@@ -75,20 +75,20 @@ class Plan(Record):
 
     def with_command(self, command: object) -> Plan:
         """The plan after one configuration command; raises :class:`PlanError` on a conflict."""
-        if isinstance(command, grammar.Use):
-            if isinstance(command.gpus, grammar.Auto):
+        if isinstance(command, commands.Use):
+            if isinstance(command.gpus, commands.Auto):
                 raise PlanError("`use auto` is resolved to GPU numbers before it is planned")
             return replace(self, visible=command.gpus)
-        if isinstance(command, grammar.Grow):
+        if isinstance(command, commands.Grow):
             return replace(self, growth=command.on)
-        if isinstance(command, grammar.Limit):
+        if isinstance(command, commands.Limit):
             if (command.sizes is not None or command.shares is not None) and self.split and self.split.sizes:
                 raise PlanError(
                     "`%gpu split` already names the size of each logical GPU, so a limit would "
                     "contradict it; run `%gpu split off` first, or `%gpu split N` to divide the limit"
                 )
             return replace(self, limits=command.sizes, shares=command.shares, hard=command.hard)
-        if isinstance(command, grammar.Split):
+        if isinstance(command, commands.Split):
             if command.sizes and (self.limits or self.shares):
                 raise PlanError(
                     f"`%gpu split {_sizes_text(command.sizes)}` names sizes, but a limit of "
@@ -96,9 +96,9 @@ class Plan(Record):
                     "`%gpu split N` to divide the limit into N logical GPUs"
                 )
             return replace(self, split=None if command.off else command)
-        if isinstance(command, grammar.Allocator):
+        if isinstance(command, commands.Allocator):
             return replace(self, allocator=command.name)
-        if isinstance(command, grammar.Precision):
+        if isinstance(command, commands.Precision):
             return replace(self, precision=command.policy)
         raise TypeError(f"not a configuration command: {command!r}")
 
@@ -288,7 +288,7 @@ def _visible(plan: Plan, facts: MachineFacts) -> tuple[int, ...] | None:
             valid = f"0-{facts.count - 1}" if facts.count else "none"
             raise PlanError(
                 f"no GPU {','.join(map(str, missing))}: this machine has {facts.count} GPU"
-                f"{'s' if facts.count != 1 else ''} (numbers {valid}, as nvidia-smi shows); {grammar.usage('use')}"
+                f"{'s' if facts.count != 1 else ''} (numbers {valid}, as nvidia-smi shows); {_use_forms()}"
             )
     if facts.allocation_text is not None and facts.allocated is None:
         raise PlanError(
@@ -302,7 +302,7 @@ def _visible(plan: Plan, facts: MachineFacts) -> tuple[int, ...] | None:
             raise PlanError(
                 f"GPU {','.join(map(str, outside))} is outside this kernel's allocation: the environment "
                 f"allocated {facts.allocation_text} (CUDA_VISIBLE_DEVICES was set before the kernel started); "
-                f"{grammar.usage('use')}"
+                f"{_use_forms()}"
             )
     if facts.cuda_found is not None:
         hidden = [i for i in wanted if i not in facts.cuda_found]
@@ -403,3 +403,10 @@ def _logical_sizes(plan: Plan, index: int, cap: int | None, total_mib: int | Non
             )
         cap = max(split.count, total_mib - CONTEXT_RESERVE_MIB)
     return (cap // split.count,) * split.count
+
+
+def _use_forms() -> str:
+    """``use``'s valid forms, for a refusal (the command language is loaded only to word one)."""
+    from .grammar import usage
+
+    return usage("use")

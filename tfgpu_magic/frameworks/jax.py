@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..command import grammar
+from ..command import commands
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
 from ..records import Record
@@ -226,7 +226,7 @@ class Jax(ReportingDefaults):
 
     # -- the write side: what a setting means for JAX ---------------------------------------------------
     def takes(self, command: Any) -> bool:
-        return not isinstance(command, (grammar.Split, grammar.Precision))
+        return not isinstance(command, (commands.Split, commands.Precision))
 
     def consider(self, change: Change) -> str | None:
         """Its clause of the reply.  Before its backends start JAX is given everything through the
@@ -234,21 +234,21 @@ class Jax(ReportingDefaults):
         where it is installed (tensorflow/lite/python/util.py), so an imported JAX is no sign that
         the notebook uses it."""
         command, resolution, stage = change.command, change.resolution, self.stage()
-        if isinstance(command, grammar.Limit) and stage is not Stage.STARTED:
+        if isinstance(command, commands.Limit) and stage is not Stage.STARTED:
             self._check_fraction_names(change)
-        platform = isinstance(command, grammar.Allocator) and command.name == "platform"
+        platform = isinstance(command, commands.Allocator) and command.name == "platform"
         if platform and stage is not Stage.STARTED:
             return "JAX only, read when its backends start: it allocates on demand and hands freed memory back, slowly"
-        if isinstance(command, grammar.Limit) and stage is Stage.NOT_IMPORTED and self.installed():
+        if isinstance(command, commands.Limit) and stage is Stage.NOT_IMPORTED and self.installed():
             return rounded_up_note(resolution)
         by_user = stage is not Stage.NOT_IMPORTED and not self._imported_with_tensorflow(change)
-        if isinstance(command, grammar.Split) and by_user:
+        if isinstance(command, commands.Split) and by_user:
             return "JAX: has no logical GPUs, so `split` does not reach it"
         if stage is Stage.NOT_IMPORTED or not isinstance(
-            command, (grammar.Use, grammar.Grow, grammar.Limit, grammar.Allocator)
+            command, (commands.Use, commands.Grow, commands.Limit, commands.Allocator)
         ):
             return None
-        limit = isinstance(command, grammar.Limit)
+        limit = isinstance(command, commands.Limit)
         problem = limit_problem(resolution) if limit else None
         rounded = rounded_up_note(resolution) if limit else None
         if rounded is not None and stage is not Stage.STARTED:
@@ -284,12 +284,12 @@ class Jax(ReportingDefaults):
         self, command: Any, resolution: Resolution, start: JaxStart, host: Host
     ) -> tuple[bool, str]:
         """Whether a started JAX runs with something else than ``command`` asks, and with what."""
-        if isinstance(command, grammar.Grow):
+        if isinstance(command, commands.Grow):
             return start.preallocate == command.on, f"preallocation {'on' if start.preallocate else 'off'}"
-        if isinstance(command, grammar.Allocator):
+        if isinstance(command, commands.Allocator):
             wanted = ALLOCATOR_NAMES[command.name] or "default"
             return start.allocator != wanted, f"the {start.allocator} allocator"
-        if isinstance(command, grammar.Limit):
+        if isinstance(command, commands.Limit):
             fraction = fraction_for(resolution)
             now = start.memory_fraction
             in_effect = JAX_DEFAULT_FRACTION if now is None else now
@@ -779,7 +779,9 @@ def fraction_for(resolution: Resolution) -> str | None:
     None without a cap, or where the caps are different fractions (see limit_problem)."""
     limits = resolution.plan.limits or ()
     capped = _caps(resolution)
-    if len(limits) == 1 and isinstance(limits[0], grammar.Percent):  # JAX's fraction exactly, above the step,
+    if len(limits) == 1 and isinstance(
+        limits[0], commands.Percent
+    ):  # JAX's fraction exactly, above the step,
         percent = limits[0].value  # unless the kernel's limit was divided (its part is then a smaller one)
         if all(g.cap_mib == max(1, int(g.total_mib * percent / 100)) for g in capped):
             return f"{max(percent / 100, FRACTION_STEP):g}"

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..command import grammar
+from ..command import commands
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
 from ..records import Record
@@ -172,9 +172,9 @@ class PyTorch(ReportingDefaults):
     # -- the write side: what a setting means for PyTorch ---------------------------------------------
     def takes(self, command: Any) -> bool:
         """Not `split` (PyTorch has no logical GPUs) nor `allocator platform` (JAX's word)."""
-        if isinstance(command, grammar.Allocator):
+        if isinstance(command, commands.Allocator):
             return command.name != "platform"
-        return not isinstance(command, grammar.Split)
+        return not isinstance(command, commands.Split)
 
     def consider(self, change: Change) -> str | None:
         """Its clause of the reply: refused where CUDA or the allocator has been read already."""
@@ -182,10 +182,10 @@ class PyTorch(ReportingDefaults):
         stage = self.stage()
         if stage is Stage.NOT_IMPORTED:
             return self._async_ignores(change)
-        if isinstance(command, grammar.Allocator) and not self.takes(command):
+        if isinstance(command, commands.Allocator) and not self.takes(command):
             return "PyTorch keeps its allocator"  # `allocator platform`: JAX's own word
         if (
-            isinstance(command, grammar.Use)
+            isinstance(command, commands.Use)
             and stage is Stage.STARTED
             and change.plan.visible != change.before.visible
         ):
@@ -196,9 +196,9 @@ class PyTorch(ReportingDefaults):
                 f"PyTorch has already started CUDA with {shown}, and CUDA reads it once per process. "
                 f"Put `%gpu {change.what}` at the top of the notebook, before `import torch`, and restart the kernel"
             )
-        if isinstance(command, grammar.Allocator) and not self.cuda_build():
+        if isinstance(command, commands.Allocator) and not self.cuda_build():
             return "PyTorch: a CPU build (torch.version.cuda is None) has no CUDA allocator to choose"
-        if isinstance(command, grammar.Allocator):
+        if isinstance(command, commands.Allocator):
             loaded = self.backend()
             if loaded != command.name:
                 raise Refusal(
@@ -207,14 +207,14 @@ class PyTorch(ReportingDefaults):
                     "and restart the kernel"
                 )
             return f"PyTorch: already loaded with the {loaded} allocator"
-        if isinstance(command, grammar.Grow):
+        if isinstance(command, commands.Grow):
             return "PyTorch: allocates on demand already, so `grow` changes nothing for it"
-        if isinstance(command, grammar.Split):
+        if isinstance(command, commands.Split):
             return "PyTorch: has no logical GPUs, so `split` does not reach it"
-        if isinstance(command, (grammar.Limit, grammar.Use)) and change.plan.gpu_settings:
+        if isinstance(command, (commands.Limit, commands.Use)) and change.plan.gpu_settings:
             if not self.cuda_build():
                 return "PyTorch: a CPU build (torch.version.cuda is None), so no GPU setting reaches it"
-            if isinstance(command, grammar.Limit):
+            if isinstance(command, commands.Limit):
                 return (
                     "PyTorch: capped now" if stage is Stage.STARTED else "PyTorch: capped when it starts CUDA"
                 )
@@ -230,7 +230,7 @@ class PyTorch(ReportingDefaults):
     def _async_ignores(self, change: Change) -> str | None:
         """`allocator async` over the user's own allocator options: the ones it ignores, named."""
         command = change.command
-        if not (isinstance(command, grammar.Allocator) and command.name == "async") or not self.installed():
+        if not (isinstance(command, commands.Allocator) and command.name == "async") or not self.installed():
             return None
         host = change.host
         for name in ALLOC_CONF_ENV:  # the one torch reads: the old name when both are set

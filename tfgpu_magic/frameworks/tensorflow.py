@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from ..command import grammar
+from ..command import commands
 from ..command.plan import Plan, Resolution
 from ..command.units import MIB, format_bytes, format_change, format_size
 from ..gpus.holdings import allocator_by_gpu
@@ -245,7 +245,7 @@ class TensorFlow:
 
     # -- the write side: what a setting means for TensorFlow ------------------------------------------
     def takes(self, command: Any) -> bool:
-        return not (isinstance(command, grammar.Allocator) and command.name == "platform")
+        return not (isinstance(command, commands.Allocator) and command.name == "platform")
 
     def consider(self, change: Change) -> str | None:
         """Its clause: applied now (imported, not started), or, once started, the same setting
@@ -1004,14 +1004,14 @@ def _difference(resolution: Resolution, command: Any, force: InForce) -> tuple[b
     """Whether a started TensorFlow runs with something else than ``command`` asks, and with what."""
     visible = force.visible_nvml
     shown = "GPU " + ",".join(map(str, visible)) if visible else "no GPU"
-    if isinstance(command, grammar.Use):
+    if isinstance(command, commands.Use):
         wanted = resolution.visible
         return (wanted is not None and tuple(wanted) != visible), f"{shown} visible"
     if not visible:
         return True, "no GPU visible (so GPU memory settings cannot take effect)"
-    if isinstance(command, grammar.Grow):
+    if isinstance(command, commands.Grow):
         return bool(force.growth) != command.on, f"memory growth {'on' if force.growth else 'off'}"
-    if isinstance(command, grammar.Allocator):
+    if isinstance(command, commands.Allocator):
         return force.allocator != command.name, f"the {force.allocator} allocator"
     for index in visible:
         planned = resolution.gpu(index)

@@ -51,8 +51,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, overload
+from typing import Literal, overload
 
 from ..records import Record
 from ..safe_text import safe
@@ -123,15 +122,17 @@ class Holder(Record):
         return f"{who} ({name})" if name else who
 
 
-@dataclass
 class Choice:
     """What :func:`choosing` yields: whether the directory lock is held, and why not."""
 
-    locked: bool = False
-    notes: list[str] = field(default_factory=list)
+    __slots__ = ("locked", "notes")
+
+    def __init__(self) -> None:
+        self.locked = False
+        self.notes: list[str] = []
 
 
-class _Mine(NamedTuple):
+class _Mine(Record):
     fd: int
     name: str
     dev: int
@@ -139,7 +140,7 @@ class _Mine(NamedTuple):
     since: float
 
 
-class _Entry(NamedTuple):
+class _Entry(Record):
     name: str
     holder: Holder
     ctime: float

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..command import grammar
+from ..command import commands
 from ..command.plan import Plan, PlanError, Resolution, resolve
 from ..command.units import format_bytes, format_change
 from ..frameworks import adapters
@@ -99,7 +99,7 @@ class Session:
         self.claimed: tuple[int, ...] = ()  # GPUs this kernel claimed through `%gpu use auto`
         # The accepted `use auto` (its --min-free and --min-cc are what `%gpu save` keeps); None
         # when the GPUs in force were named, or none was asked.
-        self.auto_request: grammar.Auto | None = None
+        self.auto_request: commands.Auto | None = None
         # The notebook's saved settings as they were met at the kernel's start (notebook_settings.py).
         self.notebook_record: Any = None
         self.loaded_into: Any = None  # the IPython shell the extension was loaded into (magics.load)
@@ -391,7 +391,7 @@ class Session:
             except PlanError as err:
                 raise SessionError(str(err)) from None
             what = _describe_command(command)
-            if isinstance(command, grammar.Precision):  # the dtype policy is never frozen
+            if isinstance(command, commands.Precision):  # the dtype policy is never frozen
                 return f"{what}: {self._set_precision(plan)}"
             started = any(f.enumerated() and f.stage() is Stage.STARTED for f in self._frameworks)
             resolution = self.resolution(plan, started=started)
@@ -400,7 +400,7 @@ class Session:
             self._hand_over(resolution, changes)
             self._settle(resolution, chosen_by_auto, before)
             note = self._sharing_note(resolution)
-            if note is not None and isinstance(command, grammar.Limit):
+            if note is not None and isinstance(command, commands.Limit):
                 clauses.append(note)
             return f"{what}{_resolved_suffix(command, resolution)}: {'; '.join(clauses)}"
 
@@ -891,16 +891,16 @@ def _either(names: list[str], last: str = "or") -> str:
 
 
 def _describe_command(command: Any) -> str:
-    if isinstance(command, grammar.Use) and not isinstance(command.gpus, grammar.Auto):
+    if isinstance(command, commands.Use) and not isinstance(command.gpus, commands.Auto):
         plan = Plan(visible=command.gpus)
     else:  # (`use auto` is described once it chose GPU numbers)
         plan = Plan().with_command(command)
     described = plan.describe()
     if described:
         return described[0]
-    if isinstance(command, grammar.Limit):
+    if isinstance(command, commands.Limit):
         return "limit off"
-    if isinstance(command, grammar.Split):
+    if isinstance(command, commands.Split):
         return "split off"
     return str(command)
 
@@ -908,9 +908,9 @@ def _describe_command(command: Any) -> str:
 def _resolved_suffix(command: Any, resolution: Resolution) -> str:
     """Per-GPU sizes where the command left them to be worked out (percentages, `split N`)."""
     relative = (
-        isinstance(command, grammar.Limit)
-        and any(isinstance(s, grammar.Percent) for s in command.sizes or ())
-    ) or (isinstance(command, grammar.Split) and command.count is not None)
+        isinstance(command, commands.Limit)
+        and any(isinstance(s, commands.Percent) for s in command.sizes or ())
+    ) or (isinstance(command, commands.Split) and command.count is not None)
     if not relative or not resolution.gpus:
         return ""
     return " (" + resolution.describe()[-1] + ")"
