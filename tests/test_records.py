@@ -4,8 +4,10 @@ it (tfgpu_magic/records.py says why it exists)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
+import pickle
 from dataclasses import dataclass, field
 
 import pytest
@@ -84,6 +86,8 @@ def test_still_a_frozen_dataclass():
     assert dataclasses.replace(record, a=2) == Cheap(2, "x")
     assert dataclasses.asdict(record) == {"a": 1, "b": "x", "c": (), "hidden": 0}
     assert [f.name for f in dataclasses.fields(Cheap)] == ["a", "b", "c", "hidden"]
+    for copied in (pickle.loads(pickle.dumps(record)), copy.copy(record), copy.deepcopy(record)):
+        assert copied == record and hash(copied) == hash(record)  # made without __setattr__
 
 
 # -- __init__: made at the first record of a class, as the dataclass would make it -------------------
