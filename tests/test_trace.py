@@ -286,11 +286,13 @@ def test_format_line(start, stats, expected):
 
 
 # -- cells run inside a cell: `%%capture` runs its body with shell.run_cell --------------------
-def test_capture_of_status_json_holds_only_the_json(gpu, tracing, shell, capsys, session):
+def test_capture_of_status_json_holds_only_the_json(gpu, tracing, shell, capsys, session, monkeypatch):
     """Tutorial 2's pattern: the trace line belongs to the notebook cell, not to %%capture's body."""
     import json
 
     started_with(session, {"CPU:0": AllocatorStats(0, 0)})
+    # The no-GPU line is said once, in whichever test of this file traces first; it has tests of its own.
+    monkeypatch.setattr(session.adapter("tensorflow"), "no_gpu_diagnosis", lambda view: None)
     tracing(True)
     capsys.readouterr()
     ok, out, err = run(shell, capsys, "%%capture status_json\n%gpu status --json")
