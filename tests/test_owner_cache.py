@@ -22,11 +22,13 @@ from collections.abc import Callable
 
 import psutil
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tfgpu_magic.gpus import owners
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.owners import EXITED, ProcessDetails, PsutilProcessTable
-from tfgpu_magic.gpus.process_table import PROC, Stat, Status, parse_stat, parse_status
+from tfgpu_magic.gpus.process_table import PROC, STAT_BYTES, STATUS_BYTES, Stat, Status, parse_stat, parse_status
 from tfgpu_magic.gpus.simulated import busy_server
 from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.session import Session
@@ -68,6 +70,7 @@ class ShownProc:
     def __init__(self) -> None:
         self.files: dict[tuple[int, str], bytes | BaseException] = {}
         self.reads: list[tuple[int, str]] = []
+        self.looks: list[int] = []  # pids looked at whole (read_files), there or not
         self.boot_s: float | None = None  # seconds since boot, None: the real clock
         self.before_read: Callable[[int, str], None] | None = None
 
@@ -83,21 +86,37 @@ class ShownProc:
             raise shown
         return PROC.read(pid, name, limit) if shown is None else shown[:limit]
 
+    def read_files(self, pid: int, wanted) -> list[bytes | Exception]:
+        """As the real ``/proc`` (one look at the process: nothing read when it is not there), each
+        file read as :meth:`read` reads it."""
+        self.looks.append(pid)
+        os.stat(f"/proc/{pid}")  # raises FileNotFoundError for a process that has gone, as PROC does
+        found: list[bytes | Exception] = []
+        for name, limit in wanted:
+            try:
+                found.append(self.read(pid, name, limit))
+            except Exception as err:
+                found.append(err)
+        return found
+
     def since_boot_s(self) -> float:
         return PROC.since_boot_s() if self.boot_s is None else self.boot_s
 
     def ticks_per_s(self) -> int:
         return PROC.ticks_per_s()
 
-    # what the table read: identities (stat), uncached look-ups (status, then cmdline)
+    # what the table read: identities (stat alone, or a look at the whole process, which reads it
+    # with the rest), uncached look-ups (status, then cmdline)
     def identities(self) -> list[int]:
-        return [pid for pid, name in self.reads if name == "stat"]
+        looked = list(self.looks)
+        return [pid for pid, name in self.reads if name == "stat" and not _drop(looked, pid)] + self.looks
 
     def lookups(self) -> list[int]:
         return [pid for pid, name in self.reads if name == "status"]
 
     def forget_reads(self) -> None:
         self.reads.clear()
+        self.looks.clear()
 
     def start_of(self, pid: int) -> int:
         stat = parse_stat(PROC.read(pid, "stat", 4096))
@@ -116,6 +135,14 @@ class ShownProc:
     def make_young(self, pid: int, age_s: float) -> None:
         """The boot clock set so that process ``pid`` started ``age_s`` ago."""
         self.boot_s = self.start_of(pid) / self.ticks_per_s() + age_s
+
+
+def _drop(items: list[int], item: int) -> bool:
+    """Remove one ``item`` from ``items``; whether there was one."""
+    if item in items:
+        items.remove(item)
+        return True
+    return False
 
 
 def stat_line(pid: int, name: bytes, start: int, state: bytes = b"S") -> bytes:
@@ -522,9 +549,8 @@ def test_a_changed_listing_is_validated(children, shown, listing_table):
     table.lookup_listing(0, [a, b])
     shown.forget_reads()
     table.lookup_listing(0, [a, b, c])  # a pid added: every pid's identity read, only the new one looked up
-    assert sorted(shown.identities()) == sorted([a, b, c, c]) and shown.lookups() == [
-        c
-    ]  # c: before and after its look-up
+    assert sorted(shown.identities()) == sorted([a, b, c]) and shown.lookups() == [c]
+    assert shown.looks == [c]  # c: never remembered, so its identity is read in the one look at it
     shown.forget_reads()
     table.lookup_listing(0, [a, c])  # a pid gone
     assert sorted(shown.identities()) == sorted([a, c]) and shown.lookups() == []
@@ -759,3 +785,146 @@ def test_a_stat_file_that_cannot_be_parsed_is_never_cached(children, shown):
         found = table.lookup(child.pid)
         assert found.alive and found.user == ME and "odd-stat-0" in found.command
     assert shown.lookups() == [child.pid] * 2 and table.cache_size() == 0
+
+
+# A status file's lines as the kernel writes them: "Key:\tvalue", one per line; what a line holds
+# after its key is any bytes but a newline (the kernel escapes one in a process name).
+STATUS_KEYS = [b"Name", b"Umask", b"State", b"Tgid", b"Uid", b"Gid", b"VmRSS", b"Uid ", b" Uid", b"uid"]
+status_values = st.one_of(
+    st.binary(max_size=24),
+    st.lists(st.sampled_from([b"0", b"1000", b"-1", b"x", b"4294967295", b"1_0", b"\xd9\xa1"]), max_size=5).map(
+        b"\t".join
+    ),
+    st.sampled_from([b"\tS (sleeping)", b"\tZ (zombie)", b"\t", b"\tpython3", b"\t\x1b[2Jx) (y"]),
+).map(lambda value: value.replace(b"\n", b" "))
+status_files = st.lists(st.tuples(st.sampled_from(STATUS_KEYS), status_values), max_size=12).map(
+    lambda lines: b"\n".join(key + b":" + value for key, value in lines)
+)
+
+
+def status_by_lines(data: bytes) -> Status:
+    """What ``parse_status`` must say, the plain way: each key's first line, split at its colon."""
+    first: dict[bytes, bytes] = {}
+    for line in data.split(b"\n"):
+        key, colon, value = line.partition(b":")
+        if colon:
+            first.setdefault(key, value)
+    uids: tuple[int, ...] | None = None
+    if b"Uid" in first:
+        try:
+            uids = tuple(int(u) for u in first[b"Uid"].split()[:4]) or None
+        except ValueError:
+            uids = None
+    state = first.get(b"State", b"").split()
+    name = first.get(b"Name")
+    return Status(None if name is None else name.strip(), state[0] if state else None, uids)
+
+
+@given(status_files)
+def test_a_status_file_is_parsed_as_its_first_name_state_and_uid_lines(data):
+    assert parse_status(data) == status_by_lines(data)
+    assert parse_status(data + b"\n") == status_by_lines(data)  # the kernel ends the file with a newline
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_parse_as_a_status_or_nothing_without_an_error(data):
+    found = parse_status(data)
+    assert found.uids is None or all(isinstance(u, int) for u in found.uids)
+    assert parse_status(b"Name:\tx\n" + data.replace(b"\n", b" ")).name == b"x"
+
+
+def test_a_process_name_cannot_start_a_status_line_of_its_own(children):
+    """The kernel escapes a newline in the name ("\\n"), so a name cannot forge the Uid line."""
+    if not LINUX_PROC:
+        pytest.skip("reads /proc")
+    script = (
+        "import ctypes, sys, time; "
+        "ctypes.CDLL(None).prctl(15, b'x\\nUid:\\t4242', 0, 0, 0); "  # PR_SET_NAME
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        found = parse_status(PROC.read(proc.pid, "status", STATUS_BYTES))
+        assert found.uids is not None and found.uids[0] == os.getuid() != 4242
+        assert found.name is not None and found.name.startswith(b"x\\nUid:")  # escaped, on its own line
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+# -- one look at a process: its files read under one descriptor of its directory ---------------------
+LOOK = [("status", STATUS_BYTES), ("cmdline", owners.CMDLINE_READ_BYTES + 1), ("stat", STAT_BYTES)]
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="reads /proc")
+def test_one_look_reads_what_separate_reads_read(children):
+    (child,) = children(1, "looked-at")
+    status_data, cmdline, stat = PROC.read_files(child.pid, LOOK)
+    assert cmdline == PROC.read(child.pid, "cmdline", 4097) and b"looked-at-0" in cmdline
+    assert parse_stat(stat) == parse_stat(PROC.read(child.pid, "stat", STAT_BYTES))
+    assert parse_status(status_data).uids == parse_status(PROC.read(child.pid, "status", STATUS_BYTES)).uids
+    assert isinstance(PROC.read_files(child.pid, [("no-such-file", 10)])[0], FileNotFoundError)
+    child.kill()
+    child.wait(timeout=10)
+    with pytest.raises(FileNotFoundError):
+        PROC.read_files(child.pid, LOOK)
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="reads /proc")
+def test_a_descriptor_of_a_process_reads_nothing_once_that_process_has_ended(children):
+    """The descriptor holds the process, not its number: after the process ends (here: reaped),
+    nothing is read through it, whatever later has the pid."""
+    (child,) = children(1, "held")
+    directory = PROC.open_process(child.pid)
+    try:
+        assert b"held-0" in PROC.read_in(directory, "cmdline", 4097)
+        child.kill()
+        child.wait(timeout=10)
+        for name in ("stat", "status", "cmdline"):
+            with pytest.raises((ProcessLookupError, FileNotFoundError)):
+                PROC.read_in(directory, name, 4096)
+    finally:
+        os.close(directory)
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="reads /proc")
+def test_a_process_first_seen_as_a_zombie_is_exited(children):
+    (child,) = children(1, "first-seen-dead")
+    os.kill(child.pid, signal.SIGKILL)  # not reaped: a zombie until teardown waits for it
+    deadline = time.monotonic() + 10
+    while state_of(child.pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    table = fresh_table()
+    assert table.lookup(child.pid) == EXITED and table.cache_size() == 0
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="reads /proc")
+def test_one_look_says_what_psutil_says(children):
+    """Owner and command of a process never seen, as psutil (which nvitop and gpustat use) reads them."""
+    procs = children(3, "as-psutil")
+    for pid in [os.getpid(), *(p.pid for p in procs)]:
+        identity, found = owners._proc_look(pid)
+        real = psutil.Process(pid)
+        assert found == ProcessDetails(pwd.getpwuid(real.uids().real).pw_name, " ".join(real.cmdline()), True)
+        assert identity == owners.stat_identity(pid)
+
+
+@pytest.mark.skipif(not LINUX_PROC, reason="reads /proc")
+def test_a_process_without_a_command_line_shows_its_name():
+    """A kernel thread has no command line: its name (from status) is its command, as psutil shows it."""
+    threads = [pid for pid in PROC.pids() if pid != 1 and _cmdline_is_empty(pid)]
+    if not threads:
+        pytest.skip("no process without a command line here (no kernel threads in this pid namespace)")
+    pid = threads[0]
+    found = fresh_table().lookup(pid)
+    name = parse_status(PROC.read(pid, "status", STATUS_BYTES)).name
+    assert found.alive and found.command == os.fsdecode(name) and found.command == psutil.Process(pid).name()
+
+
+def _cmdline_is_empty(pid: int) -> bool:
+    try:
+        return PROC.read(pid, "cmdline", 1) == b""
+    except OSError:
+        return False

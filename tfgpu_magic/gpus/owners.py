@@ -10,7 +10,9 @@ The psutil table (:class:`PsutilProcessTable`: on Linux it reads ``/proc`` throu
 what it found, because the endpoint and ``%gpu`` refresh the same inventory again and again: a
 process's owner and command are kept while its pid *and start time* stay the same (checked
 with one small read of ``/proc/<pid>/stat`` on Linux, psutil's create time elsewhere), and user
-names per uid.  A pid reused by a new process, an exited or zombie process, and any failure are
+names per uid.  On Linux a pid not remembered is read in one look: ``status``, ``cmdline`` and
+``stat`` opened under one descriptor of ``/proc/<pid>``, which holds that process whatever
+becomes of the pid, so its identity and details are one process's without reading ``stat`` twice.  A pid reused by a new process, an exited or zombie process, and any failure are
 never answered from the cache, with one bounded exception:
 
 A refresh looks up a whole listing at once (:func:`lookup_listing`: the pids NVML lists on one
@@ -296,9 +298,11 @@ class PsutilProcessTable:
     the real uid of ``status``, and at most ``CMDLINE_READ_BYTES`` of ``cmdline``; with
     ``proc=None`` (macOS, Windows, the BSDs) psutil reads them.
 
-    A lookup first reads the pid's identity (start time, and on Linux its name, which changes
-    when it execs another program); a remembered answer is used only when the identity is the
-    same as when it was found.  Only complete answers (alive, owner and command read, no note)
+    A lookup of a remembered pid first reads its identity (start time, and on Linux its name,
+    which changes when it execs another program); the remembered answer is used only when the
+    identity is the same as when it was found.  Any other pid is read whole: on Linux its identity
+    with its details, in one look at the process (:func:`_proc_look`); with psutil, the identity
+    before and after the details, which are kept only when both are the same.  Only complete answers (alive, owner and command read, no note)
     about processes at least ``min_age_s`` old are remembered, so a refusal, a half-read answer
     or a process still starting is read again next time; an exited pid is reported exited and
     forgotten.  At most ``max_processes`` are kept (least recently looked up dropped first).
@@ -329,6 +333,9 @@ class PsutilProcessTable:
         self._listings: dict[Hashable, tuple[frozenset[int]]] = {}
 
     def lookup(self, pid: int) -> ProcessDetails:
+        if self._proc is not None and pid not in self._known:  # one dict read: atomic under the GIL
+            # Nothing to compare with: the identity and the details in one look at the process.
+            return self._keep(pid, *_proc_look(pid, self._names, self._proc))
         identity = self._identity(pid)
         if identity is _GONE:
             self._forget(pid)
@@ -344,11 +351,19 @@ class PsutilProcessTable:
                     self._known[pid] = (identity, known[1], read_at)
                     self._known.move_to_end(pid)
                     return known[1]
+        if self._proc is not None:  # another process behind the pid, or one that cannot say who it is
+            return self._keep(pid, *_proc_look(pid, self._names, self._proc))
         details = self._read(pid)
+        # psutil's reads are not tied to one process: kept only when the identity is the same after them
+        if self._worth_keeping(identity, details) and self._identity(pid) != identity:
+            identity = _UNKNOWN
+        return self._keep(pid, identity, details)
+
+    def _keep(self, pid: int, identity: Identity, details: ProcessDetails) -> ProcessDetails:
+        """``details``, remembered under ``identity`` when worth keeping; an exited pid forgotten."""
         if not details.alive:
             self._forget(pid)
-        elif self._worth_keeping(identity, details) and self._identity(pid) == identity:
-            # the same process before and after the read: the answer is its own, so keep it
+        elif self._worth_keeping(identity, details):
             read_at = self._clock()
             with self._lock:
                 self._known[pid] = (identity, details, read_at)
@@ -416,9 +431,7 @@ class PsutilProcessTable:
             self._known.pop(pid, None)
 
     def _read(self, pid: int) -> ProcessDetails:
-        """The uncached look-up: /proc where there is one, else psutil."""
-        if self._proc is not None:
-            return _proc_lookup(pid, self._names, self._proc)
+        """The uncached look-up without /proc: psutil."""
         try:
             import psutil  # not at import: `import tfgpu_magic` stays light
         except ImportError:  # a declared dependency, but a bare GPU box may lack it
@@ -452,18 +465,41 @@ class PsutilProcessTable:
         self._names._after_fork()
 
 
+# What one look at a process reads, in one go under its directory (ProcReader.read_files): its
+# owner and name, its command line (one byte past the bound says "more"), and its identity last,
+# so that a process that ended while it was read is seen ended.
+_LOOK = (("status", STATUS_BYTES), ("cmdline", CMDLINE_READ_BYTES + 1), ("stat", STAT_BYTES))
+
+
 def _proc_lookup(pid: int, names: _UserNames | None = None, proc: ProcReader = PROC) -> ProcessDetails:
-    """Owner and command from /proc (Linux), as psutil reads them: the real uid of ``status``, named,
-    and ``cmdline`` (at most ``CMDLINE_READ_BYTES`` read), else the name (a kernel thread has no
-    command line).  Each failure is a note on the process."""
+    """Owner and command from /proc (Linux), as psutil reads them (see :func:`_proc_look`)."""
+    return _proc_look(pid, names, proc)[1]
+
+
+def _proc_look(
+    pid: int, names: _UserNames | None = None, proc: ProcReader = PROC
+) -> tuple[Identity, ProcessDetails]:
+    """One process's identity and details from /proc (Linux), all read under one descriptor of its
+    directory, so both are one process's whoever has the pid by now.
+
+    The details as psutil reads them: the real uid of ``status``, named, and ``cmdline`` (at most
+    ``CMDLINE_READ_BYTES`` read), else the name (a kernel thread has no command line).  Each
+    failure is a note on the process; the identity is ``_UNKNOWN`` where ``stat`` cannot say.
+    """
     try:
-        status = parse_status(proc.read(pid, "status", STATUS_BYTES))
+        status_data, cmdline_data, stat_data = proc.read_files(pid, _LOOK)
     except (FileNotFoundError, ProcessLookupError):  # exited, or hidden (hidepid)
-        return _absent()
-    except Exception as err:  # not allowed to read (hidepid=1), or /proc misbehaving
-        return ProcessDetails(None, None, True, _unreadable(err))
-    if status.state in (b"Z", b"X", b"x"):  # exited since its identity was read: a zombie
-        return EXITED
+        return _UNKNOWN, _absent()
+    except Exception as err:  # not allowed to look (hidepid=1), or /proc misbehaving
+        return _UNKNOWN, ProcessDetails(None, None, True, _unreadable(err))
+    identity = _identity_in(stat_data)
+    if identity is _GONE or _ended(status_data) or _ended(cmdline_data):
+        return _GONE, EXITED if identity is _GONE else _absent()
+    if isinstance(status_data, Exception):  # not allowed to read (hidepid=1), or /proc misbehaving
+        return identity, ProcessDetails(None, None, True, _unreadable(status_data))
+    status = parse_status(status_data)
+    if status.state in (b"Z", b"X", b"x"):  # a zombie: exited, its parent has not reaped it yet
+        return _GONE, EXITED
     user: str | None
     user_note: str | None
     if status.uids is None:
@@ -471,21 +507,27 @@ def _proc_lookup(pid: int, names: _UserNames | None = None, proc: ProcReader = P
     else:
         uid = status.uids[0]
         user, user_note = _guarded_read(lambda: (names or _USER_NAMES).name(uid))
-    try:
-        command = _cmdline_text(*_read_cmdline(pid, proc))
-    except (FileNotFoundError, ProcessLookupError):
-        return _absent()
-    except Exception as err:
-        return ProcessDetails(user, None, True, user_note or _unreadable(err))
+    if isinstance(cmdline_data, Exception):
+        return identity, ProcessDetails(user, None, True, user_note or _unreadable(cmdline_data))
+    command = _cmdline_text(cmdline_data[:CMDLINE_READ_BYTES], len(cmdline_data) > CMDLINE_READ_BYTES)
     if command is None and status.name is not None:
         command = os.fsdecode(status.name) or None
-    return ProcessDetails(user, command, True, user_note)
+    return identity, ProcessDetails(user, command, True, user_note)
 
 
-def _read_cmdline(pid: int, proc: ProcReader = PROC) -> tuple[bytes, bool]:
-    """At most ``CMDLINE_READ_BYTES`` of ``/proc/<pid>/cmdline``, and whether it holds more."""
-    data = proc.read(pid, "cmdline", CMDLINE_READ_BYTES + 1)  # one byte past says "more"
-    return data[:CMDLINE_READ_BYTES], len(data) > CMDLINE_READ_BYTES
+def _ended(data: bytes | Exception) -> bool:
+    """A read that failed because the process is no longer there."""
+    return isinstance(data, (FileNotFoundError, ProcessLookupError))
+
+
+def _identity_in(data: bytes | Exception) -> Identity:
+    """The identity a ``stat`` read says, as :func:`stat_identity` reads it."""
+    if isinstance(data, Exception):
+        return _GONE if _ended(data) else _UNKNOWN
+    stat = parse_stat(data)
+    if stat is None:
+        return _UNKNOWN
+    return _GONE if stat.state in (b"Z", b"X", b"x") else (stat.start, stat.name)
 
 
 def _cmdline_text(data: bytes, more: bool) -> str | None:

@@ -9,12 +9,18 @@ Every read goes through a :class:`ProcReader` (the real ``/proc`` unless one is 
 place the process tables (this module's, and :class:`~tfgpu_magic.gpus.owners.PsutilProcessTable`)
 touch ``/proc``: a test passes its own to show them a process that exited, was reused, or refuses
 to be read.  What the files say is parsed here (:func:`parse_stat`, :func:`parse_status`), whoever read them.
+
+Several files of one process are read under one descriptor of its directory
+(:meth:`ProcReader.read_files`): such a descriptor keeps naming the process it was opened for (the
+kernel ties it to that process, not to its number; ``pidfd_send_signal(2)`` takes one as a pidfd), so
+the files are all that process's or an error, even if the pid is reused between two of the reads.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from ..records import Record
@@ -48,6 +54,13 @@ class ProcReader(Protocol):
         ProcessLookupError when there is no such process (or ``/proc`` hides it)."""
         ...
 
+    def read_files(self, pid: int, wanted: Sequence[tuple[str, int]]) -> list[bytes | Exception]:
+        """Each ``(name, limit)`` of ``wanted``: at most ``limit`` bytes of ``/proc/<pid>/<name>``, all
+        of one process (see the module's docstring), or the error that reading it raised
+        (FileNotFoundError or ProcessLookupError: the process ended meanwhile).  Raises OSError
+        (FileNotFoundError: no such process, or ``/proc`` hides it) when the process is not there."""
+        ...
+
     def since_boot_s(self) -> float:
         """Seconds since boot: the clock of the start times in ``stat``."""
         ...
@@ -70,25 +83,57 @@ class Proc:
         return {int(name) for name in os.listdir(self.root) if name.isascii() and name.isdigit()}
 
     def read(self, pid: int, name: str, limit: int) -> bytes:
-        # O_NOFOLLOW: a file of /proc/<pid>/ is never a link; reads until the end or the limit (a
-        # /proc file's reads may be short), so the cost is bounded whatever the file holds.
-        fd = os.open(f"{self.root}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return _read_upto(os.open(f"{self.root}/{pid}/{name}", _FILE_FLAGS), limit)
+
+    def read_files(self, pid: int, wanted: Sequence[tuple[str, int]]) -> list[bytes | Exception]:
+        directory = self.open_process(pid)
         try:
-            data = b""
-            while len(data) < limit:
-                chunk = os.read(fd, limit - len(data))
-                if not chunk:
-                    break
-                data += chunk
-            return data
+            found: list[bytes | Exception] = []
+            for name, limit in wanted:
+                try:
+                    found.append(self.read_in(directory, name, limit))
+                except OSError as err:
+                    found.append(err)
+            return found
         finally:
-            os.close(fd)
+            os.close(directory)
+
+    def open_process(self, pid: int) -> int:
+        """A descriptor of ``/proc/<pid>`` (the caller closes it).  It holds the process, not the
+        number: files opened under it are that process's, or fail (ENOENT, ESRCH) once it has
+        ended, whoever has the pid by then."""
+        return os.open(f"{self.root}/{pid}", _DIRECTORY_FLAGS)
+
+    def read_in(self, directory: int, name: str, limit: int) -> bytes:
+        """At most ``limit`` bytes of the file ``name`` of the process ``directory`` holds (:meth:`open_process`)."""
+        return _read_upto(os.open(name, _FILE_FLAGS, dir_fd=directory), limit)
 
     def since_boot_s(self) -> float:
         return time.clock_gettime(_BOOT_CLOCK)
 
     def ticks_per_s(self) -> int:
         return os.sysconf("SC_CLK_TCK")
+
+
+# O_NOFOLLOW: a file of /proc/<pid>/ is never a link, and /proc/<pid> itself is a directory (only
+# /proc/self and /proc/thread-self are links, and they are never asked for by number).
+_FILE_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIRECTORY_FLAGS = _FILE_FLAGS | os.O_DIRECTORY
+
+
+def _read_upto(fd: int, limit: int) -> bytes:
+    """At most ``limit`` bytes of an open file, which is closed: reads until the end or the limit (a
+    /proc file's reads may be short), so the cost is bounded whatever the file holds."""
+    try:
+        data = b""
+        while len(data) < limit:
+            chunk = os.read(fd, limit - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
 
 
 PROC = Proc()
@@ -127,26 +172,37 @@ class Status(Record):
 
 
 def parse_status(data: bytes) -> Status:
-    name = state = None
+    """``/proc/<pid>/status``'s Name, State and Uid lines (the first of each); None for a line that is
+    missing or odd.
+
+    Found by searching for each line's start rather than splitting the file (some sixty lines, read
+    for every process of a cold status).  Lines end with a newline: the kernel escapes one in a
+    process name ("\\n"), so what a process names itself cannot start a line of its own.
+    """
+    name = _status_line(data, b"Name:")
+    state = _status_line(data, b"State:")
+    uid_line = _status_line(data, b"Uid:")
     uids: tuple[int, ...] | None = None
-    wanted = 3  # the kernel writes Name, State and Uid among the first ten of some sixty lines
-    for line in data.splitlines():
-        key, _, value = line.partition(b":")
-        if key == b"Name":
-            name = value.strip()
-        elif key == b"State":
-            state = value.split()[0] if value.split() else None
-        elif key == b"Uid":
-            try:
-                uids = tuple(int(u) for u in value.split()[:4]) or None
-            except ValueError:
-                uids = None
-        else:
-            continue
-        wanted -= 1
-        if not wanted:  # the rest is not read (a cold status reads this file for every process)
-            break
-    return Status(name, state, uids)
+    if uid_line is not None:
+        try:
+            uids = tuple(int(u) for u in uid_line.split()[:4]) or None
+        except ValueError:
+            uids = None
+    words = state.split(None, 1) if state is not None else None
+    return Status(None if name is None else name.strip(), words[0] if words else None, uids)
+
+
+def _status_line(data: bytes, key: bytes) -> bytes | None:
+    """What follows ``key`` on the first line of ``data`` that starts with it; None when no line does."""
+    if data.startswith(key):
+        start = len(key)
+    else:
+        found = data.find(b"\n" + key)
+        if found < 0:
+            return None
+        start = found + 1 + len(key)
+    end = data.find(b"\n", start)
+    return data[start:] if end < 0 else data[start:end]
 
 
 class Process(Record):
