@@ -25,10 +25,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfgpu_magic.gpus import owners
+from tfgpu_magic.gpus import owners, process_table
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.owners import EXITED, ProcessDetails, PsutilProcessTable
-from tfgpu_magic.gpus.process_table import PROC, STAT_BYTES, STATUS_BYTES, Stat, Status, parse_stat, parse_status
+from tfgpu_magic.gpus.process_table import (
+    PROC,
+    STAT_BYTES,
+    STATUS_BYTES,
+    Stat,
+    Status,
+    parse_stat,
+    parse_status,
+)
 from tfgpu_magic.gpus.simulated import busy_server
 from tfgpu_magic.kernel import status
 from tfgpu_magic.kernel.session import Session
@@ -792,9 +800,9 @@ def test_a_stat_file_that_cannot_be_parsed_is_never_cached(children, shown):
 STATUS_KEYS = [b"Name", b"Umask", b"State", b"Tgid", b"Uid", b"Gid", b"VmRSS", b"Uid ", b" Uid", b"uid"]
 status_values = st.one_of(
     st.binary(max_size=24),
-    st.lists(st.sampled_from([b"0", b"1000", b"-1", b"x", b"4294967295", b"1_0", b"\xd9\xa1"]), max_size=5).map(
-        b"\t".join
-    ),
+    st.lists(
+        st.sampled_from([b"0", b"1000", b"-1", b"x", b"4294967295", b"1_0", b"\xd9\xa1"]), max_size=5
+    ).map(b"\t".join),
     st.sampled_from([b"\tS (sleeping)", b"\tZ (zombie)", b"\t", b"\tpython3", b"\t\x1b[2Jx) (y"]),
 ).map(lambda value: value.replace(b"\n", b" "))
 status_files = st.lists(st.tuples(st.sampled_from(STATUS_KEYS), status_values), max_size=12).map(
@@ -928,3 +936,35 @@ def _cmdline_is_empty(pid: int) -> bool:
         return PROC.read(pid, "cmdline", 1) == b""
     except OSError:
         return False
+
+
+class ChunkedFile:
+    """A /proc file as ``os.read`` hands it out: whole (seq_file: ``stat``, ``status``), or a page
+    at a time (``cmdline`` on older kernels); counts the reads."""
+
+    def __init__(self, content: bytes, by_pages: bool) -> None:
+        self.content, self.by_pages, self.at, self.reads = content, by_pages, 0, 0
+
+    def read(self, _fd: int, asked: int) -> bytes:
+        self.reads += 1
+        size = min(asked, process_table._PAGE) if self.by_pages else asked
+        chunk = self.content[self.at : self.at + size]
+        self.at += len(chunk)
+        return chunk
+
+
+@given(
+    st.integers(0, 3 * 4096 + 2),
+    st.sampled_from([STAT_BYTES, owners.CMDLINE_READ_BYTES + 1, STATUS_BYTES]),
+    st.booleans(),
+)
+def test_a_proc_file_is_read_whole_up_to_its_limit_with_no_read_past_its_end(length, limit, by_pages):
+    file = ChunkedFile(bytes(range(256)) * (length // 256 + 1), by_pages)
+    file.content = file.content[:length]
+    read = process_table._read_rest(0, file.read(0, limit), limit, read=file.read)
+    assert read == file.content[:limit]
+    whole_pages = min(length, limit) // process_table._PAGE
+    # One read per page handed out, and one more only where the last was a whole page short of the limit.
+    assert file.reads <= whole_pages + 1 + (min(length, limit) % process_table._PAGE == 0)
+    if not by_pages and 0 < length < limit and length % process_table._PAGE:
+        assert file.reads == 1  # a file handed out whole is read once: no read to find its end

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
 
 from ..records import Record
 
@@ -89,9 +89,12 @@ class Proc:
         directory = self.open_process(pid)
         try:
             found: list[bytes | Exception] = []
-            for name, limit in wanted:
+            for (
+                name,
+                limit,
+            ) in wanted:  # read_in's work, written out: it runs for every process of a cold status
                 try:
-                    found.append(self.read_in(directory, name, limit))
+                    found.append(_read_upto(os.open(name, _FILE_FLAGS, dir_fd=directory), limit))
                 except OSError as err:
                     found.append(err)
             return found
@@ -122,25 +125,38 @@ _DIRECTORY_FLAGS = _FILE_FLAGS | os.O_DIRECTORY
 
 
 def _read_upto(fd: int, limit: int) -> bytes:
-    """At most ``limit`` bytes of an open file, which is closed: reads until the end or the limit (a
-    /proc file's reads may be short), so the cost is bounded whatever the file holds."""
+    """At most ``limit`` bytes of an open file, which is closed (:func:`_read_rest`)."""
     try:
-        data = b""
-        while len(data) < limit:
-            chunk = os.read(fd, limit - len(data))
-            if not chunk:
-                break
-            data += chunk
-        return data
+        return _read_rest(fd, os.read(fd, limit), limit)
     finally:
         os.close(fd)
+
+
+_PAGE = 4096  # the most an older kernel hands out of a /proc file in one read (cmdline, environ)
+
+
+def _read_rest(fd: int, data: bytes, limit: int, read: Callable[[int, int], bytes] = os.read) -> bytes:
+    """``data``, the first read of a /proc file, and what follows it up to ``limit`` bytes in all:
+    read until the end or the limit, so the cost is bounded whatever the file holds.
+
+    A read shorter than asked and not a whole number of pages ended the file: /proc writes a
+    file like ``stat`` or ``status`` whole (seq_file), and ``cmdline`` as far as asked or to its
+    end, older kernels a page at a time.  Only a read of whole pages asks again (a third of the
+    reads of a cold status were the empty one that says "end")."""
+    while len(data) < limit and data and not len(data) % _PAGE:
+        chunk = read(fd, limit - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 PROC = Proc()
 
 
-class Stat(Record):
-    """The fields of ``/proc/<pid>/stat`` the tables use."""
+class Stat(NamedTuple):
+    """The fields of ``/proc/<pid>/stat`` the tables use.  (A named tuple, not a record: one is
+    made for every process of a cold status, and a tuple costs half as much to make.)"""
 
     state: bytes  # field 3: R, S, D, Z (zombie), X (dead), ...
     ppid: int  # field 4
@@ -163,8 +179,9 @@ def parse_stat(data: bytes) -> Stat | None:
         return None
 
 
-class Status(Record):
-    """The lines of ``/proc/<pid>/status`` the tables use; None where a line is missing or odd."""
+class Status(NamedTuple):
+    """The lines of ``/proc/<pid>/status`` the tables use; None where a line is missing or odd.
+    (A named tuple, as :class:`Stat` is.)"""
 
     name: bytes | None  # "Name:" (comm, escaped by the kernel)
     state: bytes | None  # the letter of "State:"
@@ -185,7 +202,7 @@ def parse_status(data: bytes) -> Status:
     uids: tuple[int, ...] | None = None
     if uid_line is not None:
         try:
-            uids = tuple(int(u) for u in uid_line.split()[:4]) or None
+            uids = tuple(map(int, uid_line.split()[:4])) or None
         except ValueError:
             uids = None
     words = state.split(None, 1) if state is not None else None
