@@ -89,10 +89,8 @@ class Proc:
         directory = self.open_process(pid)
         try:
             found: list[bytes | Exception] = []
-            for (
-                name,
-                limit,
-            ) in wanted:  # read_in's work, written out: it runs for every process of a cold status
+            # read_in's work, written out: it runs for every process of a cold status
+            for name, limit in wanted:
                 try:
                     found.append(_read_upto(os.open(name, _FILE_FLAGS, dir_fd=directory), limit))
                 except OSError as err:
