@@ -123,3 +123,48 @@ def test_pci_bus_id_and_compute_capability_are_read_once_a_failure_is_read_again
     third = nvml.gpu(2)
     assert third == second
     assert server.calls - calls == 2  # memory, utilization: the static facts and MIG mode are remembered
+
+
+# -- the monitor's tick: every GPU's memory and utilization in one call -----------------------
+def test_the_monitors_reading_is_each_gpus_memory_and_utilization_as_memory_reads_them(server):
+    nvml = Nvml(lib=server)
+    read = nvml.memory_and_utilization_of(range(4))
+    for index, reading in enumerate(read):
+        memory = nvml.memory(index)
+        assert reading[:2] == (memory.total_bytes, memory.used_bytes)
+    assert [r[2] for r in read] == [nvml.gpu(i).utilization_percent for i in range(4)]
+    assert read[3][2] is None  # no utilization there: a gap, not 0 and not a failure
+
+
+def test_a_lost_gpu_is_its_failure_in_its_place_and_the_others_are_read(server):
+    nvml = Nvml(lib=server)
+    nvml.memory_and_utilization_of(range(4))
+    server.gpus[2].lost = True
+    read = nvml.memory_and_utilization_of(range(4))
+    assert isinstance(read[2], GpuLost) and str(read[2]).startswith("GPU 2 stopped answering")
+    assert all(isinstance(read[i], tuple) for i in (0, 1, 3))
+    server.gpus[2].lost = False  # it answers again: a new handle, read as before
+    memory = nvml.memory(2)
+    assert nvml.memory_and_utilization_of([2]) == [
+        (memory.total_bytes, memory.used_bytes, nvml.utilization(2))
+    ]
+
+
+def test_a_failed_memory_reading_is_said_as_memory_says_it(server):
+    server.gpus[1].faults["memory"] = SimulatedNvml.NVMLError(SimulatedNvml.NVML_ERROR_NO_PERMISSION)
+    nvml = Nvml(lib=server)
+    (read,) = nvml.memory_and_utilization_of([1])
+    with pytest.raises(type(read)) as raised:
+        nvml.memory(1)
+    assert str(read) == str(raised.value)
+
+
+def test_a_driver_without_version_2_is_found_once_then_asked_version_1_straight_away(server):
+    server.gpus[2].reserved_mib = 480
+    server.memory_v2 = False
+    nvml = Nvml(lib=server)
+    first = nvml.memory_and_utilization_of(range(4))
+    assert first[2][1] == (300 + 480) * MIB  # version 1 counts the reservation as used, as memory() does
+    calls = server.calls
+    assert nvml.memory_and_utilization_of(range(4)) == first
+    assert server.calls - calls == 2 * 4  # memory and utilization, no failed version-2 call first

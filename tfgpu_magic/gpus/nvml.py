@@ -38,6 +38,10 @@ The contract (what callers may rely on)
   ``"<reading>: <reason>"``).  ``processes`` raises rather than returning ``[]`` because an
   unknown listing must not look like an idle GPU; only the graphics listing may fail quietly
   (compute-only GPUs refuse it).
+* :meth:`Nvml.memory_and_utilization_of` (the monitor's tick: every GPU's memory and
+  utilization in one call) raises only :class:`NvmlUnavailable`; a GPU whose memory reading
+  fails gets the :class:`GpuLost` or :class:`ReadingFailed` that :meth:`Nvml.memory` would raise
+  in its place in the list.
 * :meth:`Nvml.mig_devices` lists a GPU's MIG instances (``[]`` when it is not in MIG mode or
   has no MIG support) and raises like :meth:`Nvml.processes`; a reading of one instance that
   fails is ``None`` with a note, as in :meth:`Nvml.gpu`.  MIG handles are fetched on every
@@ -52,7 +56,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..records import Record
@@ -64,6 +68,7 @@ __all__ = [
     "GpuProcess",
     "MemoryInfo",
     "MigDevice",
+    "MonitorReading",
     "Nvml",
     "NvmlUnavailable",
     "ProcessUtilization",
@@ -71,6 +76,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# One GPU's reading for the monitor (Nvml.memory_and_utilization_of): total and used bytes, and
+# utilization in percent (None where NVML has no such reading).
+MonitorReading = tuple[int, int, int | None]
 
 RETRY_S = 5.0  # a failed start is tried again after this long (monotonic seconds)
 
@@ -242,6 +251,8 @@ class Nvml:
         # index -> (clock time, the memory reading total_bytes made first), for gpu() to use once
         self._first_memory: dict[int, tuple[float, MemoryInfo]] = {}
         self._system: dict[str, str | None] = {}  # facts of the driver itself: {"cuda_driver": "12.8"}
+        # The driver lacks version 2 of the memory reading (found once, by memory_and_utilization_of).
+        self._memory_v1 = False
 
     # -- start and stop -------------------------------------------------------------------
     def _ensure_started(self) -> Any:
@@ -320,6 +331,7 @@ class Nvml:
             self._static.clear()  # a later start may see other GPUs
             self._first_memory.clear()
             self._system.clear()
+            self._memory_v1 = False
             try:
                 self._lib.nvmlShutdown()
             except Exception:  # nothing useful to do at exit
@@ -386,6 +398,48 @@ class Nvml:
         except Exception as err:  # many GPUs lack the reading: a gap, not a failure
             self._failed(index, UTILIZATION, err)  # (a lost GPU's handle is dropped all the same)
             return memory, None
+
+    def memory_and_utilization_of(self, indices: Iterable[int]) -> list[MonitorReading | Exception]:
+        """Total and used bytes and utilization (None where NVML has no such reading) of each GPU
+        in ``indices``, in order: a tick of ``%gpu monitor``, two NVML calls a GPU.
+
+        A GPU whose memory reading fails gets, in its place, the :class:`GpuLost` or
+        :class:`ReadingFailed` that :meth:`memory` would raise; the other GPUs are read all the
+        same.  Nothing is built per GPU but its three numbers (no :class:`MemoryInfo`): the
+        monitor makes this call ten times a second, after a sleep that left the caches cold, and
+        its cost is what it touches.  May raise :class:`NvmlUnavailable`.
+        """
+        lib = self._lib if self._started else self._ensure_started()
+        read_memory = lib.nvmlDeviceGetMemoryInfo
+        version = None if self._memory_v1 else getattr(lib, "nvmlMemory_v2", None)
+        handles = self._handles
+        found: list[MonitorReading | Exception] = []
+        for index in indices:
+            handle = handles.get(index)
+            try:
+                if handle is None:
+                    handle = self._handle(index)
+                info = read_memory(handle) if version is None else read_memory(handle, version=version)
+                total, used = _bytes(info.total), _bytes(info.used)
+            except Exception as err:
+                if handle is None:  # the handle could not be had: _handle said why
+                    found.append(err)
+                    continue
+                try:  # what memory() does: an older driver's version 1, or the failure said as it says it
+                    memory = self._read(index, MEMORY, _memory_info, lib, handle)
+                except Exception as failed:
+                    found.append(failed)
+                    continue
+                total, used = memory.total_bytes, memory.used_bytes
+                if version is not None and _version_2_missing(lib, err):
+                    self._memory_v1 = True  # the next ticks ask for version 1 straight away
+            try:
+                percent: int | None = _utilization(lib, handle)
+            except Exception as err:  # many GPUs lack the reading: a gap, not a failure
+                self._failed(index, UTILIZATION, err)  # (a lost GPU's handle is dropped all the same)
+                percent = None
+            found.append((total, used, percent))
+        return found
 
     def process_utilization(self, index: int, since_us: int = 0) -> ProcessUtilization:
         """NVML's per-process utilization samples of one GPU newer than ``since_us`` (one call).

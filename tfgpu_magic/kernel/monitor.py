@@ -314,6 +314,8 @@ class Sampler:
         self._listings: dict[int, tuple[float, int, int | None, str | None]] = {}
         # The last plan of a tick (see _plan), with the sources it was made from.
         self._planned: tuple[AllocatorFigures, Mapping[int, int], tuple[int, ...], _Plan] | None = None
+        # The GPUs charted, with the device count and visible GPUs they were worked out from.
+        self._charted: tuple[int, list[int] | None, tuple[int, ...]] | None = None
         # Held while nobody asks the thread to wake; released to wake it.  A lock's timed acquire
         # is the cheapest sleep that can be cut short (an Event's wait makes a lock per call).
         self._wake = threading.Lock()
@@ -495,26 +497,43 @@ class Sampler:
     def _read_packed(self, previous: _Stored | None) -> _Stored:
         """One reading of every device, packed as the history keeps it (see _Stored).
 
-        Per GPU a tick makes two NVML calls (memory, utilization), and lists the GPU's
-        processes only when its used memory moved (see :meth:`_mine`); nothing else is built
-        per device but its readings, so the work around those calls stays small.
+        Per GPU a tick makes two NVML calls (memory, utilization: one
+        :meth:`Nvml.memory_and_utilization_of` for all GPUs), and lists the GPU's processes only
+        when its used memory moved (see :meth:`_mine`).  Nothing is built per device but its
+        readings, and the loop calls nothing else while a GPU's listing stands: a tick comes
+        after a sleep that left the caches cold, and it costs what it touches.
         """
         now = self._clock()
         status = None
         figures, figures_note = self._allocator_figures()
         limits, limit_note, visible, found_note = self._configuration()
         try:
-            count = self.nvml.device_count()
-            indices = tuple(i for i in range(count) if visible is None or i in visible)
+            indices = self._indices(self.nvml.device_count(), visible)
         except NvmlUnavailable as err:
             indices = ()
             status = f"No NVIDIA GPU to chart: {err}"
         layout, gpus, elsewhere = self._plan(figures, indices, limits)
         values: list[Any] = []
         errors: list[str | None] = []
-        for index, cap, figure_values in gpus:
-            readings, note = self._read_gpu(index, cap, now)
-            values += readings
+        readings: list[Any]
+        try:
+            readings = self.nvml.memory_and_utilization_of(indices) if indices else []
+        except Exception as err:  # NVML stopped under us: every GPU's reading failed
+            readings = [err] * len(indices)
+        listings = self._listings
+        for (index, cap, figure_values), reading in zip(gpus, readings, strict=True):
+            if type(reading) is tuple:
+                total, used, busy = reading
+                listed = listings.get(index)
+                if listed is not None and listed[1] == used and 0.0 <= now - listed[0] < LISTING_MAX_AGE_S:
+                    mine, note = listed[2], listed[3]  # the last listing stands (see _mine)
+                else:
+                    mine, note = self._mine(index, used, now)
+                values += (total, used, _GAP if mine is None else mine, cap, _GAP if busy is None else busy)
+            else:
+                note = _failure_note(index, reading)
+                listings.pop(index, None)  # a GPU that answers again is listed afresh
+                values += (_GAP, _GAP, _GAP, cap, _GAP)
             values += figure_values
             errors.append(note)
         for figure_values in elsewhere:
@@ -532,6 +551,17 @@ class Sampler:
             figures.read_at,
             previous,
         )
+
+    def _indices(self, count: int, visible: list[int] | None) -> tuple[int, ...]:
+        """The NVML indices charted: every GPU this kernel sees (all when ``visible`` is None).
+        Worked out again only when the count or the visible GPUs (re-read every
+        ``SLOW_SOURCES_S``) change."""
+        known = self._charted
+        if known is not None and known[0] == count and known[1] is visible:
+            return known[2]
+        indices = tuple(i for i in range(count) if visible is None or i in visible)
+        self._charted = (count, visible, indices)
+        return indices
 
     def _allocator_figures(self) -> tuple[AllocatorFigures, str | None]:
         figures, note = _guarded(self._figures, "the allocator figures", NOTHING_READ)
@@ -577,27 +607,6 @@ class Sampler:
             found_note, _ = _guarded(self._no_gpu_note, "the frameworks' GPUs", None)
             self._slow = (now, (limits, limit_note, visible, found_note or None))
         return self._slow[1]
-
-    def _read_gpu(self, index: int, cap: int, now: float) -> tuple[tuple[Any, ...], str | None]:
-        """One GPU's readings in _READINGS order (_GAP where missing), and the note on what failed."""
-        note: str | None
-        try:
-            memory, busy = self.nvml.memory_and_utilization(index)
-        except GpuLost as err:
-            note = f"{err}; the chart resumes if it answers again"
-        except Exception as err:  # NVMLError: not supported, no permission, ...
-            note = f"GPU {index}: memory reading failed ({err})"
-        else:
-            mine, note = self._mine(index, memory.used_bytes, now)
-            return (
-                memory.total_bytes,
-                memory.used_bytes,
-                _GAP if mine is None else mine,
-                cap,
-                _GAP if busy is None else busy,
-            ), note
-        self._listings.pop(index, None)  # a GPU that answers again is listed afresh
-        return (_GAP, _GAP, _GAP, cap, _GAP), note
 
     def _mine(self, index: int, used: int, now: float) -> tuple[int | None, str | None]:
         """Bytes this kernel's process holds on the GPU; None when NVML cannot say.
@@ -650,6 +659,13 @@ def _checked_keep(seconds: float) -> float:
     """A window of history, held to 1 s .. MAX_WINDOW_S (NaN counts as the least)."""
     seconds = float(seconds)
     return min(seconds, MAX_WINDOW_S) if seconds >= 1.0 else 1.0
+
+
+def _failure_note(index: int, err: Exception) -> str:
+    """What a GPU's chart says when its memory reading failed."""
+    if isinstance(err, GpuLost):
+        return f"{err}; the chart resumes if it answers again"
+    return f"GPU {index}: memory reading failed ({err})"  # NVMLError: not supported, no permission, ...
 
 
 def _guarded(read: Callable[[], Any], what: str, empty: Any) -> tuple[Any, str | None]:
