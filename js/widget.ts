@@ -1,7 +1,7 @@
 // Front end of `%gpu monitor`: one uPlot chart per device, fed by the kernel's sampler.
 //
 // The kernel sends each sample once, as a custom message holding only the new points
-// ({kind: "samples"}); a sample equal to the last one sent comes only as a heartbeat, once a
+// ({kind: "samples"}, their numbers in binary buffers: lab/wire.ts); a sample equal to the last one sent comes only as a heartbeat, once a
 // second, so the time axis and "last sample" go as far as the newest point held (the kernel's
 // widget.py HEARTBEAT_S).  A view asks for the whole history once when it is rendered
 // ({kind: "history"}).  Arrays are trimmed to the time window, so memory stays bounded
@@ -11,6 +11,7 @@ import type { AnyModel, RenderProps } from "@anywidget/types";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import "./widget.css";
+import { type IPackedLayout, unpackSamples } from "./lab/wire";
 
 // -- the kernel's side (tfgpu_magic/kernel/widget.py) ------------------------------------------
 
@@ -48,9 +49,11 @@ export interface IIncomingDevice {
   frameworks?: Record<string, Record<string, Column | undefined> | undefined>;
 }
 
-/** A batch of samples ({kind: "samples"}) or the whole history ({kind: "history"}): widget.py's batch(). */
+/** A batch of samples ({kind: "samples"}) or the whole history ({kind: "history"}): widget.py's batch(),
+ * read back from binary buffers where new samples came in them (lab/wire.ts). */
 export interface ISamples {
   kind: "samples" | "history";
+  packed?: IPackedLayout;
   t: number[];
   d: Record<string, IIncomingDevice>;
   errors?: Record<string, string | null>; // the latest message per device; null clears it
@@ -701,7 +704,8 @@ export class Panel {
   }
 
   // -- data --------------------------------------------------------------------------------
-  receive(msg: ISamples): void {
+  receive(sent: ISamples, buffers?: DataView[]): void {
+    const msg = unpackSamples(sent, buffers); // new samples' numbers come in binary buffers
     if (msg.kind === "history") replaceWithHistory(this.store, msg);
     else if (msg.kind === "samples") ingest(this.store, msg);
     else return;
@@ -801,8 +805,8 @@ function render({ model, el: root }: RenderProps<IMonitorState>): () => void {
   const panel = new Panel(root, model);
   (root as HTMLElement & { __tfgpuPanel?: Panel }).__tfgpuPanel = panel; // for the browser test and the draw-time benchmark
   // What the panel follows: the kernel's messages, and each trait it shows.
-  const handlers: [string, (msg: ISamples) => void][] = [
-    ["msg:custom", (msg) => panel.receive(msg)],
+  const handlers: [string, (msg: ISamples, buffers?: DataView[]) => void][] = [
+    ["msg:custom", (msg, buffers) => panel.receive(msg, buffers)],
     ["change:devices", () => panel.syncDevices()],
     ["change:window", () => panel.setWindow(model.get("window"))],
     ["change:interval", () => panel.showInterval(model.get("interval"))],

@@ -16,6 +16,7 @@ from tfgpu_magic.kernel import monitor, panels
 from tfgpu_magic.kernel.monitor import MAX_HISTORY, Hub, Sampler
 
 from support.fakes import monitor_threads, tf_figures, wait_for
+from support.panel_wire import unpacked
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -241,7 +242,7 @@ def panel_on_fake():
     def open_one(**kwargs):
         panel = widget.MemoryPanel(hub, make, **kwargs)
         panel.sent = []
-        panel.send = lambda content, buffers=None: panel.sent.append(content)
+        panel.send = lambda content, buffers=None: panel.sent.append(unpacked(content, buffers))
         return panel
 
     yield open_one, hub, server, made

@@ -27,6 +27,8 @@ from tfgpu_magic.gpus.simulated import (
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, FigureSeries
 from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, DeviceSample, Hub, Sample, Sampler, _Stored
 
+from support.panel_wire import unpacked
+
 ME = 4242
 MIB = 1024 * 1024
 GPUS = 4  # shared_server's
@@ -198,7 +200,7 @@ def panel():
     sampler = ManualSampler(Nvml(lib=server), ME, interval=0.1, clock=clock, figures=allocator)
     made = widget.MemoryPanel(hub, lambda: sampler, interval=0.1)
     made.sent = []
-    made.send = lambda content, buffers=None: made.sent.append(content)
+    made.send = lambda content, buffers=None: made.sent.append(unpacked(content, buffers))
     yield made, server, clock, sampler, allocator
     made.close()
     hub.stop_all()
@@ -425,7 +427,7 @@ def test_a_tick_makes_two_nvml_calls_a_gpu_and_one_message_a_second_serves_every
     panels = [widget.MemoryPanel(hub, make, interval=0.1) for _ in range(2)]
     for p in panels:
         p.sent = []
-        p.send = lambda content, buffers=None, p=p: p.sent.append(content)
+        p.send = lambda content, buffers=None, p=p: p.sent.append(unpacked(content, buffers))
     try:
         assert len(made) == 1 and hub.sampler is made[0]  # one sampler, one reading a tick, for both
         sampler = made[0]
@@ -506,3 +508,23 @@ def packed_runs(draw):
 def test_a_batch_cut_from_packed_samples_is_the_batch_of_those_samples(stored):
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     assert widget.batch_packed(stored) == widget.batch([s.unpack() for s in stored])
+
+
+@settings(max_examples=200, deadline=None)
+@given(packed_runs())
+def test_a_batch_sent_with_binary_buffers_reads_back_as_the_batch_of_those_samples(stored):
+    """What the panel sends (widget.batch_wire) says what batch() says; samples of one layout
+    carry their numbers in two buffers, and the JSON part holds none of them."""
+    widget = pytest.importorskip("tfgpu_magic.kernel.widget")
+    content, buffers = widget.batch_wire(stored)
+    assert unpacked(content, buffers) == widget.batch([s.unpack() for s in stored])
+    one_layout = all(s.layout is stored[0].layout and s.figures is stored[0].figures for s in stored)
+    keys = [key for key, _, _ in stored[0].layout]
+    if one_layout and len(set(keys)) == len(keys):
+        assert "t" not in content and "d" not in content
+        assert [len(b) for b in map(bytes, buffers)] == [
+            8 * len(stored),
+            8 * len(stored) * len(stored[0].readings),
+        ]
+    else:
+        assert buffers == [] and content == widget.batch_packed(stored)

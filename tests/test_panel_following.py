@@ -18,6 +18,7 @@ from tfgpu_magic.kernel import panels as opening
 from tfgpu_magic.kernel.monitor import THREAD_NAME, Hub, Sampler
 
 from support.fakes import monitor_threads
+from support.panel_wire import unpacked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ME = 4242
@@ -51,7 +52,7 @@ def panels():
     def open_one(**kwargs):
         panel = widget.MemoryPanel(hub, make, **kwargs)
         panel.sent = []
-        panel.send = lambda content, buffers=None: panel.sent.append(content)
+        panel.send = lambda content, buffers=None: panel.sent.append(unpacked(content, buffers))
         return panel
 
     open_one.hub, open_one.server, open_one.made, open_one.seen = hub, server, made, seen
