@@ -13,7 +13,6 @@ from collections import Counter
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import (
@@ -24,10 +23,10 @@ from tfgpu_magic.gpus.simulated import (
     SimulatedProcess,
     shared_server,
 )
-from tfgpu_magic.kernel.allocator_figures import NOTHING_READ, FigureSeries
-from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, DeviceSample, Hub, Sample, Sampler, _Stored
+from tfgpu_magic.kernel.allocator_figures import NOTHING_READ
+from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, Hub, Sampler
 
-from support.panel_wire import unpacked
+from support.panel_wire import packed_runs, unpacked
 
 ME = 4242
 MIB = 1024 * 1024
@@ -454,53 +453,6 @@ def test_a_tick_makes_two_nvml_calls_a_gpu_and_one_message_a_second_serves_every
 
 
 # -- what a batch holds: the same from packed samples as from Samples ------------------------------------
-FRAMEWORK_SERIES = [
-    ("pytorch", "allocated", None),
-    ("pytorch", "reserved", None),
-    ("tensorflow", "in_use", "tf_in_use_bytes"),
-    ("tensorflow", "peak", "tf_peak_bytes"),
-]
-readings = st.one_of(st.none(), st.integers(0, 2**53 - 1))
-
-
-@st.composite
-def packed_runs(draw):
-    """Samples as the sampler keeps them: one or two layouts, gaps, errors, figures and notes."""
-    charted = draw(st.lists(st.sampled_from(FRAMEWORK_SERIES), unique=True, max_size=3))
-    series = tuple(FigureSeries(f, s, f"{f}: {s}", wire) for f, s, wire in charted)
-    layouts = draw(
-        st.lists(
-            st.lists(st.sampled_from(["gpu0", "gpu1", "gpu2", "tensorflow:CPU:0"]), min_size=1, max_size=3),
-            min_size=1,
-            max_size=2,
-        )
-    )
-    stored, previous = [], None
-    for i in range(draw(st.integers(1, 6))):
-        keys = layouts[draw(st.integers(0, len(layouts) - 1))]
-        devices = tuple(
-            DeviceSample(
-                key,
-                f"label of {key}",
-                *(draw(readings) for _ in range(3)),
-                limit_bytes=draw(readings),
-                error=draw(st.sampled_from([None, "GPU 1 stopped answering"])),
-                utilization_percent=draw(st.one_of(st.none(), st.integers(0, 100))),
-                figures=tuple((f, s, draw(readings)) for f, s, _ in charted) if key != "gpu2" else (),
-            )
-            for key in keys
-        )
-        sample = Sample(
-            1_700_000_000.0 + i / 10,
-            devices,
-            draw(st.sampled_from([None, "a note"])),
-            series,
-            draw(st.sampled_from([None, 1_700_000_000.0])),
-            draw(st.sampled_from([(), ("JAX: not started",)])),
-        )
-        previous = _Stored.pack(sample, previous)
-        stored.append(previous)
-    return stored
 
 
 @settings(max_examples=200, deadline=None)

@@ -11,10 +11,10 @@ import json
 import subprocess
 
 from hypothesis import HealthCheck, given, settings
-from test_monitor_cost import packed_runs
 
 from tfgpu_magic.kernel import widget
 
+from support.panel_wire import packed_runs
 from support.typescript import compiled_module, node
 
 READ_BACK = """
