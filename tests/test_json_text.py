@@ -63,3 +63,28 @@ def test_strict_json_writes_what_it_wrote_before(tree):
 def test_strict_json_still_nulls_a_nan_and_says_where():
     written = json.loads(strict_json({"value": math.nan, "notes": []}, indent=2))
     assert written["value"] is None and "value (nan)" in written["notes"][0]
+
+
+def test_subclasses_are_written_as_json_writes_them():
+    import collections
+    import enum
+    from typing import NamedTuple
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Word(str, enum.Enum):
+        ON = "on"
+
+    class Pair(NamedTuple):
+        a: int
+        b: str
+
+    tree = {
+        "level": Level.HIGH,
+        "word": Word.ON,
+        "pair": Pair(1, "x"),
+        "ordered": collections.OrderedDict([("z", 1), ("a", [True, None, 0.5])]),
+        Level.HIGH: "an int key",
+    }
+    assert indented(tree, 2) == json.dumps(tree, indent=2, allow_nan=False)

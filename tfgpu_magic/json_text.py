@@ -13,10 +13,17 @@ it byte for byte against ``json.dumps`` over generated trees.
 
 from __future__ import annotations
 
-from json.encoder import encode_basestring_ascii
+from collections.abc import Callable
 from typing import Any
 
+try:  # the C function json.encoder itself uses; importing json would load its decoder too
+    from _json import encode_basestring_ascii
+except ImportError:  # an interpreter without json's accelerator
+    from json.encoder import encode_basestring_ascii
+
 __all__ = ["NotPlainJson", "indented"]
+
+_NULL, _TRUE, _FALSE = "null", "true", "false"
 
 
 class NotPlainJson(TypeError):
@@ -33,18 +40,9 @@ def indented(value: Any, indent: int) -> str:
 
 def _write(value: Any, out: list[str], newline: str, step: str) -> None:
     """``value`` appended to ``out``; ``newline``: a line break and the current level's indent."""
-    if isinstance(value, str):
-        out.append(encode_basestring_ascii(value))
-    elif value is None:
-        out.append("null")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif isinstance(value, int):
-        out.append(int.__repr__(value))
-    elif isinstance(value, float):
-        out.append(_float(value))
+    leaf = _LEAVES.get(type(value))
+    if leaf is not None:
+        out.append(leaf(value))
     elif isinstance(value, (list, tuple)):
         if not value:
             out.append("[]")
@@ -52,8 +50,12 @@ def _write(value: Any, out: list[str], newline: str, step: str) -> None:
         inner = newline + step
         lead = "[" + inner
         for item in value:
-            out.append(lead)
-            _write(item, out, inner, step)
+            leaf = _LEAVES.get(type(item))  # most items are leaves: written without a call of _write
+            if leaf is not None:
+                out.append(lead + leaf(item))
+            else:
+                out.append(lead)
+                _write(item, out, inner, step)
             lead = "," + inner
         out.append(newline + "]")
     elif isinstance(value, dict):
@@ -63,12 +65,29 @@ def _write(value: Any, out: list[str], newline: str, step: str) -> None:
         inner = newline + step
         lead = "{" + inner
         for key, item in value.items():
-            out.append(lead)
-            out.append(_key(key))
-            out.append(": ")
-            _write(item, out, inner, step)
+            name = _key(key) if type(key) is not str else encode_basestring_ascii(key)
+            leaf = _LEAVES.get(type(item))
+            if leaf is not None:
+                out.append(lead + name + ": " + leaf(item))
+            else:
+                out.append(lead + name + ": ")
+                _write(item, out, inner, step)
             lead = "," + inner
         out.append(newline + "}")
+    else:
+        _write_subclass(value, out, newline, step)
+
+
+def _write_subclass(value: Any, out: list[str], newline: str, step: str) -> None:
+    """A str, int or float of a subclass (an enum's member, say), written as ``json`` writes it."""
+    if isinstance(value, str):
+        out.append(encode_basestring_ascii(value))
+    elif isinstance(value, int):
+        out.append(int.__repr__(value))
+    elif isinstance(value, float):
+        out.append(_float(value))
+    elif isinstance(value, (list, tuple, dict)):
+        _write(list(value) if not isinstance(value, dict) else dict(value), out, newline, step)
     else:
         raise NotPlainJson(f"not written here: {type(value).__name__}")
 
@@ -94,3 +113,13 @@ def _key(key: Any) -> str:
     if isinstance(key, float):
         return '"' + _float(key) + '"'
     raise NotPlainJson(f"not a JSON key: {type(key).__name__}")
+
+
+# Exact types only: a subclass (bool of int, an enum's member of str) takes :func:`_write_subclass`'s way.
+_LEAVES: dict[type, Callable[[Any], str]] = {
+    str: encode_basestring_ascii,
+    int: int.__repr__,
+    float: _float,
+    bool: lambda value: _TRUE if value else _FALSE,
+    type(None): lambda value: _NULL,
+}

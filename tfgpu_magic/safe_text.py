@@ -20,7 +20,6 @@ is how every JSON this product writes is written (the server's reply, ``%gpu sta
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from typing import Any
@@ -139,4 +138,6 @@ def _dumps(value: Any, indent: int | None) -> str:
             return indented(value, indent)
         except NotPlainJson:
             pass
+    import json  # here: a status written by the writer above loads no more than its encoding function
+
     return json.dumps(value, indent=indent, allow_nan=False)
