@@ -379,26 +379,6 @@ class Nvml:
         except ReadingFailed:
             return None
 
-    def memory_and_utilization(self, index: int) -> tuple[MemoryInfo, int | None]:
-        """:meth:`memory` and :meth:`utilization` of one GPU in one call (a tick of ``%gpu monitor``
-        makes one per GPU): the utilization is None where NVML has no such reading.
-
-        Raises as :meth:`memory` does when the memory reading fails.
-        """
-        lib = self._lib if self._started else self._ensure_started()
-        handle = self._handles.get(index)
-        if handle is None:
-            handle = self._handle(index)
-        try:
-            memory = _memory_info(lib, handle)
-        except Exception as err:
-            raise self._failed(index, MEMORY, err) from err
-        try:
-            return memory, _utilization(lib, handle)
-        except Exception as err:  # many GPUs lack the reading: a gap, not a failure
-            self._failed(index, UTILIZATION, err)  # (a lost GPU's handle is dropped all the same)
-            return memory, None
-
     def memory_and_utilization_of(self, indices: Iterable[int]) -> list[MonitorReading | Exception]:
         """Total and used bytes and utilization (None where NVML has no such reading) of each GPU
         in ``indices``, in order: a tick of ``%gpu monitor``, two NVML calls a GPU.

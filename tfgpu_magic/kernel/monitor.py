@@ -520,8 +520,8 @@ class Sampler:
         Per GPU a tick makes two NVML calls (memory, utilization: one
         :meth:`Nvml.memory_and_utilization_of` for all GPUs), and lists the GPU's processes only
         when its used memory moved (see :meth:`_mine`).  Nothing is built per device but its
-        readings, and the loop calls nothing else while a GPU's listing stands: a tick comes
-        after a sleep that left the caches cold, and it costs what it touches.
+        readings: a tick comes after a sleep that left the caches cold, and it costs what it
+        touches.
         """
         now = self._clock()
         status = None
@@ -540,19 +540,14 @@ class Sampler:
             readings = self.nvml.memory_and_utilization_of(indices) if indices else []
         except Exception as err:  # NVML stopped under us: every GPU's reading failed
             readings = [err] * len(indices)
-        listings = self._listings
         for (index, cap, figure_values), reading in zip(gpus, readings, strict=True):
             if type(reading) is tuple:
                 total, used, busy = reading
-                listed = listings.get(index)
-                if listed is not None and listed[1] == used and 0.0 <= now - listed[0] < LISTING_MAX_AGE_S:
-                    mine, note = listed[2], listed[3]  # the last listing stands (see _mine)
-                else:
-                    mine, note = self._mine(index, used, now)
+                mine, note = self._mine(index, used, now)
                 values += (total, used, _GAP if mine is None else mine, cap, _GAP if busy is None else busy)
             else:
                 note = _failure_note(index, reading)
-                listings.pop(index, None)  # a GPU that answers again is listed afresh
+                self._listings.pop(index, None)  # a GPU that answers again is listed afresh
                 values += (_GAP, _GAP, _GAP, cap, _GAP)
             values += figure_values
             errors.append(note)
