@@ -89,10 +89,9 @@ class Proc:
         directory = self.open_process(pid)
         try:
             found: list[bytes | Exception] = []
-            # read_in's work, written out: it runs for every process of a cold status
             for name, limit in wanted:
                 try:
-                    found.append(_read_upto(os.open(name, _FILE_FLAGS, dir_fd=directory), limit))
+                    found.append(self.read_in(directory, name, limit))
                 except OSError as err:
                     found.append(err)
             return found
