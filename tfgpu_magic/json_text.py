@@ -23,8 +23,6 @@ except ImportError:  # an interpreter without json's accelerator
 
 __all__ = ["NotPlainJson", "indented"]
 
-_NULL, _TRUE, _FALSE = "null", "true", "false"
-
 
 class NotPlainJson(TypeError):
     """A value outside what :func:`indented` writes (an object ``json`` would pass to ``default``)."""
@@ -120,6 +118,6 @@ _LEAVES: dict[type, Callable[[Any], str]] = {
     str: encode_basestring_ascii,
     int: int.__repr__,
     float: _float,
-    bool: lambda value: _TRUE if value else _FALSE,
-    type(None): lambda value: _NULL,
+    bool: lambda value: "true" if value else "false",
+    type(None): lambda value: "null",
 }
