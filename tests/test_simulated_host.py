@@ -257,3 +257,18 @@ def test_the_documented_name_is_there():
         "NVIDIA RTX A5000",
         "Tesla T4",
     ]
+
+
+def test_a_young_process_found_not_to_be_a_kernel_is_looked_at_again():
+    """A kernel seen between its fork and its exec has its start time and its parent's command
+    line: while it is young, "not a kernel" is not kept, so the next scan sees what it became."""
+    server = simulated.LiveKernelsNvml([simulated.SimulatedGpu(name="GPU", total_mib=1024)])
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        answers = iter([None, 3])
+        assert server._remember(child.pid, lambda pid: next(answers)) is None
+        assert server._remember(child.pid, lambda pid: next(answers)) == 3  # read again, then kept
+        assert server._remember(child.pid, lambda pid: 99) == 3
+    finally:
+        child.kill()
+        child.wait()

@@ -51,6 +51,9 @@ from typing import Any
 from . import SIMULATED_SOURCE_ENV
 
 RECHECK_NOT_A_KERNEL_S = 1.0  # a process found not to be a kernel is looked at again after this
+# A process younger than this found not to be a kernel is looked at again at every scan: it may be
+# a kernel between its fork and its exec (same start time, its parent's command line).
+YOUNG_PROCESS_S = 5.0
 
 __all__ = [
     "DEMO_KERNEL_PID",
@@ -712,7 +715,7 @@ class LiveKernelsNvml(SimulatedNvml):
             if known[1] is not None or now - known[2] < RECHECK_NOT_A_KERNEL_S:
                 return known[1]
         value = read(pid)
-        if identity is not NoIdentity.UNKNOWN:
+        if identity is not NoIdentity.UNKNOWN and (value is not None or not _young(identity)):
             self._remembered[pid] = (identity, value, now)
         return value
 
@@ -922,6 +925,19 @@ class HostKernelsNvml(LiveKernelsNvml):
         """Whether the process is a kernel placed here: :func:`is_ipython_kernel` of its command
         line, and one of ``users``' when they are given."""
         return _host_kernel(pid) and (self.users is None or _user_of(pid) in self.users)
+
+
+def _young(identity: object) -> bool:
+    """Whether the process of ``identity`` (``owners.stat_identity``'s: start ticks since boot and
+    name from ``/proc``, or a create time elsewhere) is younger than ``YOUNG_PROCESS_S``."""
+    from .process_table import PROC
+
+    if isinstance(identity, tuple):
+        started_s: float = identity[0] / PROC.ticks_per_s()
+        return PROC.since_boot_s() - started_s < YOUNG_PROCESS_S
+    if isinstance(identity, float):
+        return time.time() - identity < YOUNG_PROCESS_S
+    return False
 
 
 def _host_kernel(pid: int) -> bool:
