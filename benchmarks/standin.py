@@ -52,11 +52,16 @@ class LiveServer(SimulatedNvml):
     grows or shrinks every 2 s (a training job's allocator at work), so a reader that sends
     only what changed still has something to send, as on a GPU in use."""
 
+    sample_period_us = 100_000  # the driver's utilization samples: one each time it moves
+
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
         reading = super().nvmlDeviceGetUtilizationRates(handle)
-        tenth = int(time.monotonic() * 10)
-        reading.gpu = (37 * tenth + 11 * int(handle)) % 101
+        reading.gpu = self.utilization_at(handle, int(time.time() * 1_000_000))
         return reading
+
+    def utilization_at(self, handle: Any, at_us: int) -> int:
+        """What the GPU's utilization was at ``at_us``: the newest sample's, as the driver answers."""
+        return (37 * (at_us // self.sample_period_us) + 11 * int(handle)) % 101
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimpleNamespace:
         gpu = self.gpus[int(handle)]

@@ -198,14 +198,40 @@ def test_sampling_goes_on_while_the_main_thread_is_busy():
     s = sampler(interval=0.1)
     s.start()
     try:
-        before = len(s.history)
-        end = time.monotonic() + 0.6
+        end = time.monotonic() + 1.6  # the first reading, then a hand-on of ten (HAND_ON_S)
         while time.monotonic() < end:  # a busy cell: no sleeping, no event loop
             sum(range(1000))
-        assert len(s.history) - before >= 3
+        assert len(s.history) >= 11
     finally:
         s.stop()
     assert not s.running
+
+
+def test_the_thread_hands_on_its_first_reading_at_once_then_a_second_of_them_and_at_a_stop_what_waits():
+    s = sampler(interval=0.1)
+    batches: list[int] = []
+    s.subscribe(lambda handed: batches.append(len(handed)), packed=True)
+    s.start()
+    try:
+        wait_for(lambda: len(batches) >= 3, timeout=10)
+    finally:
+        assert s.stop()
+    assert batches[:3] == [1, 10, 10]  # HAND_ON_S at 0.1 s: ten readings a hand-on
+    assert 1 <= len(batches) and batches[-1] <= 10  # the stop handed on what waited
+    assert sum(batches) == len(s.history) and s._waiting == []  # every reading taken was handed on
+
+
+def test_a_panel_joining_a_running_sampler_gets_the_readings_at_once():
+    s = sampler(interval=0.1)
+    s.start()
+    try:
+        wait_for(lambda: len(s.history) >= 1)
+        time.sleep(0.35)  # readings wait for the next hand-on
+        waited = len(s.history)
+        s.start()  # what Hub.join does for a new panel
+        wait_for(lambda: len(s.history) > waited, timeout=0.5)
+    finally:
+        s.stop()
 
 
 def test_a_shorter_interval_takes_effect_without_waiting_out_the_old_one():

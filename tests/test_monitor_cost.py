@@ -328,6 +328,20 @@ def test_busy_gpus_at_a_tenth_of_a_second_send_one_message_a_second_holding_ever
     assert all(len(col) == len(m["t"]) for m in p.sent for dev in m["d"].values() for col in dev.values())
 
 
+def test_a_hand_on_of_a_second_of_changing_samples_is_one_message_holding_them_all(panel):
+    p, server, clock, s, _ = panel
+    ticks(s, clock, 11)  # the first message, then a second of the same
+    sent, quiet = len(p.sent), clock.now
+    for _ in range(10):  # as the thread takes them: read each tick, handed on together
+        clock.now += 0.1
+        server.gpus[0].utilization = (server.gpus[0].utilization + 1) % 100
+        s._read()
+    handed = s._hand_on()
+    assert len(p.sent) == sent + 1
+    # the last unchanged sample first: the chart holds the old value up to the change
+    assert p.sent[-1]["t"] == [quiet] + [h.time_s for h in handed]
+
+
 def test_a_change_after_a_second_without_messages_goes_out_at_once(panel):
     p, server, clock, s, _ = panel
     ticks(s, clock, 11)  # one message, then a second of the same

@@ -56,7 +56,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any, TypeVar
 
 from ..records import Record
@@ -104,6 +104,7 @@ MIG_IDS = "MIG instance ids"
 MAX_MIG_DEVICES = 64  # more than any GPU has (an A100 or H100: 7); bounds a driver's answer
 PROCESSES = "processes"
 PROCESS_UTILIZATION = "process utilization"
+UTILIZATION_SAMPLES = "utilization samples"
 MAX_SAMPLES = 4096  # utilization samples looked at per reading: bounds a driver's (or a fake's) answer
 GRAPHICS_PROCESSES = "graphics processes"
 
@@ -379,9 +380,12 @@ class Nvml:
         except ReadingFailed:
             return None
 
-    def memory_and_utilization_of(self, indices: Iterable[int]) -> list[MonitorReading | Exception]:
-        """Total and used bytes and utilization (None where NVML has no such reading) of each GPU
-        in ``indices``, in order: a tick of ``%gpu monitor``, two NVML calls a GPU.
+    def memory_and_utilization_of(
+        self, indices: Iterable[int], utilization: Container[int] | None = None
+    ) -> list[MonitorReading | Exception]:
+        """Total and used bytes and utilization (None where NVML has no such reading, or where
+        not asked: only GPUs in ``utilization`` when given) of each GPU in ``indices``, in order:
+        a tick of ``%gpu monitor``, one or two NVML calls a GPU.
 
         A GPU whose memory reading fails gets, in its place, the :class:`GpuLost` or
         :class:`ReadingFailed` that :meth:`memory` would raise; the other GPUs are read all the
@@ -413,13 +417,36 @@ class Nvml:
                 total, used = memory.total_bytes, memory.used_bytes
                 if version is not None and _version_2_missing(lib, err):
                     self._memory_v1 = True  # the next ticks ask for version 1 straight away
-            try:
-                percent: int | None = _utilization(lib, handle)
-            except Exception as err:  # many GPUs lack the reading: a gap, not a failure
-                self._failed(index, UTILIZATION, err)  # (a lost GPU's handle is dropped all the same)
-                percent = None
+            percent: int | None = None
+            if utilization is None or index in utilization:
+                try:
+                    percent = _utilization(lib, handle)
+                except Exception as err:  # many GPUs lack the reading: a gap, not a failure
+                    self._failed(index, UTILIZATION, err)  # (a lost GPU's handle is dropped all the same)
             found.append((total, used, percent))
         return found
+
+    def utilization_samples(self, index: int, since_us: int = 0) -> list[tuple[int, int]]:
+        """The driver's own GPU-utilization samples of one GPU newer than ``since_us``, as (CPU
+        time in microseconds, percent), oldest first: one ``nvmlDeviceGetSamples`` call.
+
+        The driver keeps a buffer of them (one every 1/6 s to 1 s, by product), each what
+        ``nvmlDeviceGetUtilizationRates`` answers while it is the newest; NVML's reference
+        recommends reading the buffer over polling for frequent readings.  No sample since then
+        (``NOT_FOUND``) is an empty list.  Raises :class:`GpuLost` or :class:`ReadingFailed`
+        (``NOT_SUPPORTED``: a GPU in MIG mode; a binding without the function).
+        """
+        lib = self._ensure_started()
+        handle = self._handle(index)
+        try:
+            found = lib.nvmlDeviceGetSamples(
+                handle, getattr(lib, "NVML_GPU_UTILIZATION_SAMPLES", 1), int(since_us)
+            )
+        except Exception as err:
+            if _is_nvml_error(lib, err) and _code(err) == getattr(lib, "NVML_ERROR_NOT_FOUND", 6):
+                return []
+            raise self._failed(index, UTILIZATION_SAMPLES, err) from err
+        return self._read(index, UTILIZATION_SAMPLES, _utilization_samples, found, int(since_us))
 
     def process_utilization(self, index: int, since_us: int = 0) -> ProcessUtilization:
         """NVML's per-process utilization samples of one GPU newer than ``since_us`` (one call).
@@ -801,6 +828,29 @@ def _samples(index: int, samples: Any, since_us: int) -> ProcessUtilization:
         percent[pid] = max(percent.get(pid, 0), sm)
         latest = max(latest, at)
     return ProcessUtilization(index, percent, latest)
+
+
+# nvmlValue_t's member for each nvmlValueType_t: what a sample's value is read as.
+_SAMPLE_VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _utilization_samples(found: Any, since_us: int) -> list[tuple[int, int]]:
+    """``nvmlDeviceGetSamples``' answer, (value type, samples), as sorted (time, percent) pairs
+    newer than ``since_us``; a value that is no percentage fails the reading."""
+    value_type, samples = found
+    field = _SAMPLE_VALUE_FIELDS[int(value_type)]
+    kept = []
+    for n, sample in enumerate(samples or []):
+        if n >= MAX_SAMPLES:
+            break
+        at, value = int(sample.timeStamp), getattr(sample.sampleValue, field)
+        percent = round(value)
+        if not 0 <= percent <= 100:
+            raise ValueError(f"NVML gave a utilization sample of {value}%")
+        if at > since_us:
+            kept.append((at, percent))
+    kept.sort()
+    return kept
 
 
 def _compute_capability(lib: Any, handle: Any) -> tuple[int, int]:

@@ -217,10 +217,11 @@ class SimulatedNvml:
     NVML_ERROR_GPU_NOT_FOUND = NVML_ERROR_GPU_NOT_FOUND
     NVML_ERROR_UNKNOWN = NVML_ERROR_UNKNOWN
     NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
+    NVML_GPU_UTILIZATION_SAMPLES = 1
     nvmlMemory_v2 = 0x02000028  # pynvml's constant: asks for the version-2 memory reading
     memory_v2 = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2
     cuda_driver_version = 12080  # nvmlSystemGetCudaDriverVersion: CUDA 12.8; None: not supported
-    sample_period_us = 166_667  # the driver samples process utilization about six times a second
+    sample_period_us = 166_667  # the driver samples utilization (per process too) about six times a second
 
     def __init__(self, gpus: list[SimulatedGpu], driver: bool = True) -> None:
         self.gpus = gpus
@@ -374,6 +375,39 @@ class SimulatedNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         return self._processes(handle, "graphics")
+
+    def nvmlDeviceGetSamples(self, handle: Any, samplingType: int, timeStamp: int) -> tuple[int, list[Any]]:
+        """GPU-utilization samples newer than ``timeStamp`` (microseconds), as pynvml returns them:
+        (``NVML_VALUE_TYPE_UNSIGNED_INT``, ``c_nvmlSample_t``-like records, oldest first).
+
+        As the driver does: one sample every ``sample_period_us``, at fixed times of the clock,
+        the last ``UTILIZATION_SAMPLES_KEPT`` of them kept; each holds the utilization of its
+        time (:meth:`utilization_at`).  None newer is ``NOT_FOUND``; other sampling types, a GPU
+        in MIG mode and a MIG device are ``NOT_SUPPORTED``.
+        """
+        if isinstance(handle, SimulatedMigHandle):
+            self._mig(handle, "utilization")
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "utilization")
+        if gpu.mig or int(samplingType) != 1:  # NVML_GPU_UTILIZATION_SAMPLES only
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        period = self.sample_period_us
+        newest = int(self.clock() * 1_000_000) // period * period
+        times = [newest - n * period for n in range(self.UTILIZATION_SAMPLES_KEPT)]
+        samples = [
+            SimpleNamespace(timeStamp=at, sampleValue=SimpleNamespace(uiVal=self.utilization_at(handle, at)))
+            for at in reversed(times)
+            if at > int(timeStamp)
+        ]
+        if not samples:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return 1, samples
+
+    UTILIZATION_SAMPLES_KEPT = 30  # the driver's buffer is bounded: 5 s at six samples a second
+
+    def utilization_at(self, handle: Any, at_us: int) -> int:
+        """The GPU's utilization at ``at_us``: here its utilization now (a test sets it)."""
+        return int(self.gpus[handle].utilization)
 
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[SimpleNamespace]:
         """pynvml's ``nvmlProcessUtilizationSample_t`` records newer than ``timeStamp`` (microseconds).

@@ -15,6 +15,9 @@ Readings are bytes.  A reading that failed is ``None`` (drawn as a gap), never 0
 
 A tick reads each GPU's memory and utilization; its process lists (for this kernel's share) only
 when its used memory moved since they were last read, or they are ``LISTING_MAX_AGE_S`` old.
+That is all a tick does: once every ``HAND_ON_S`` the readings taken since are packed into the
+history and handed to the panels together, and the sources besides NVML (allocator figures,
+limits, visible GPUs) are read again for the next ticks.
 
 At most one sampler thread runs per kernel: a stop that finds the thread inside a slow
 reading (a hung NVML call) says so, and a new panel takes that thread back rather than start
@@ -24,6 +27,7 @@ a second one beside it.
 from __future__ import annotations
 
 import atexit
+import bisect
 import math
 import operator
 import os
@@ -66,6 +70,18 @@ SLOW_SOURCES_S = 2.0  # limits, visible GPUs: configuration, re-read this often
 # within one tick, leaving "used" as it was.  2 s, as for the configuration above: the figure for
 # this kernel is then never staler than the limits shown beside it.
 LISTING_MAX_AGE_S = 2.0
+# The thread reads NVML on every tick and hands its readings on (packed into the history, given
+# to the panels) once this often: packing, comparing and sending then run once for ten readings
+# at 0.1 s, warm, instead of after each sleep, when the caches are cold and every first touch
+# costs several times its warm cost.  A panel sends at most one message a second anyway
+# (widget.MAX_MESSAGES_PER_S), so what it shows comes no later than it did.
+HAND_ON_S = 1.0
+# A GPU's utilization comes from the driver's own buffer of samples (Nvml.utilization_samples),
+# read at each hand-on: one NVML call a second instead of one a tick.  A tick's utilization is
+# the newest sample taken at or before it, if no older than this (the driver samples every 1/6 s
+# to 1 s); a GPU whose driver keeps no samples, or stamps them with a clock that is not this
+# sampler's, is read each tick instead (nvmlDeviceGetUtilizationRates, the newest sample).
+UTILIZATION_SAMPLE_MAX_AGE_S = 2.0
 # Sleeps this short are time.sleep, which a stop or a new interval waits out (see Sampler._sleep_until).
 SHORT_SLEEP_S = 0.25
 STOP_WAIT_S = 5.0  # how long a stop waits for a reading in progress before saying it still runs
@@ -136,6 +152,48 @@ _NO_READINGS = (_GAP,) * len(_READINGS)
 # A tick's plan (see Sampler._plan): the layout; per GPU (index, cap, figure values); the figure
 # values of the framework devices on no charted GPU.
 _Plan = tuple[tuple[tuple[str, str, tuple], ...], list[tuple[int, int, list]], list[list]]
+
+
+class _TickPlan:
+    """What the ticks between two hand-ons read, and what their samples hold besides readings
+    (made by Sampler._make_plan from the sources as they were at the first of those ticks)."""
+
+    __slots__ = (
+        "elsewhere",
+        "elsewhere_errors",
+        "figures",
+        "figures_at",
+        "gpus",
+        "indices",
+        "layout",
+        "rates",
+        "sampled",
+        "status",
+    )
+
+    def __init__(
+        self,
+        indices: tuple[int, ...],
+        gpus: list[tuple[int, int, list]],
+        elsewhere: list[Any],
+        elsewhere_errors: list[None],
+        layout: tuple,
+        status: str | None,
+        figures: tuple,
+        figures_at: float | None,
+    ) -> None:
+        self.indices = indices  # the NVML indices read
+        self.gpus = gpus  # per GPU read: (index, cap, figure values)
+        self.elsewhere = elsewhere  # the packed values of the framework devices on no charted GPU
+        self.elsewhere_errors = elsewhere_errors
+        self.layout = layout
+        self.status = status
+        self.figures = figures  # (series, figure notes)
+        self.figures_at = figures_at
+        self.rates: frozenset[int] = frozenset()  # the GPUs whose utilization a tick reads itself
+        # (index, offset of its utilization in a tick's values) of the GPUs whose utilization
+        # the hand-on fills from the driver's samples.
+        self.sampled: list[tuple[int, int]] = []
 
 
 def _layout_of(device: DeviceSample) -> tuple[str, str, tuple[tuple[str, str], ...]]:
@@ -277,8 +335,11 @@ def _nothing_read() -> AllocatorFigures:
 class Sampler:
     """Reads every device once per ``interval`` seconds on a daemon thread.
 
-    ``tick()`` takes one sample synchronously (what the thread calls; tests call it too).
-    Listeners are called on the sampler thread with each new :class:`Sample`.
+    ``tick()`` takes one sample synchronously and hands it on (tests call it).  The thread
+    reads on every tick and hands its readings on every ``HAND_ON_S`` (its first at once, the
+    rest when it stops).  Listeners are called on the sampler thread with each new
+    :class:`Sample`; packed listeners with the list of samples handed on, as the history
+    keeps them.
     """
 
     def __init__(
@@ -312,8 +373,16 @@ class Sampler:
         self._slow: tuple[float, tuple[Any, ...]] | None = None
         # Per GPU: its key and label, once NVML has named it (a name never changes).
         self._names: dict[int, tuple[str, str]] = {}
-        # Per GPU: the last good process listing, as (clock time, used bytes then, mine, note).
+        # Per GPU: the last good process listing, as (clock time, used bytes then, mine or _GAP, note).
         self._listings: dict[int, tuple[float, int, int | None, str | None]] = {}
+        # Readings taken since the last hand-on: (time, plan, values, errors), or (exception,).
+        self._waiting: list[tuple] = []
+        self._plan_now: _TickPlan | None = None  # what the ticks read until the next hand-on
+        self._hand_on_next = False  # set by start(): the next reading is handed on at once
+        # Per GPU: True while its utilization comes from the driver's samples, False when a tick
+        # reads it (see UTILIZATION_SAMPLE_MAX_AGE_S); absent until a plan has found out.
+        self._from_samples: dict[int, bool] = {}
+        self._last_sample: dict[int, tuple[int, int]] = {}  # per GPU: the newest (time in us, percent)
         # The last plan of a tick (see _plan), with the sources it was made from.
         self._planned: tuple[AllocatorFigures, Mapping[int, int], tuple[int, ...], _Plan] | None = None
         # The GPUs charted, with the device count and visible GPUs they were worked out from.
@@ -355,7 +424,8 @@ class Sampler:
     # -- listeners and history --------------------------------------------------------------
     def subscribe(self, listener: Callable[[Any], None], *, packed: bool = False) -> None:
         """``listener`` is called on the sampler thread with each new :class:`Sample`; with
-        ``packed``, with the sample as the history keeps it (no Sample is then built for it)."""
+        ``packed``, once a hand-on with the list of its samples as the history keeps them (no
+        Sample is then built for them)."""
         with self._lock:
             self._listeners.append((listener, packed))
 
@@ -392,6 +462,7 @@ class Sampler:
         instead: this sampler never has two threads."""
         with self._state:
             self._stopping.clear()
+            self._hand_on_next = True  # a panel that starts (or joins) it has its first reading at once
             if self._looping:
                 return  # running, or finishing a reading: it goes on
             old = self._thread
@@ -439,16 +510,35 @@ class Sampler:
     def _run(self) -> None:
         deadline = time.monotonic()
         while True:
-            with self._state:  # the decision to end, and start() taking the thread back, exclude each other
-                if self._stopping.is_set():
-                    self._looping = False
-                    return
-            self._take()  # never raises
+            if self._stopping.is_set():
+                self._hand_on()  # what was read reaches the history and the panels
+                with (
+                    self._state
+                ):  # the decision to end, and start() taking the thread back, exclude each other
+                    if self._stopping.is_set():
+                        self._looping = False
+                        return
+            self._read()  # never raises
+            if self._hand_on_next or len(self._waiting) >= self._readings_per_hand_on():
+                self._hand_on_next = False
+                self._hand_on()
+                self._plan_now = self._plan_or_none()  # warm, for the next ticks
             # Sleep to a deadline rather than for `interval`, so ticks do not drift by the
             # time a reading takes; after a stall (suspended VM) restart from now.
             deadline = max(deadline + self._interval, time.monotonic())
             if self._sleep_until(deadline):
                 deadline = time.monotonic()  # woken (held again: the next wake releases it)
+
+    def _plan_or_none(self) -> _TickPlan | None:
+        """A plan, or None when making one fails: the next tick makes it, and its sample says why."""
+        try:
+            return self._make_plan()
+        except Exception:
+            return None
+
+    def _readings_per_hand_on(self) -> int:
+        """Ticks between two hand-ons: as many as fill ``HAND_ON_S`` (one a tick from 1 s on)."""
+        return max(1, math.ceil(HAND_ON_S / self._interval - 1e-9))
 
     def _sleep_until(self, deadline: float) -> bool:
         """Sleep to ``deadline`` (monotonic); True when woken (a stop, a new interval).
@@ -473,33 +563,57 @@ class Sampler:
         Never raises: a reading that fails in a way :meth:`read` does not expect becomes a
         sample of gaps with a note, and the next tick tries again.
         """
-        stored, sample = self._take()
-        return stored.unpack() if sample is None else sample
+        self._plan_now = None  # the sources read afresh, as the thread does after a hand-on
+        self._read()
+        return self._hand_on()[-1].unpack()
 
-    def _take(self) -> tuple[_Stored, Sample | None]:
-        """One tick, packed: a :class:`Sample` is built only for listeners that take one."""
+    def _read(self) -> None:
+        """One tick of the thread: NVML's readings of every charted GPU, kept in ``_waiting``
+        until :meth:`_hand_on`.  Never raises (a failure is kept as the reading)."""
+        try:
+            plan = self._plan_now or self._make_plan()
+            self._plan_now = plan
+            now = self._clock()
+            self._waiting.append((now, plan, *self._readings(plan, now)))
+        except Exception as err:
+            self._waiting.append((err,))
+
+    def _hand_on(self) -> list[_Stored]:
+        """The readings taken since the last hand-on, packed into the history and handed to the
+        listeners (a packed listener takes them all in one call); the sources are read again
+        for the next ticks.  Returns the samples handed on."""
+        waiting, self._waiting = self._waiting, []
+        self._plan_now = None
+        self._fill_utilization(waiting)
         with self._lock:
             previous = self.history[-1] if self.history else None
-        try:
-            stored, failed = self._read_packed(previous), False
-        except Exception as err:
-            stored, failed = _Stored.pack(self._failed(err), previous), True
+        handed: list[_Stored] = []
+        layout = None
+        for reading in waiting:
+            if len(reading) == 1:
+                previous = _Stored.pack(self._failed(reading[0]), previous)
+            else:
+                now, plan, values, errors = reading
+                previous = self._stored(now, plan, values, errors, previous)
+                layout = previous.layout
+            handed.append(previous)
         with self._lock:
-            self.history.append(stored)
-            if not failed:
-                self._layout = stored.layout
+            self.history.extend(handed)
+            if layout is not None:
+                self._layout = layout
             listeners = list(self._listeners)
-        sample = None
+        samples: list[Sample] | None = None
         for listener, packed in listeners:
             try:
                 if packed:
-                    listener(stored)
+                    listener(handed)
                 else:
-                    sample = stored.unpack() if sample is None else sample
-                    listener(sample)
+                    samples = [s.unpack() for s in handed] if samples is None else samples
+                    for sample in samples:
+                        listener(sample)
             except Exception:  # a broken panel must not stop the others' sampling
                 pass
-        return stored, sample
+        return handed
 
     def _failed(self, err: Exception) -> Sample:
         note = f"sampling failed ({type(err).__name__}: {err}); trying again next tick"
@@ -512,18 +626,15 @@ class Sampler:
 
     # -- one reading ------------------------------------------------------------------------
     def read(self) -> Sample:
-        return self._read_packed(None).unpack()
-
-    def _read_packed(self, previous: _Stored | None) -> _Stored:
-        """One reading of every device, packed as the history keeps it (see _Stored).
-
-        Per GPU a tick makes two NVML calls (memory, utilization: one
-        :meth:`Nvml.memory_and_utilization_of` for all GPUs), and lists the GPU's processes only
-        when its used memory moved (see :meth:`_mine`).  Nothing is built per device but its
-        readings: a tick comes after a sleep that left the caches cold, and it costs what it
-        touches.
-        """
+        """One reading of every device, its sources read afresh; kept nowhere."""
+        plan = self._make_plan()
         now = self._clock()
+        return self._stored(now, plan, *self._readings(plan, now), None).unpack()
+
+    def _make_plan(self) -> _TickPlan:
+        """What the ticks until the next hand-on read, from the sources as they are now: the
+        allocator figures' snapshot, the limits and visible GPUs (re-read every
+        ``SLOW_SOURCES_S``), the GPUs NVML counts."""
         status = None
         figures, figures_note = self._allocator_figures()
         limits, limit_note, visible, found_note = self._configuration()
@@ -533,38 +644,124 @@ class Sampler:
             indices = ()
             status = f"No NVIDIA GPU to chart: {err}"
         layout, gpus, elsewhere = self._plan(figures, indices, limits)
+        notes = [n for n in (status, figures_note, limit_note, found_note if indices else None) if n]
+        plan = _TickPlan(
+            indices,
+            gpus,
+            [v for figure_values in elsewhere for v in (*_NO_READINGS, *figure_values)],
+            [None] * len(elsewhere),
+            layout,
+            "; ".join(notes) or None,
+            (figures.series, figures.notes),
+            figures.read_at,
+        )
+        offset = 0
+        for index, _, figure_values in gpus:
+            if self._from_samples.get(index):  # unknown until a hand-on has found out: read each tick
+                plan.sampled.append((index, offset + _READINGS.index("utilization_percent")))
+            offset += len(_READINGS) + len(figure_values)
+        plan.rates = frozenset(indices) - {index for index, _ in plan.sampled}
+        return plan
+
+    def _samples_usable(self, index: int, now_us: float) -> bool:
+        """Whether the GPU's driver keeps utilization samples stamped with this sampler's clock
+        (``now_us``: the time of a tick just taken); one call, the first time a GPU is charted."""
+        try:
+            samples = self.nvml.utilization_samples(index)
+        except Exception:  # not supported, lost, no permission: read each tick, as before
+            return False
+        if not samples or not self._fresh(samples[-1][0], now_us):
+            return False
+        self._last_sample[index] = samples[-1]
+        return True
+
+    @staticmethod
+    def _fresh(at_us: float, now_us: float) -> bool:
+        """A sample of ``at_us`` is no older than UTILIZATION_SAMPLE_MAX_AGE_S at ``now_us`` and
+        not from its future (a driver clock that is not this sampler's fails both ways)."""
+        return now_us - UTILIZATION_SAMPLE_MAX_AGE_S * 1e6 <= at_us <= now_us + 1e6
+
+    def _fill_utilization(self, waiting: list[tuple]) -> None:
+        """Each waiting tick's utilization of the GPUs read from samples: the newest sample at or
+        before the tick, fetched now for all of them (one call a GPU).  A GPU whose samples
+        fail, stop or come from another clock is read each tick from the next plan on; a GPU
+        charted for the first time is read each tick until this finds out which it is."""
+        taken = [r for r in waiting if len(r) == 4]
+        if taken:  # GPUs charted for the first time: the next plan reads them as found here
+            now, plan = taken[-1][0], taken[-1][1]
+            for index in plan.indices:
+                if index not in self._from_samples:
+                    self._from_samples[index] = self._samples_usable(index, now * 1e6)
+        ticks = [r for r in taken if r[1].sampled]
+        if not ticks:
+            return
+        series: dict[int, tuple[list[int], list[int]]] = {}
+        for index in {index for r in ticks for index, _ in r[1].sampled}:
+            last = self._last_sample.get(index)
+            try:
+                new = self.nvml.utilization_samples(index, last[0] if last else 0)
+            except GpuLost:  # its memory reading says so; the chart resumes when it answers
+                continue
+            except Exception:
+                self._from_samples[index] = False
+                continue
+            seen = ([last] if last else []) + new
+            if not seen or not self._fresh(seen[-1][0], ticks[-1][0] * 1e6):
+                self._from_samples[index] = False  # stopped sampling, or another clock
+                continue
+            self._last_sample[index] = seen[-1]
+            series[index] = ([at for at, _ in seen], [percent for _, percent in seen])
+        for now, plan, values, _ in ticks:
+            now_us = now * 1e6
+            for index, slot in plan.sampled:
+                found = series.get(index)
+                if found is None or values[slot - 3] == _GAP:  # no samples; its memory reading failed
+                    continue
+                times, percents = found
+                newest = bisect.bisect_right(times, now_us) - 1
+                if newest >= 0 and now_us - times[newest] <= UTILIZATION_SAMPLE_MAX_AGE_S * 1e6:
+                    values[slot] = percents[newest]
+
+    def _readings(self, plan: _TickPlan, now: float) -> tuple[list[Any], list[str | None]]:
+        """The readings of one tick, as the history packs them (``_GAP`` where missing), and the
+        note of each device.
+
+        Per GPU a tick makes one NVML call, its memory (utilization too where the driver keeps
+        no samples of it: one :meth:`Nvml.memory_and_utilization_of` for all GPUs), and lists
+        the GPU's processes only when its used memory moved (see :meth:`_list`).  Nothing else: a tick comes after a
+        sleep that left the caches cold, and it costs what it touches.
+        """
         values: list[Any] = []
         errors: list[str | None] = []
         readings: list[Any]
         try:
-            readings = self.nvml.memory_and_utilization_of(indices) if indices else []
+            readings = self.nvml.memory_and_utilization_of(plan.indices, plan.rates) if plan.indices else []
         except Exception as err:  # NVML stopped under us: every GPU's reading failed
-            readings = [err] * len(indices)
-        for (index, cap, figure_values), reading in zip(gpus, readings, strict=True):
+            readings = [err] * len(plan.indices)
+        listings = self._listings
+        for (index, cap, figure_values), reading in zip(plan.gpus, readings, strict=True):
             if type(reading) is tuple:
                 total, used, busy = reading
-                mine, note = self._mine(index, used, now)
-                values += (total, used, _GAP if mine is None else mine, cap, _GAP if busy is None else busy)
+                # The last listing's answer stands while the GPU's used memory has not moved and
+                # it is younger than LISTING_MAX_AGE_S (or from a clock that went back: listed anew).
+                listed = listings.get(index)
+                if listed is None or listed[1] != used or not 0.0 <= now - listed[0] < LISTING_MAX_AGE_S:
+                    listed = self._list(index, used, now)
+                values += (total, used, listed[2], cap, _GAP if busy is None else busy)
+                errors.append(listed[3])
             else:
-                note = _failure_note(index, reading)
-                self._listings.pop(index, None)  # a GPU that answers again is listed afresh
+                errors.append(_failure_note(index, reading))
+                listings.pop(index, None)  # a GPU that answers again is listed afresh
                 values += (_GAP, _GAP, _GAP, cap, _GAP)
             values += figure_values
-            errors.append(note)
-        for figure_values in elsewhere:
-            values += _NO_READINGS
-            values += figure_values
-            errors.append(None)
-        notes = [n for n in (status, figures_note, limit_note, found_note if indices else None) if n]
+        return values + plan.elsewhere, errors + plan.elsewhere_errors
+
+    @staticmethod
+    def _stored(
+        now: float, plan: _TickPlan, values: list[Any], errors: list[str | None], previous: _Stored | None
+    ) -> _Stored:
         return _Stored.of(
-            now,
-            layout,
-            values,
-            errors,
-            "; ".join(notes) or None,
-            (figures.series, figures.notes),
-            figures.read_at,
-            previous,
+            now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, previous
         )
 
     def _indices(self, count: int, visible: list[int] | None) -> tuple[int, ...]:
@@ -623,31 +820,24 @@ class Sampler:
             self._slow = (now, (limits, limit_note, visible, found_note or None))
         return self._slow[1]
 
-    def _mine(self, index: int, used: int, now: float) -> tuple[int | None, str | None]:
-        """Bytes this kernel's process holds on the GPU; None when NVML cannot say.
-
-        The GPU's processes are listed only when its used memory changed since the last listing,
-        or that listing is ``LISTING_MAX_AGE_S`` old (or from a clock that went back); otherwise
-        the last listing's answer stands.  A listing that failed is tried again next tick.
-        """
-        listed = self._listings.get(index)
-        if listed is not None and listed[1] == used and 0.0 <= now - listed[0] < LISTING_MAX_AGE_S:
-            return listed[2], listed[3]
+    def _list(self, index: int, used: int, now: float) -> tuple[float, int, int, str | None]:
+        """The GPU's processes listed: (time, used bytes then, bytes this kernel's process holds
+        or ``_GAP`` when NVML cannot say, note), kept as the GPU's listing (see :meth:`_readings`).
+        A listing that failed is not kept: the next tick tries again."""
         try:
             processes = self.nvml.processes(index)
         except Exception as err:
             self._listings.pop(index, None)
-            return None, f"GPU {index}: process list failed ({err})"
+            return now, used, _GAP, f"GPU {index}: process list failed ({err})"
         held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
         known = [b for b in held if b is not None]
-        mine: int | None
-        note: str | None
+        listed: tuple[float, int, int, str | None]
         if len(known) < len(held):
-            mine, note = None, f"GPU {index}: NVML cannot say how much this kernel holds"
+            listed = (now, used, _GAP, f"GPU {index}: NVML cannot say how much this kernel holds")
         else:
-            mine, note = sum(known), None  # not listed: this kernel holds nothing there, a true 0
-        self._listings[index] = (now, used, mine, note)
-        return mine, note
+            listed = (now, used, sum(known), None)  # not listed: this kernel holds nothing there, a true 0
+        self._listings[index] = listed
+        return listed
 
     def _name(self, index: int) -> tuple[str, str]:
         """The GPU's key and label; kept once NVML names it (a lost GPU is asked again next tick)."""

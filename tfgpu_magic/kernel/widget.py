@@ -7,9 +7,9 @@ except as a heartbeat once every ``HEARTBEAT_S`` (the chart's time axis and its 
 clock go as far as the newest point); the next sample that differs brings the last unchanged one
 with it, so the chart stays flat up to the change instead of sloping across the samples left out.
 Each message costs the kernel about a millisecond of CPU whatever it holds, so at most
-``MAX_MESSAGES_PER_S`` go out a second: a change after a quiet spell goes out at once, and
-changes that come faster (short intervals, busy GPUs) wait and go out together, in order, with
-the first tick past the gap, changed or not.  At intervals of 1 / ``MAX_MESSAGES_PER_S`` and
+``MAX_MESSAGES_PER_S`` go out a second: the sampler hands its readings on once a second
+(``monitor.HAND_ON_S``), a message goes out at a hand-on when the gap since the last one allows,
+and changes that come faster (short intervals, busy GPUs) go out together, in order.  At intervals of 1 / ``MAX_MESSAGES_PER_S`` and
 longer every changed sample has its own message, as it comes.  Stop sends what waits; the
 history holds it.  Sending happens on the sampler thread, which is why the chart keeps moving
 while a cell holds the kernel.  Clicks on the panel's controls, in contrast, arrive on the
@@ -390,7 +390,7 @@ class MemoryPanel(anywidget.AnyWidget):
         recent = sampler.latest()
         if recent is not None:
             self._describe_devices(tuple((d.key, d.label) for d in recent.devices))
-        sampler.subscribe(self._on_sample, packed=True)
+        sampler.subscribe(self._on_samples, packed=True)
         self.running = True
         self.on_msg(self._on_message)
         if self.comm is not None:  # the front end closed the model: release it here too
@@ -399,7 +399,23 @@ class MemoryPanel(anywidget.AnyWidget):
         self.observe(self._on_window, "window")
 
     # -- kernel -> browser (on the sampler thread) -------------------------------------------
-    def _on_sample(self, sample: _Stored) -> None:
+    def _on_samples(self, samples: list[_Stored]) -> None:
+        """The samples the sampler handed on (one a second at short intervals): each new one is
+        kept for the next message, which goes out when the gap since the last one allows."""
+        for sample in samples:
+            self._keep(sample)
+        # Checked on every hand-on, unchanged samples too, so a waiting batch never waits for a change.
+        last = samples[-1].time_s if samples else None
+        if last is None or not self._pending:
+            return
+        since = last - self._message_s  # negative: the clock went back; send
+        if not 0.0 <= since < self._gap_s:
+            pending, self._pending = self._pending, []
+            self._message_s = last
+            self.send(*batch_wire(pending))
+
+    def _keep(self, sample: _Stored) -> None:
+        """``sample`` joins the next message if it differs from the last one sent (or is due as a heartbeat)."""
         sent, unsent = self._sent, self._unsent
         # What the history shares with the previous sample while unchanged is compared by identity
         # first; the readings of all devices are one array, compared in C.
@@ -413,20 +429,14 @@ class MemoryPanel(anywidget.AnyWidget):
         )
         if same and sent is not None and 0.0 <= sample.time_s - sent.time_s < HEARTBEAT_S:
             self._unsent = sample  # nothing new to show; a change or a heartbeat may carry it later
-        else:
-            if sample.layout is not self._seen_layout:
-                self._seen_layout = sample.layout
-                self._describe_devices(tuple((key, label) for key, label, _ in sample.layout))
-            # Before a change, the last unchanged sample: the chart holds the old value up to just
-            # before it.  A heartbeat needs none: the line is flat from the last point to it.
-            self._pending += [sample] if same or unsent is None else [unsent, sample]
-            self._sent, self._unsent = sample, None
-        # Checked on every tick, unchanged ones too, so a waiting batch never waits for a change.
-        since = sample.time_s - self._message_s  # negative: the clock went back; send
-        if self._pending and not 0.0 <= since < self._gap_s:
-            pending, self._pending = self._pending, []
-            self._message_s = sample.time_s
-            self.send(*batch_wire(pending))
+            return
+        if sample.layout is not self._seen_layout:
+            self._seen_layout = sample.layout
+            self._describe_devices(tuple((key, label) for key, label, _ in sample.layout))
+        # Before a change, the last unchanged sample: the chart holds the old value up to just
+        # before it.  A heartbeat needs none: the line is flat from the last point to it.
+        self._pending += [sample] if same or unsent is None else [unsent, sample]
+        self._sent, self._unsent = sample, None
 
     def _set_message_gap(self, _change: Any = None) -> None:
         """The least sample time between two messages: 1 / MAX_MESSAGES_PER_S, less a tenth of an interval.
@@ -525,7 +535,7 @@ class MemoryPanel(anywidget.AnyWidget):
         sampler, self._sampler = self._sampler, None
         if sampler is None:
             return
-        sampler.unsubscribe(self._on_sample)
+        sampler.unsubscribe(self._on_samples)
         pending, self._pending, unsent, self._unsent = self._pending, [], self._unsent, None
         if unsent is not None:  # the frozen chart ends at the last sample taken for it
             pending.append(unsent)
