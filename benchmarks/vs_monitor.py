@@ -13,9 +13,13 @@ users, real sleepers):
 - jupyterlab-nvdashboard: a real ``jupyter server`` with its extension, and a websocket on its
   ``gpu_resource`` handler (its "GPU Resources" chart: memory and utilization of every GPU) asking
   for an update every 100 ms; pausing it (its front end's pause message) ends it.
+- the floor, no contender: in the same kernel, a thread that only sleeps to a 100 ms deadline and
+  makes the NVML calls issue 32 names as what a tick must make, memory and utilization of every GPU
+  through ``pynvml`` (16 calls), with no chart and no message.  What any monitor in a kernel pays
+  at 10 Hz on this machine, to read the others against.
 
-Each round has three windows of ``SECONDS``: ours sampling, nvdashboard sampling, and both idle
-(the order of the first two alternating).  A contender's cost is its process's CPU (all threads,
+Each round has four windows of ``SECONDS``: ours sampling, nvdashboard sampling, the floor, and
+all idle (the order of the first three turning).  A contender's cost is its process's CPU (all threads,
 from the scheduler) in its window less the same process's CPU in the idle window of that
 round: % of a core, and per tick (the CPU divided by the ticks the window had at 10 a second).
 """
@@ -41,6 +45,27 @@ from servers import BENCHMARKS, ROOT, JupyterServer
 
 GPUS = 8
 INTERVAL_S = 0.1
+FLOOR = "floor (16 NVML calls a tick, nothing else)"
+
+# Defined in the kernel: the floor's thread (see the module's docstring).
+FLOOR_CODE = """
+import threading as _threading, time as _time, pynvml as _pynvml
+def _bench_floor(stop, interval):
+    handles = [_pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_pynvml.nvmlDeviceGetCount())]
+    deadline = _time.monotonic()
+    while not stop.is_set():
+        for handle in handles:
+            _pynvml.nvmlDeviceGetMemoryInfo(handle)
+            _pynvml.nvmlDeviceGetUtilizationRates(handle)
+        deadline = max(deadline + interval, _time.monotonic())
+        _time.sleep(deadline - _time.monotonic())
+_bench_floor_stop = _threading.Event()
+_bench_floor_stop.set()
+def _bench_floor_start(interval):
+    global _bench_floor_stop
+    _bench_floor_stop = _threading.Event()
+    _threading.Thread(target=_bench_floor, args=(_bench_floor_stop, interval), daemon=True).start()
+"""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -74,6 +99,7 @@ class Kernel:
             f"import os, standin\nstandin.install(standin.monitor_server(os.getpid(), {others!r}, {GPUS}))"
         )
         self.run("%load_ext tfgpu_magic")
+        self.run(FLOOR_CODE)
         self._draining = True
         self._drain = threading.Thread(target=self._drain_iopub, daemon=True)
         self._drain.start()
@@ -179,34 +205,40 @@ def main() -> None:
             ) as server:
                 socket = DashboardSocket(server)
                 time.sleep(2)  # the server's own start-up work settles
-                runs: dict[str, list[float]] = {"tfgpu_magic": [], "jupyterlab-nvdashboard": []}
-                idle: dict[str, list[float]] = {"tfgpu_magic": [], "jupyterlab-nvdashboard": []}
-                sent = {"tfgpu_magic": 0, "jupyterlab-nvdashboard": 0}
+                names = ["tfgpu_magic", "jupyterlab-nvdashboard", FLOOR]
+                runs: dict[str, list[float]] = {name: [] for name in names}
+                idle: dict[str, list[float]] = {name: [] for name in names}
+                sent = {name: 0 for name in names}
+                switches: dict[str, tuple[int, Callable[[], None], Callable[[], None], Callable[[], int]]] = {
+                    "tfgpu_magic": (
+                        kernel.pid,
+                        lambda: kernel.run("%gpu monitor --interval 0.1"),
+                        lambda: kernel.run("%gpu monitor off"),
+                        lambda: kernel.comm_messages,
+                    ),
+                    "jupyterlab-nvdashboard": (
+                        server.pid,
+                        socket.start,
+                        socket.pause,
+                        lambda: socket.messages,
+                    ),
+                    FLOOR: (
+                        kernel.pid,
+                        lambda: kernel.run(f"_bench_floor_start({INTERVAL_S})"),
+                        lambda: kernel.run("_bench_floor_stop.set()"),
+                        lambda: 0,
+                    ),
+                }
                 for round_ in range(rounds):
-                    ours_first = round_ % 2 == 0
-                    for name in (
-                        ["tfgpu_magic", "jupyterlab-nvdashboard"]
-                        if ours_first
-                        else ["jupyterlab-nvdashboard", "tfgpu_magic"]
-                    ):
-                        if name == "tfgpu_magic":
-                            before = kernel.comm_messages
-                            runs[name].append(
-                                window(
-                                    kernel.pid,
-                                    seconds,
-                                    lambda: kernel.run("%gpu monitor --interval 0.1"),
-                                    lambda: kernel.run("%gpu monitor off"),
-                                )
-                            )
-                            sent[name] += kernel.comm_messages - before
-                        else:
-                            before = socket.messages
-                            runs[name].append(window(server.pid, seconds, socket.start, socket.pause))
-                            sent[name] += socket.messages - before
+                    for name in names[round_ % 3 :] + names[: round_ % 3]:
+                        pid, start, stop, messages = switches[name]
+                        before = messages()
+                        runs[name].append(window(pid, seconds, start, stop))
+                        sent[name] += messages() - before
                     kernel_before, server_before = cpu_seconds(kernel.pid), cpu_seconds(server.pid)
                     time.sleep(seconds)
                     idle["tfgpu_magic"].append(cpu_seconds(kernel.pid) - kernel_before)
+                    idle[FLOOR].append(idle["tfgpu_magic"][-1])
                     idle["jupyterlab-nvdashboard"].append(cpu_seconds(server.pid) - server_before)
                 socket.close()
         finally:
