@@ -491,3 +491,22 @@ def test_a_collection_under_the_hubs_lock_finalises_an_old_panel_without_deadloc
     assert _FINALISED == [True]
     assert _finishes(lambda: hub.set_window(member, 120))
     hub.stop_all()
+
+
+@pytest.mark.gpu
+def test_a_real_drivers_utilization_samples_are_stamped_with_the_wall_clock():
+    """What the monitor's use of nvmlDeviceGetSamples rests on: the driver keeps samples of GPU 0's
+    utilization, stamped in microseconds of the wall clock (time.time), and the sampler reads them
+    rather than a rates reading each tick."""
+    import os
+
+    nvml = Nvml()
+    if not nvml.available():
+        pytest.skip("no NVIDIA driver reachable through NVML")
+    samples = nvml.utilization_samples(0)
+    now_us = time.time() * 1e6
+    assert samples, "the driver kept no utilization samples"
+    assert now_us - 2e6 <= samples[-1][0] <= now_us + 1e6
+    s = Sampler(nvml, os.getpid(), interval=0.1)
+    s.tick()
+    assert s._from_samples.get(0) is True
