@@ -1,8 +1,8 @@
 // Front end of `%gpu monitor`: one uPlot chart per device, fed by the kernel's sampler.
 //
 // The kernel sends each sample once, as a custom message holding only the new points
-// ({kind: "samples"}, their numbers in binary buffers: lab/wire.ts); a sample equal to the last one sent comes only as a heartbeat, once a
-// second, so the time axis and "last sample" go as far as the newest point held (the kernel's
+// ({kind: "samples"}, their numbers in binary buffers: lab/wire.ts); a sample equal to the last one sent comes only as a heartbeat, every 2 s
+// so the time axis and "last sample" go as far as the newest point held (the kernel's
 // widget.py HEARTBEAT_S).  A view asks for the whole history once when it is rendered
 // ({kind: "history"}).  Arrays are trimmed to the time window, so memory stays bounded
 // however long the panel runs.  Pause is handled here alone: the kernel may be busy with a

@@ -13,7 +13,7 @@ import pytest
 from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
 from tfgpu_magic.kernel import monitor, panels
-from tfgpu_magic.kernel.monitor import MAX_HISTORY, Hub, Sampler
+from tfgpu_magic.kernel.monitor import HAND_ON_S, MAX_HISTORY, Hub, Sampler
 
 from support.fakes import monitor_threads, tf_figures, wait_for
 from support.panel_wire import unpacked
@@ -198,26 +198,27 @@ def test_sampling_goes_on_while_the_main_thread_is_busy():
     s = sampler(interval=0.1)
     s.start()
     try:
-        end = time.monotonic() + 1.6  # the first reading, then a hand-on of ten (HAND_ON_S)
+        end = time.monotonic() + HAND_ON_S + 0.6  # the first reading, then a hand-on's (HAND_ON_S)
         while time.monotonic() < end:  # a busy cell: no sleeping, no event loop
             sum(range(1000))
-        assert len(s.history) >= 11
+        assert len(s.history) >= 1 + round(HAND_ON_S / 0.1)
     finally:
         s.stop()
     assert not s.running
 
 
-def test_the_thread_hands_on_its_first_reading_at_once_then_a_second_of_them_and_at_a_stop_what_waits():
+def test_the_thread_hands_on_its_first_reading_at_once_then_a_hand_ons_time_of_them_and_at_a_stop_what_waits():
     s = sampler(interval=0.1)
     batches: list[int] = []
     s.subscribe(lambda handed: batches.append(len(handed)), packed=True)
     s.start()
     try:
-        wait_for(lambda: len(batches) >= 3, timeout=10)
+        wait_for(lambda: len(batches) >= 3, timeout=4 * HAND_ON_S + 5)
     finally:
         assert s.stop()
-    assert batches[:3] == [1, 10, 10]  # HAND_ON_S at 0.1 s: ten readings a hand-on
-    assert 1 <= len(batches) and batches[-1] <= 10  # the stop handed on what waited
+    per = round(HAND_ON_S / 0.1)  # readings a hand-on at 0.1 s
+    assert batches[:3] == [1, per, per]
+    assert batches[-1] <= per  # the stop handed on what waited
     assert sum(batches) == len(s.history) and s._waiting == []  # every reading taken was handed on
 
 
@@ -258,8 +259,8 @@ def panel_on_fake():
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     hub, server = Hub(), shared_server(ME)
     made = []
-    # each tick a second on: at 0.5 s a panel sends at most one message a second (MAX_MESSAGES_PER_S)
-    clock = itertools.count(1_700_000_000.0, 1.0).__next__
+    # each tick a hand-on's time on: a panel sends at most one message a hand-on (MAX_MESSAGES_PER_S)
+    clock = itertools.count(1_700_000_000.0, HAND_ON_S).__next__
 
     def make():
         made.append(ManualSampler(Nvml(lib=server), ME, interval=0.5, clock=clock))

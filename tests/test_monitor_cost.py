@@ -3,7 +3,7 @@
 Process lists are NVML's costly calls: a GPU is listed again only when its used memory changed
 since its last listing, or that listing is ``LISTING_MAX_AGE_S`` old.  A sample equal to the last
 one sent is not sent, but for a heartbeat every ``HEARTBEAT_S``, and at most
-``MAX_MESSAGES_PER_S`` messages go out a second, together holding every sample sent.  No timing here: NVML calls are
+``MAX_MESSAGES_PER_S`` messages go out a second (one every ``HAND_ON_S``), together holding every sample sent.  No timing here: NVML calls are
 counted on the simulated server, messages on the panel, and time is an injected clock.
 """
 
@@ -24,13 +24,14 @@ from tfgpu_magic.gpus.simulated import (
     shared_server,
 )
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ
-from tfgpu_magic.kernel.monitor import LISTING_MAX_AGE_S, Hub, Sampler
+from tfgpu_magic.kernel.monitor import HAND_ON_S, LISTING_MAX_AGE_S, Hub, Sampler
 
 from support.panel_wire import packed_runs, unpacked
 
 ME = 4242
 MIB = 1024 * 1024
 GPUS = 4  # shared_server's
+TICKS = round(HAND_ON_S / 0.1)  # ticks of 0.1 s in the least time between two messages (HAND_ON_S)
 
 pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
 
@@ -220,25 +221,25 @@ def test_a_sample_equal_to_the_last_one_sent_is_not_sent(panel):
     assert len(p.sent[-1]["t"]) == 5
 
 
-def test_an_unchanged_sample_is_sent_once_a_second_so_the_time_axis_moves_on(panel):
+def test_an_unchanged_sample_is_sent_once_a_heartbeat_so_the_time_axis_moves_on(panel):
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     p, _server, clock, s, _ = panel
-    assert widget.HEARTBEAT_S == 1.0
-    step = 0.125  # s, exact in binary: eight ticks are one second
+    assert widget.HEARTBEAT_S == HAND_ON_S == 2.0
+    step = 0.125  # s, exact in binary: sixteen ticks are two seconds
     ticks(s, clock, 1, step)
     start = clock.now
-    ticks(s, clock, 7, step)  # 0.875 s later: nothing new yet
+    ticks(s, clock, 15, step)  # 1.875 s later: nothing new yet
     assert len(p.sent) == 1
     ticks(s, clock, 1, step)
-    assert len(p.sent) == 2 and p.sent[1]["t"] == [start + 1.0]  # one point: the line is flat
+    assert len(p.sent) == 2 and p.sent[1]["t"] == [start + 2.0]  # one point: the line is flat
     assert p.sent[1]["d"]["gpu1"]["mine"] == [10240 * MIB]
-    ticks(s, clock, 8, step)
+    ticks(s, clock, 16, step)
     assert len(p.sent) == 3
 
 
 def test_a_change_brings_the_last_unchanged_sample_so_the_chart_stays_flat_up_to_it(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 11)  # a second with nothing sent: a change goes out at once
+    ticks(s, clock, TICKS + 1)  # a hand-on's time with nothing sent: a change goes out at once
     before = clock.now
     mine(server).used_mib += 512
     ticks(s, clock, 1)
@@ -250,7 +251,7 @@ def test_a_change_brings_the_last_unchanged_sample_so_the_chart_stays_flat_up_to
     mine(server).used_mib += 512  # right after a message: nothing unsent to bring
     ticks(s, clock, 1)
     after = clock.now
-    ticks(s, clock, 8)  # it waits for the gap between messages (0.9 s since the last)
+    ticks(s, clock, TICKS - 2)  # it waits for the gap between messages (1.9 s since the last)
     assert len(p.sent) == 2
     ticks(s, clock, 1)
     assert p.sent[2]["t"] == [after]
@@ -266,7 +267,7 @@ def test_a_change_of_utilization_a_message_or_the_status_is_sent(panel, what):
         server.gpus[3].lost = True
     else:
         allocator.broken = True  # a source that fails: a note in the status
-    ticks(s, clock, 1, 1.0)  # a second after the last message: sent at once
+    ticks(s, clock, 1, HAND_ON_S)  # a hand-on's time after the last message: sent at once
     assert len(p.sent) == 2
     sent = p.sent[1]
     assert sent["d"]["gpu0"]["util"] == [12 if what == "utilization" else 97]
@@ -294,14 +295,14 @@ def test_a_stopped_panel_ends_its_chart_at_the_last_sample_taken_for_it(panel):
 
 def test_after_the_history_a_change_comes_alone(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 11)  # a second with nothing sent: the change will go out at once
+    ticks(s, clock, TICKS + 1)  # a hand-on's time with nothing sent: the change will go out at once
     p._on_message(p, {"kind": "history"}, [])  # holds the unsent samples
     mine(server).used_mib += 512
     ticks(s, clock, 1)
     assert p.sent[-1]["kind"] == "samples" and p.sent[-1]["t"] == [clock.now]
 
 
-# -- at most MAX_MESSAGES_PER_S messages a second ----------------------------------------------------
+# -- at most MAX_MESSAGES_PER_S messages a second (one a hand-on) ----------------------------------------------------
 def busy(server: SimulatedNvml, sampler: Sampler, clock: Clock, n: int, seconds: float = 0.1) -> None:
     """n ticks, GPU 0's utilization changing on each: every sample differs from the last."""
     for _ in range(n):
@@ -313,14 +314,14 @@ def sent_times(p) -> list[float]:
     return [t for message in p.sent for t in message["t"]]
 
 
-def test_busy_gpus_at_a_tenth_of_a_second_send_one_message_a_second_holding_every_sample(panel):
+def test_busy_gpus_at_a_tenth_of_a_second_send_one_message_a_hand_on_holding_every_sample(panel):
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     p, server, clock, s, _ = panel
-    assert widget.MAX_MESSAGES_PER_S == 1
-    busy(server, s, clock, 11)
-    assert [len(m["t"]) for m in p.sent] == [1, 10]  # at once, then a second of samples
-    busy(server, s, clock, 89)  # ten seconds in all
-    assert len(p.sent) == 1 + 10 * widget.MAX_MESSAGES_PER_S - 1  # the last 0.9 s still waits
+    assert widget.MAX_MESSAGES_PER_S == 1 / HAND_ON_S == 0.5
+    busy(server, s, clock, TICKS + 1)
+    assert [len(m["t"]) for m in p.sent] == [1, TICKS]  # at once, then a hand-on's samples
+    busy(server, s, clock, 100 - TICKS - 1)  # ten seconds in all
+    assert len(p.sent) == 1 + 10 * widget.MAX_MESSAGES_PER_S - 1  # the last 1.9 s still waits
     p._on_message(p, {"kind": "stop"}, [])  # Stop sends what waits
     assert sent_times(p) == [sample.time_s for sample in s.history]  # none lost, in order
     utils = [u for m in p.sent for u in m["d"]["gpu0"]["util"]]
@@ -328,11 +329,11 @@ def test_busy_gpus_at_a_tenth_of_a_second_send_one_message_a_second_holding_ever
     assert all(len(col) == len(m["t"]) for m in p.sent for dev in m["d"].values() for col in dev.values())
 
 
-def test_a_hand_on_of_a_second_of_changing_samples_is_one_message_holding_them_all(panel):
+def test_a_hand_on_of_changing_samples_is_one_message_holding_them_all(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 11)  # the first message, then a second of the same
+    ticks(s, clock, TICKS + 1)  # the first message, then a hand-on's time of the same
     sent, quiet = len(p.sent), clock.now
-    for _ in range(10):  # as the thread takes them: read each tick, handed on together
+    for _ in range(TICKS):  # as the thread takes them: read each tick, handed on together
         clock.now += 0.1
         server.gpus[0].utilization = (server.gpus[0].utilization + 1) % 100
         s._read()
@@ -342,9 +343,9 @@ def test_a_hand_on_of_a_second_of_changing_samples_is_one_message_holding_them_a
     assert p.sent[-1]["t"] == [quiet] + [h.time_s for h in handed]
 
 
-def test_a_change_after_a_second_without_messages_goes_out_at_once(panel):
+def test_a_change_after_a_hand_ons_time_without_messages_goes_out_at_once(panel):
     p, server, clock, s, _ = panel
-    ticks(s, clock, 11)  # one message, then a second of the same
+    ticks(s, clock, TICKS + 1)  # one message, then a hand-on's time of the same
     quiet = clock.now
     busy(server, s, clock, 1)
     assert len(p.sent) == 2 and p.sent[1]["t"] == [quiet, clock.now]
@@ -357,7 +358,7 @@ def test_a_waiting_batch_goes_out_with_the_next_tick_past_the_gap_though_nothing
     ticks(s, clock, 1)
     busy(server, s, clock, 1)
     change = clock.now
-    ticks(s, clock, 8)  # the same as the change: nothing to add, and 0.9 s since the message
+    ticks(s, clock, TICKS - 2)  # the same as the change: nothing to add, and 1.9 s since the message
     assert len(p.sent) == 1
     ticks(s, clock, 1)
     assert len(p.sent) == 2 and p.sent[1]["t"] == [change]  # the unchanged tick itself is not sent
@@ -365,15 +366,17 @@ def test_a_waiting_batch_goes_out_with_the_next_tick_past_the_gap_though_nothing
     busy(server, s, clock, 1)  # right after a message: waits, with the unchanged sample before it
     change = clock.now
     assert len(p.sent) == 2
-    ticks(s, clock, 1, 1.0)  # the sampler was held up: this tick is a heartbeat, and takes the batch along
+    ticks(
+        s, clock, 1, HAND_ON_S + 0.5
+    )  # the sampler was held up: this tick is a heartbeat, and takes the batch along
     assert len(p.sent) == 3 and p.sent[2]["t"] == [unchanged, change, clock.now]
 
 
-def test_at_a_second_and_longer_every_changed_sample_has_its_own_message(panel):
+def test_at_a_hand_ons_time_and_longer_every_changed_sample_has_its_own_message(panel):
     p, server, clock, s, _ = panel
-    p.interval = 1.0  # from the browser: the sampler follows
-    assert s.interval == 1.0
-    for step in (1.0, 0.94, 1.06, 1.0, 2.0, 0.98):  # a tick's time comes a little early or late
+    p.interval = HAND_ON_S  # from the browser: the sampler follows
+    assert s.interval == HAND_ON_S == 2.0
+    for step in (2.0, 1.88, 2.12, 2.0, 4.0, 1.96):  # a tick's time comes a little early or late
         busy(server, s, clock, 1, step)
     assert [len(m["t"]) for m in p.sent] == [1] * 6
     assert sent_times(p) == [sample.time_s for sample in s.history]
@@ -401,7 +404,7 @@ def test_the_history_holds_the_waiting_batch(panel):
     busy(server, s, clock, 3)
     p._on_message(p, {"kind": "history"}, [])
     assert p.sent[-1]["kind"] == "history" and len(p.sent[-1]["t"]) == 3
-    ticks(s, clock, 11)  # nothing waits: only a heartbeat comes
+    ticks(s, clock, TICKS + 1)  # nothing waits: only a heartbeat comes
     assert [m["kind"] for m in p.sent] == ["samples", "history", "samples"] and len(p.sent[-1]["t"]) == 1
 
 
@@ -425,9 +428,11 @@ class Counting:
         return call
 
 
-def test_a_tick_makes_two_nvml_calls_a_gpu_and_one_message_a_second_serves_every_panel():
-    """The floor of a tick: memory and utilization per GPU, the process lists of a GPU only when its
-    memory moved, and one message a second whatever the number of samples or panels."""
+def test_a_tick_makes_two_nvml_calls_a_gpu_and_one_message_a_hand_on_serves_every_panel():
+    """The floor of a tick where the driver's utilization samples are not used (their clock is not
+    the sampler's here: tests/test_utilization_samples.py has the other case): memory and
+    utilization per GPU, the process lists of a GPU only when its memory moved, and one message a
+    hand-on whatever the number of samples or panels."""
     widget = pytest.importorskip("tfgpu_magic.kernel.widget")
     server, clock, hub = shared_server(ME), Clock(), Hub()
     lib = Counting(server)
@@ -457,9 +462,9 @@ def test_a_tick_makes_two_nvml_calls_a_gpu_and_one_message_a_second_serves_every
         for p in panels:
             p.sent.clear()
         busy(server, sampler, clock, 100)  # ten seconds, every sample new
-        assert len(panels[0].sent) == 10 * widget.MAX_MESSAGES_PER_S == 10
+        assert len(panels[0].sent) == 10 * widget.MAX_MESSAGES_PER_S == 5
         assert panels[0].sent == panels[1].sent
-        assert sum(len(m["t"]) for m in panels[0].sent) >= 91  # every sample but those still waiting
+        assert sum(len(m["t"]) for m in panels[0].sent) >= 100 - TICKS + 1  # all but those still waiting
     finally:
         for p in panels:
             p.close()

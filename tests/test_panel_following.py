@@ -15,7 +15,7 @@ from tfgpu_magic.gpus.nvml import Nvml
 from tfgpu_magic.gpus.simulated import shared_server
 from tfgpu_magic.kernel import allocator_figures, monitor
 from tfgpu_magic.kernel import panels as opening
-from tfgpu_magic.kernel.monitor import THREAD_NAME, Hub, Sampler
+from tfgpu_magic.kernel.monitor import HAND_ON_S, THREAD_NAME, Hub, Sampler
 
 from support.fakes import monitor_threads
 from support.panel_wire import unpacked
@@ -40,8 +40,8 @@ def panels():
     """open(**kwargs) -> a MemoryPanel on a fake server whose sends are recorded in .sent."""
     hub, server, made = Hub(), shared_server(ME), []
     seen = {"visible": None}
-    # each tick a second on: at 0.5 s a panel sends at most one message a second (MAX_MESSAGES_PER_S)
-    clock = itertools.count(1_700_000_000.0, 1.0).__next__
+    # each tick a hand-on's time on: a panel sends at most one message a hand-on (MAX_MESSAGES_PER_S)
+    clock = itertools.count(1_700_000_000.0, HAND_ON_S).__next__
 
     def make():
         made.append(

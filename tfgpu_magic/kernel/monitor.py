@@ -71,13 +71,16 @@ SLOW_SOURCES_S = 2.0  # limits, visible GPUs: configuration, re-read this often
 # this kernel is then never staler than the limits shown beside it.
 LISTING_MAX_AGE_S = 2.0
 # The thread reads NVML on every tick and hands its readings on (packed into the history, given
-# to the panels) once this often: packing, comparing and sending then run once for ten readings
-# at 0.1 s, warm, instead of after each sleep, when the caches are cold and every first touch
-# costs several times its warm cost.  A panel sends at most one message a second anyway
-# (widget.MAX_MESSAGES_PER_S), so what it shows comes no later than it did.
-HAND_ON_S = 1.0
+# to the panels) once this often: packing, comparing and sending then run once for twenty
+# readings at 0.1 s, warm, instead of after each sleep, when the caches are cold and every first
+# touch costs several times its warm cost.  A panel sends one message a hand-on at most
+# (widget.MAX_MESSAGES_PER_S): a comm message costs the kernel about a millisecond of CPU over
+# three threads whatever it holds, a tenth of the monitor's whole cost at 10 Hz when sent every
+# second (measured 2026-11-27, docs/performance.md).  The chart moves every 2 s, each point at
+# its own time; a panel that opens, or a sampler started again, shows its first reading at once.
+HAND_ON_S = 2.0
 # A GPU's utilization comes from the driver's own buffer of samples (Nvml.utilization_samples),
-# read at each hand-on: one NVML call a second instead of one a tick.  A tick's utilization is
+# read at each hand-on: one NVML call a hand-on instead of one a tick.  A tick's utilization is
 # the newest sample taken at or before it, if no older than this (the driver samples every 1/6 s
 # to 1 s); a GPU whose driver keeps no samples, or stamps them with a clock that is not this
 # sampler's, is read each tick instead (nvmlDeviceGetUtilizationRates, the newest sample).
@@ -537,7 +540,7 @@ class Sampler:
             return None
 
     def _readings_per_hand_on(self) -> int:
-        """Ticks between two hand-ons: as many as fill ``HAND_ON_S`` (one a tick from 1 s on)."""
+        """Ticks between two hand-ons: as many as fill ``HAND_ON_S`` (one a tick from that interval on)."""
         return max(1, math.ceil(HAND_ON_S / self._interval - 1e-9))
 
     def _sleep_until(self, deadline: float) -> bool:

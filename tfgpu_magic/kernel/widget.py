@@ -7,7 +7,7 @@ except as a heartbeat once every ``HEARTBEAT_S`` (the chart's time axis and its 
 clock go as far as the newest point); the next sample that differs brings the last unchanged one
 with it, so the chart stays flat up to the change instead of sloping across the samples left out.
 Each message costs the kernel about a millisecond of CPU whatever it holds, so at most
-``MAX_MESSAGES_PER_S`` go out a second: the sampler hands its readings on once a second
+``MAX_MESSAGES_PER_S`` go out a second: the sampler hands its readings on every 2 s
 (``monitor.HAND_ON_S``), a message goes out at a hand-on when the gap since the last one allows,
 and changes that come faster (short intervals, busy GPUs) go out together, in order.  At intervals of 1 / ``MAX_MESSAGES_PER_S`` and
 longer every changed sample has its own message, as it comes.  Stop sends what waits; the
@@ -45,6 +45,7 @@ from .monitor import (
     _GAP,
     _READINGS,
     DEFAULT_INTERVAL_S,
+    HAND_ON_S,
     MAX_INTERVAL_S,
     MAX_WINDOW_S,
     MIN_INTERVAL_S,
@@ -89,16 +90,17 @@ SERIES = {
 _series_of = operator.attrgetter(*SERIES.values())  # a DeviceSample's readings, in SERIES order
 _ABSENT = (None,) * len(SERIES)  # a device missing from a sample: a gap in every series
 
+# Messages a second at most, whatever the interval: one a hand-on of the sampler.  A comm message
+# costs the kernel about a millisecond of CPU (ipykernel serialises and signs it on the sampler
+# thread, then its IOPub thread and zmq's send it; measured 2026-11-27) however many samples it
+# holds, so at 0.1 s with busy GPUs (a change every tick) the samples of 2 s go out together: one
+# message instead of twenty, every sample still in it, each with its own time (the chart draws
+# them all).
+MAX_MESSAGES_PER_S = 1 / HAND_ON_S
+
 # An unchanged sample is still sent once the last message is this old (seconds of sample time):
 # the browser draws the time axis, and says "last sample", up to the newest point it holds.
-HEARTBEAT_S = 1.0
-
-# Messages a second at most, whatever the interval.  A comm message costs the kernel about 0.7 ms
-# of CPU (ipykernel serialises and signs it on the sampler thread, then its IOPub thread and zmq's
-# send it; measured 2026-11-27) however many samples it holds, so at 0.1 s with busy GPUs (a
-# change every tick) the samples of a second go out together: 1 message a second instead of 10,
-# every sample still in it, each with its own time (the chart draws them all).
-MAX_MESSAGES_PER_S = 1
+HEARTBEAT_S = HAND_ON_S
 
 # A chart whose device left the samples.  GPUs leave when `%gpu use` hides them from this
 # kernel (the sampler follows the session's visible GPUs); the chart stays, frozen, and says why.
