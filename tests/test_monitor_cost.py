@@ -26,6 +26,7 @@ from tfgpu_magic.gpus.simulated import (
 from tfgpu_magic.kernel.allocator_figures import NOTHING_READ
 from tfgpu_magic.kernel.monitor import HAND_ON_S, LISTING_MAX_AGE_S, Hub, Sampler
 
+from support.fakes import ManualClock as Clock
 from support.panel_wire import packed_runs, unpacked
 
 ME = 4242
@@ -34,16 +35,6 @@ GPUS = 4  # shared_server's
 TICKS = round(HAND_ON_S / 0.1)  # ticks of 0.1 s in the least time between two messages (HAND_ON_S)
 
 pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
-
-
-class Clock:
-    """Sample time, moved by the test (seconds)."""
-
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CountingNvml(SimulatedNvml):

@@ -26,16 +26,10 @@ from tfgpu_magic.gpus.simulated import (
 )
 from tfgpu_magic.kernel.monitor import UTILIZATION_SAMPLE_MAX_AGE_S, Sampler
 
+from support.fakes import ManualClock
+
 ME = 4242
 PERIOD_S = 0.1
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class MovingServer(SimulatedNvml):
@@ -44,7 +38,7 @@ class MovingServer(SimulatedNvml):
 
     sample_period_us = int(PERIOD_S * 1_000_000)
 
-    def __init__(self, gpus: list[SimulatedGpu], clock: Clock) -> None:
+    def __init__(self, gpus: list[SimulatedGpu], clock: ManualClock) -> None:
         super().__init__(gpus)
         self.clock = clock
         self.counted: dict[str, int] = {}
@@ -79,7 +73,7 @@ def utilization(samples) -> list[dict[str, int | None]]:
 
 # -- Nvml.utilization_samples ---------------------------------------------------------------------
 def test_the_samples_are_newer_than_asked_oldest_first_with_their_times():
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     server = MovingServer(gpus(1), clock)
     nvml = Nvml(lib=server)
     everything = nvml.utilization_samples(0)
@@ -124,11 +118,11 @@ def test_a_sample_that_is_no_percentage_fails_the_reading(value):
 
 
 # -- the sampler ----------------------------------------------------------------------------------
-def sampler(server: SimulatedNvml, clock: Clock) -> Sampler:
+def sampler(server: SimulatedNvml, clock: ManualClock) -> Sampler:
     return Sampler(Nvml(lib=server), ME, interval=PERIOD_S, clock=clock)
 
 
-def ticks(s: Sampler, clock: Clock, n: int, seconds: float = 0.1, *, hand_on_every: int = 10) -> list:
+def ticks(s: Sampler, clock: ManualClock, n: int, seconds: float = 0.1, *, hand_on_every: int = 10) -> list:
     """``n`` ticks as the thread takes them: read each tick, handed on every ``hand_on_every``."""
     handed = []
     for k in range(n):
@@ -141,7 +135,7 @@ def ticks(s: Sampler, clock: Clock, n: int, seconds: float = 0.1, *, hand_on_eve
 
 
 def test_after_the_first_hand_on_a_tick_reads_memory_only_and_each_value_is_the_drivers_at_its_time():
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     server = MovingServer(gpus(3), clock)
     s = sampler(server, clock)
     first = s.tick()  # read each tick until a hand-on has found out whether samples are kept
@@ -156,7 +150,7 @@ def test_after_the_first_hand_on_a_tick_reads_memory_only_and_each_value_is_the_
 
 
 def test_the_readings_besides_utilization_are_those_of_their_tick():
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     server = MovingServer(gpus(2), clock)
     s = sampler(server, clock)
     s.tick()
@@ -172,7 +166,7 @@ def test_the_readings_besides_utilization_are_those_of_their_tick():
 
 
 def test_a_driver_clock_that_is_not_this_samplers_is_read_each_tick():
-    clock, drivers = Clock(), Clock()
+    clock, drivers = ManualClock(1_800_000_000.0), ManualClock(1_800_000_000.0)
     drivers.now = clock.now - 3600  # samples stamped an hour away
     server = MovingServer(gpus(2), drivers)
     s = sampler(server, clock)
@@ -184,7 +178,7 @@ def test_a_driver_clock_that_is_not_this_samplers_is_read_each_tick():
 
 
 def test_a_gpu_in_mig_mode_or_without_samples_is_read_each_tick_and_the_others_from_samples():
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     server = MovingServer(gpus(3), clock)
     server.gpus[2].unsupported = {"utilization"}  # no utilization at all: a gap, as before
     original = server.nvmlDeviceGetSamples
@@ -209,7 +203,7 @@ def test_a_gpu_in_mig_mode_or_without_samples_is_read_each_tick_and_the_others_f
 
 
 def test_a_driver_that_stops_sampling_leaves_gaps_never_an_old_value_then_is_read_each_tick():
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     server = MovingServer(gpus(1), clock)
     s = sampler(server, clock)
     s.tick()
@@ -236,7 +230,7 @@ def test_a_driver_that_stops_sampling_leaves_gaps_never_an_old_value_then_is_rea
 
 
 def test_a_failed_memory_reading_gets_no_utilization_from_samples():
-    clock = Clock()
+    clock = ManualClock(1_800_000_000.0)
     server = MovingServer(gpus(2), clock)
     s = sampler(server, clock)
     s.tick()

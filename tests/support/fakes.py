@@ -22,6 +22,16 @@ def fake_process_table(
     return OwnerLookupTable(server.owner_of, me=me, my_pid=my_pid, hides_others=hides_others)
 
 
+class ManualClock:
+    """A clock the test moves (``.now``, seconds), for samplers and simulated servers."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def wait_for(condition: Any, timeout: float = 5.0) -> None:
     """Poll ``condition`` until it holds; fail after ``timeout`` seconds (threads in tests)."""
     deadline = time.monotonic() + timeout
