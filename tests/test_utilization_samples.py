@@ -238,3 +238,14 @@ def test_a_failed_memory_reading_gets_no_utilization_from_samples():
     handed = ticks(s, clock, 10)
     assert all(u["gpu1"] is None for u in utilization(handed))
     assert all(u["gpu0"] is not None for u in utilization(handed))
+
+
+def test_a_single_read_kept_nowhere_has_utilization_though_it_comes_from_samples_on_ticks():
+    clock = ManualClock(1_800_000_000.0)
+    server = MovingServer(gpus(2), clock)
+    s = sampler(server, clock)
+    s.tick()
+    assert s._from_samples == {0: True, 1: True}
+    reading = s.read()
+    assert utilization([reading])[0] == {f"gpu{i}": server.truth(i, reading.time_s) for i in range(2)}
+    assert len(s.history) == 1  # kept nowhere

@@ -629,8 +629,10 @@ class Sampler:
 
     # -- one reading ------------------------------------------------------------------------
     def read(self) -> Sample:
-        """One reading of every device, its sources read afresh; kept nowhere."""
+        """One reading of every device, its sources read afresh; kept nowhere.  Utilization is
+        read as it stands (no hand-on follows to fill it from the driver's samples)."""
         plan = self._make_plan()
+        plan.rates, plan.sampled = frozenset(plan.indices), []
         now = self._clock()
         return self._stored(now, plan, *self._readings(plan, now), None).unpack()
 
