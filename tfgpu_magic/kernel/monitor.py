@@ -152,6 +152,8 @@ _READINGS = (
 _GAP = -(2**63)  # a missing reading in the packed array (readings are bytes, never negative)
 _readings_of = operator.attrgetter(*_READINGS)  # a DeviceSample's readings, as a tuple
 _NO_READINGS = (_GAP,) * len(_READINGS)
+_USED_AT = _READINGS.index("used_bytes")  # where a GPU's readings hold its used memory
+_UTILIZATION_AT = _READINGS.index("utilization_percent")  # and its utilization
 # A tick's plan (see Sampler._plan): the layout; per GPU (index, cap, figure values); the figure
 # values of the framework devices on no charted GPU.
 _Plan = tuple[tuple[tuple[str, str, tuple], ...], list[tuple[int, int, list]], list[list]]
@@ -194,8 +196,8 @@ class _TickPlan:
         self.figures = figures  # (series, figure notes)
         self.figures_at = figures_at
         self.rates: frozenset[int] = frozenset()  # the GPUs whose utilization a tick reads itself
-        # (index, offset of its utilization in a tick's values) of the GPUs whose utilization
-        # the hand-on fills from the driver's samples.
+        # (index, offset of its readings in a tick's values) of the GPUs whose utilization the
+        # hand-on fills from the driver's samples.
         self.sampled: list[tuple[int, int]] = []
 
 
@@ -339,8 +341,8 @@ class Sampler:
     """Reads every device once per ``interval`` seconds on a daemon thread.
 
     ``tick()`` takes one sample synchronously and hands it on (tests call it).  The thread
-    reads on every tick and hands its readings on every ``HAND_ON_S`` (its first at once, the
-    rest when it stops).  Listeners are called on the sampler thread with each new
+    reads on every tick and hands its readings on every ``HAND_ON_S`` (the first after a start
+    at once, and what waits when it stops).  Listeners are called on the sampler thread with each new
     :class:`Sample`; packed listeners with the list of samples handed on, as the history
     keeps them.
     """
@@ -515,9 +517,8 @@ class Sampler:
         while True:
             if self._stopping.is_set():
                 self._hand_on()  # what was read reaches the history and the panels
-                with (
-                    self._state
-                ):  # the decision to end, and start() taking the thread back, exclude each other
+                # The decision to end, and start() taking the thread back, exclude each other.
+                with self._state:
                     if self._stopping.is_set():
                         self._looping = False
                         return
@@ -663,7 +664,7 @@ class Sampler:
         offset = 0
         for index, _, figure_values in gpus:
             if self._from_samples.get(index):  # unknown until a hand-on has found out: read each tick
-                plan.sampled.append((index, offset + _READINGS.index("utilization_percent")))
+                plan.sampled.append((index, offset))
             offset += len(_READINGS) + len(figure_values)
         plan.rates = frozenset(indices) - {index for index, _ in plan.sampled}
         return plan
@@ -718,14 +719,14 @@ class Sampler:
             series[index] = ([at for at, _ in seen], [percent for _, percent in seen])
         for now, plan, values, _ in ticks:
             now_us = now * 1e6
-            for index, slot in plan.sampled:
+            for index, offset in plan.sampled:
                 found = series.get(index)
-                if found is None or values[slot - 3] == _GAP:  # no samples; its memory reading failed
+                if found is None or values[offset + _USED_AT] == _GAP:  # no samples; no memory reading
                     continue
                 times, percents = found
                 newest = bisect.bisect_right(times, now_us) - 1
                 if newest >= 0 and now_us - times[newest] <= UTILIZATION_SAMPLE_MAX_AGE_S * 1e6:
-                    values[slot] = percents[newest]
+                    values[offset + _UTILIZATION_AT] = percents[newest]
 
     def _readings(self, plan: _TickPlan, now: float) -> tuple[list[Any], list[str | None]]:
         """The readings of one tick, as the history packs them (``_GAP`` where missing), and the
@@ -733,8 +734,8 @@ class Sampler:
 
         Per GPU a tick makes one NVML call, its memory (utilization too where the driver keeps
         no samples of it: one :meth:`Nvml.memory_and_utilization_of` for all GPUs), and lists
-        the GPU's processes only when its used memory moved (see :meth:`_list`).  Nothing else: a tick comes after a
-        sleep that left the caches cold, and it costs what it touches.
+        the GPU's processes only when its used memory moved (see :meth:`_list`).  Nothing else:
+        a tick comes after a sleep that left the caches cold, and it costs what it touches.
         """
         values: list[Any] = []
         errors: list[str | None] = []
