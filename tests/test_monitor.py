@@ -222,6 +222,19 @@ def test_the_thread_hands_on_its_first_reading_at_once_then_a_hand_ons_time_of_t
     assert sum(batches) == len(s.history) and s._waiting == []  # every reading taken was handed on
 
 
+def test_readers_see_each_reading_at_once_and_the_handed_on_ones_apart():
+    s = sampler(interval=0.1)
+    handed: list[int] = []
+    s.subscribe(lambda batch: handed.append(len(batch)), packed=True)
+    s.tick()  # read and handed on
+    s._read()  # read on the thread's next tick: in the history, not yet handed on
+    s._read()
+    assert len(s.snapshot()) == 3 and s.latest().time_s == s.snapshot()[-1].time_s
+    assert len(s.snapshot(handed_on=True)) == 1 and handed == [1]
+    s._hand_on()
+    assert len(s.snapshot(handed_on=True)) == 3 and handed == [1, 2]
+
+
 def test_a_panel_joining_a_running_sampler_gets_the_readings_at_once():
     s = sampler(interval=0.1)
     s.start()

@@ -173,6 +173,7 @@ class _TickPlan:
         "layout",
         "rates",
         "sampled",
+        "source_figures",
         "status",
     )
 
@@ -199,6 +200,7 @@ class _TickPlan:
         # (index, offset of its readings in a tick's values) of the GPUs whose utilization the
         # hand-on fills from the driver's samples.
         self.sampled: list[tuple[int, int]] = []
+        self.source_figures: Any = None  # the allocator figures' snapshot the plan was made from
 
 
 def _layout_of(device: DeviceSample) -> tuple[str, str, tuple[tuple[str, str], ...]]:
@@ -380,8 +382,9 @@ class Sampler:
         self._names: dict[int, tuple[str, str]] = {}
         # Per GPU: the last good process listing, as (clock time, used bytes then, mine or _GAP, note).
         self._listings: dict[int, tuple[float, int, int | None, str | None]] = {}
-        # Readings taken since the last hand-on: (time, plan, values, errors), or (exception,).
-        self._waiting: list[tuple] = []
+        # Samples taken since the last hand-on, with the plan each was read by (None: it failed).
+        self._waiting: list[tuple[_Stored, _TickPlan | None]] = []
+        self._previous: _Stored | None = None  # the newest sample taken: the next one shares with it
         self._plan_now: _TickPlan | None = None  # what the ticks read until the next hand-on
         self._hand_on_next = False  # set by start(): the next reading is handed on at once
         # Per GPU: True while its utilization comes from the driver's samples, False when a tick
@@ -438,10 +441,14 @@ class Sampler:
         with self._lock:
             self._listeners = [(f, packed) for f, packed in self._listeners if f != listener]
 
-    def snapshot(self) -> list[Sample]:
-        """Every sample kept, oldest first."""
+    def snapshot(self, handed_on: bool = False) -> list[Sample]:
+        """Every sample kept, oldest first; with ``handed_on``, those already handed to the
+        listeners (the newest, up to ``HAND_ON_S`` of them, wait for the hand-on that fills
+        their utilization from the driver's samples: a gap there until then)."""
         with self._lock:
             stored = list(self.history)
+            if handed_on and self._waiting:
+                stored = stored[: len(stored) - len(self._waiting)]
         return [s.unpack() for s in stored]
 
     def latest(self) -> Sample | None:
@@ -572,40 +579,47 @@ class Sampler:
         return self._hand_on()[-1].unpack()
 
     def _read(self) -> None:
-        """One tick of the thread: NVML's readings of every charted GPU, kept in ``_waiting``
-        until :meth:`_hand_on`.  Never raises (a failure is kept as the reading)."""
-        try:
-            plan = self._plan_now or self._make_plan()
-            self._plan_now = plan
-            now = self._clock()
-            self._waiting.append((now, plan, *self._readings(plan, now)))
-        except Exception as err:
-            self._waiting.append((err,))
+        """One tick of the thread: NVML's readings of every charted GPU, packed into the history
+        at once (readers of :meth:`latest` and :meth:`snapshot` see it) and kept in ``_waiting``
+        for the listeners until :meth:`_hand_on`.  Never raises (a failure is kept as a sample).
 
-    def _hand_on(self) -> list[_Stored]:
-        """The readings taken since the last hand-on, packed into the history and handed to the
-        listeners (a packed listener takes them all in one call); the sources are read again
-        for the next ticks.  Returns the samples handed on."""
-        waiting, self._waiting = self._waiting, []
-        self._plan_now = None
-        self._fill_utilization(waiting)
+        The plan is made again when the allocator figures' snapshot changed (a cell ended), so a
+        framework's device is charted from the next tick, not the next hand-on."""
+        previous = self._previous
+        try:
+            plan = self._plan_now
+            if plan is None or self._figures_moved(plan):
+                plan = self._plan_now = self._make_plan()
+            now = self._clock()
+            stored = self._stored(now, plan, *self._readings(plan, now), previous)
+            layout: tuple | None = stored.layout
+        except Exception as err:
+            stored, plan, layout = _Stored.pack(self._failed(err), previous), None, None
+        self._previous = stored
         with self._lock:
-            previous = self.history[-1] if self.history else None
-        handed: list[_Stored] = []
-        layout = None
-        for reading in waiting:
-            if len(reading) == 1:
-                previous = _Stored.pack(self._failed(reading[0]), previous)
-            else:
-                now, plan, values, errors = reading
-                previous = self._stored(now, plan, values, errors, previous)
-                layout = previous.layout
-            handed.append(previous)
-        with self._lock:
-            self.history.extend(handed)
+            self.history.append(stored)
             if layout is not None:
                 self._layout = layout
+            self._waiting.append((stored, plan))
+
+    def _figures_moved(self, plan: _TickPlan) -> bool:
+        """A new snapshot of the allocator figures was published since ``plan`` was made.  A
+        source that fails says so in the plan's note until the next hand-on makes it again."""
+        try:
+            return self._figures() is not plan.source_figures
+        except Exception:
+            return False
+
+    def _hand_on(self) -> list[_Stored]:
+        """The samples taken since the last hand-on, their utilization filled from the driver's
+        samples, handed to the listeners (a packed listener takes them all in one call); the
+        sources are read again for the next ticks.  Returns the samples handed on."""
+        self._plan_now = None
+        self._fill_utilization(self._waiting)  # only this thread adds to it
+        with self._lock:  # filled first: a reader of the handed-on samples never sees one unfilled
+            waiting, self._waiting = self._waiting, []
             listeners = list(self._listeners)
+        handed = [stored for stored, _ in waiting]
         samples: list[Sample] | None = None
         for listener, packed in listeners:
             try:
@@ -667,6 +681,7 @@ class Sampler:
                 plan.sampled.append((index, offset))
             offset += len(_READINGS) + len(figure_values)
         plan.rates = frozenset(indices) - {index for index, _ in plan.sampled}
+        plan.source_figures = figures
         return plan
 
     def _samples_usable(self, index: int, now_us: float) -> bool:
@@ -687,18 +702,19 @@ class Sampler:
         not from its future (a driver clock that is not this sampler's fails both ways)."""
         return now_us - UTILIZATION_SAMPLE_MAX_AGE_S * 1e6 <= at_us <= now_us + 1e6
 
-    def _fill_utilization(self, waiting: list[tuple]) -> None:
-        """Each waiting tick's utilization of the GPUs read from samples: the newest sample at or
+    def _fill_utilization(self, waiting: list[tuple[_Stored, _TickPlan | None]]) -> None:
+        """Each waiting sample's utilization of the GPUs read from samples, written into it (the
+        history's sample: until then a reader sees a gap there): the newest driver sample at or
         before the tick, fetched now for all of them (one call a GPU).  A GPU whose samples
         fail, stop or come from another clock is read each tick from the next plan on; a GPU
         charted for the first time is read each tick until this finds out which it is."""
-        taken = [r for r in waiting if len(r) == 4]
+        taken = [(stored, plan) for stored, plan in waiting if plan is not None]
         if taken:  # GPUs charted for the first time: the next plan reads them as found here
-            now, plan = taken[-1][0], taken[-1][1]
+            latest_taken, plan = taken[-1]
             for index in plan.indices:
                 if index not in self._from_samples:
-                    self._from_samples[index] = self._samples_usable(index, now * 1e6)
-        ticks = [r for r in taken if r[1].sampled]
+                    self._from_samples[index] = self._samples_usable(index, latest_taken.time_s * 1e6)
+        ticks = [(stored, plan) for stored, plan in taken if plan.sampled]
         if not ticks:
             return
         series: dict[int, tuple[list[int], list[int]]] = {}
@@ -712,13 +728,13 @@ class Sampler:
                 self._from_samples[index] = False
                 continue
             seen = ([last] if last else []) + new
-            if not seen or not self._fresh(seen[-1][0], ticks[-1][0] * 1e6):
+            if not seen or not self._fresh(seen[-1][0], ticks[-1][0].time_s * 1e6):
                 self._from_samples[index] = False  # stopped sampling, or another clock
                 continue
             self._last_sample[index] = seen[-1]
             series[index] = ([at for at, _ in seen], [percent for _, percent in seen])
-        for now, plan, values, _ in ticks:
-            now_us = now * 1e6
+        for stored, plan in ticks:
+            now_us, values = stored.time_s * 1e6, stored.readings  # filled in place: the history's
             for index, offset in plan.sampled:
                 found = series.get(index)
                 if found is None or values[offset + _USED_AT] == _GAP:  # no samples; no memory reading

@@ -467,7 +467,8 @@ class MemoryPanel(anywidget.AnyWidget):
         if self._sampler is not None:
             # The history holds them (and the next change needs no point before it).
             self._pending, self._unsent = [], None
-            self.send(batch(self._sampler.snapshot(), kind="history", keys=self._known))
+            # Only what the panels were handed: the samples still waiting come with the next hand-on.
+            self.send(batch(self._sampler.snapshot(handed_on=True), kind="history", keys=self._known))
 
     # -- browser -> kernel ------------------------------------------------------------------
     def set_state(self, sync_data: dict[str, Any]) -> None:
