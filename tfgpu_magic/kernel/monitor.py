@@ -13,11 +13,12 @@ takes the latest published snapshot and never calls into a framework.
 
 Readings are bytes.  A reading that failed is ``None`` (drawn as a gap), never 0.
 
-A tick reads each GPU's memory and utilization; its process lists (for this kernel's share) only
-when its used memory moved since they were last read, or they are ``LISTING_MAX_AGE_S`` old.
-That is all a tick does: once every ``HAND_ON_S`` the readings taken since are packed into the
-history and handed to the panels together, and the sources besides NVML (allocator figures,
-limits, visible GPUs) are read again for the next ticks.
+A tick reads each GPU's memory (utilization too where the driver keeps no samples of it); its
+process lists (for this kernel's share) only when its used memory moved since they were last
+read, or they are ``LISTING_MAX_AGE_S`` old; and packs the sample into the history.  Once every
+``HAND_ON_S`` the samples taken since get their utilization from the driver's sample buffer and
+are handed to the panels together, and the sources besides NVML (allocator figures, limits,
+visible GPUs) are read again for the next ticks.
 
 At most one sampler thread runs per kernel: a stop that finds the thread inside a slow
 reading (a hung NVML call) says so, and a new panel takes that thread back rather than start
@@ -70,9 +71,9 @@ SLOW_SOURCES_S = 2.0  # limits, visible GPUs: configuration, re-read this often
 # within one tick, leaving "used" as it was.  2 s, as for the configuration above: the figure for
 # this kernel is then never staler than the limits shown beside it.
 LISTING_MAX_AGE_S = 2.0
-# The thread reads NVML on every tick and hands its readings on (packed into the history, given
-# to the panels) once this often: packing, comparing and sending then run once for twenty
-# readings at 0.1 s, warm, instead of after each sleep, when the caches are cold and every first
+# The thread reads NVML on every tick and hands its samples on (their utilization filled, given
+# to the panels) once this often: filling, comparing and sending then run once for twenty
+# samples at 0.1 s, warm, instead of after each sleep, when the caches are cold and every first
 # touch costs several times its warm cost.  A panel sends one message a hand-on at most
 # (widget.MAX_MESSAGES_PER_S): a comm message costs the kernel about a millisecond of CPU over
 # three threads whatever it holds, a tenth of the monitor's whole cost at 10 Hz when sent every
