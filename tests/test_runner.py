@@ -621,7 +621,7 @@ def test_the_notebooks_own_use_auto_cell_keeps_the_gpu_the_runner_chose(file_ser
     os.environ.get("CI") == "true",
     reason=(
         "quarantined in CI, 2026-11-27: in the whole suite under .ci/run the runner's driver-peak "
-        "sampler saw no memory of the papermill kernel's tree in 4 of 5 runs (observed "
+        "sampler saw no memory of the papermill kernel's tree in 4 of 6 runs over two sessions (observed "
         "driver_peak_bytes None), while the test passes alone; not understood yet, see the issue 32 "
         "note. It still runs in `make test` outside CI."
     ),
