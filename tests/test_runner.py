@@ -617,15 +617,6 @@ def test_the_notebooks_own_use_auto_cell_keeps_the_gpu_the_runner_chose(file_ser
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("CI") == "true",
-    reason=(
-        "quarantined in CI, 2026-11-27: in the whole suite under .ci/run the runner's driver-peak "
-        "sampler saw no memory of the papermill kernel's tree in 4 of 6 runs over two sessions (observed "
-        "driver_peak_bytes None), while the test passes alone; not understood yet, see the issue 32 "
-        "note. It still runs in `make test` outside CI."
-    ),
-)
 def test_the_settings_are_in_force_before_the_first_cell_under_papermills_engine(
     file_server, tmp_path, claim_dir, kernel_env
 ):

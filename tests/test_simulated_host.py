@@ -272,3 +272,19 @@ def test_a_young_process_found_not_to_be_a_kernel_is_looked_at_again():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_kernel_started_just_after_a_reading_is_in_the_next_one_however_soon():
+    """A reading is never older than the process table: a kernel that started after the last scan
+    is found by the next reading, even within ``scan_ttl_s`` (as a driver lists a process at once).
+    ``tfgpu run``'s last look at a short notebook came less than 0.5 s after its look before the
+    kernel started, and found no kernel (the papermill test of test_runner.py, in CI)."""
+    server = simulated.LiveKernelsNvml([SimulatedGpu(), SimulatedGpu()], scan_ttl_s=3600.0)
+    assert server.live_processes() == {}
+    kernel, below = _shell_kernel("just-started"), []
+    try:
+        below = children_soon(kernel.pid)
+        held = {p.pid for procs in server.live_processes().values() for p in procs}
+        assert held == {kernel.pid, *below}
+    finally:
+        stop(kernel, below)

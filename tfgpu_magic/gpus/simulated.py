@@ -665,8 +665,11 @@ class LiveKernelsNvml(SimulatedNvml):
 
     The fixed processes in ``gpus`` keep their simulated owners (``owner_of`` answers for their
     pids, alive or not); every other pid, the kernels included, gets its real owner and command
-    from psutil.  The process tree is scanned at most once per ``scan_ttl_s`` seconds: one
-    reading of the server makes many NVML calls, and a scan of ``/proc`` costs milliseconds.
+    from psutil.  The process tree is scanned again when a process has started or ended since
+    the last scan (the pids ``/proc`` lists changed: a reading never misses a kernel started
+    after the last one, as a driver lists a process at once), and at least every ``scan_ttl_s``
+    seconds; not on every reading: one reading of the server makes many NVML calls, and a scan
+    of ``/proc`` costs milliseconds.
     """
 
     def __init__(
@@ -683,6 +686,7 @@ class LiveKernelsNvml(SimulatedNvml):
         self.scan_ttl_s = scan_ttl_s
         self._scan_lock = threading.Lock()
         self._scanned_at: float | None = None
+        self._scanned_pids: frozenset[int] | None = None  # the pids /proc listed before that scan
         self._live: dict[int, list[SimulatedProcess]] = {}
         # pid -> (identity, what was read of it, when)
         self._remembered: dict[int, tuple[object, Any, float]] = {}
@@ -699,9 +703,15 @@ class LiveKernelsNvml(SimulatedNvml):
         """``{gpu index: [the kernels' processes on it]}`` under the rule above (rescanned when stale)."""
         with self._scan_lock:
             now = time.monotonic()
-            if self._scanned_at is None or now - self._scanned_at >= self.scan_ttl_s or self._one_exited():
+            listed = _listed_pids()
+            if (
+                self._scanned_at is None
+                or now - self._scanned_at >= self.scan_ttl_s
+                or listed != self._scanned_pids  # a process started (or ended) since
+                or self._one_exited()
+            ):
                 self._live = self._scan()
-                self._scanned_at = now
+                self._scanned_at, self._scanned_pids = now, listed
             return self._live
 
     def _one_exited(self) -> bool:
@@ -798,6 +808,17 @@ def _kernel_number(pid: int) -> int | None:
     except psutil.Error:
         return None
     return int(text) if text.isdigit() and len(text) < 7 else None  # hostile text is no number
+
+
+def _listed_pids() -> frozenset[int] | None:
+    """The pids ``/proc`` lists (one directory read, ~25 µs for a hundred processes), or None
+    where it cannot be read (no ``/proc``): a scan is then only as fresh as ``scan_ttl_s``."""
+    from .process_table import PROC
+
+    try:
+        return frozenset(PROC.pids())
+    except OSError:
+        return None
 
 
 def _is_kernel(pid: int) -> bool:
