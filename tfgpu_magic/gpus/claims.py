@@ -81,15 +81,17 @@ CHOOSE_LOCK = "tfgpu_magic-choose.lock"
 LOCK_TIMEOUT_S = 2.0
 MAX_NOTES = 8
 _READ_LIMIT = 256  # a claim record is ~60 bytes
-# A claim's name: GPU key, owner's uid, claiming process's pid and start time.
-_NAME = re.compile(
+# The names, as patterns for re.fullmatch, compiled at their first use (re's own cache): a status
+# with no claim to read never pays for them.  A claim's name: GPU key, owner's uid, claiming
+# process's pid and start time.
+_NAME = (
     r"(?P<key>[A-Za-z0-9_-]+)\.(?P<uid>[0-9]{1,10})\.(?P<pid>[1-9][0-9]{0,6})\.(?P<start>[0-9]{1,20})\.lock"
 )
 # Names of older versions (a random token where the pid and start time are): their owner removes them.
-_OLD_NAME = re.compile(r"(?P<key>[A-Za-z0-9_-]+)\.(?P<uid>[0-9]{1,10})\.[0-9a-f]{16}\.lock")
+_OLD_NAME = r"(?P<key>[A-Za-z0-9_-]+)\.(?P<uid>[0-9]{1,10})\.[0-9a-f]{16}\.lock"
 # A claim being written: invisible to readers until linked under its claim name.
 _NEW_PREFIX = "tfgpu_magic-new."
-_NEW_NAME = re.compile(
+_NEW_NAME = (
     r"tfgpu_magic-new\.(?P<uid>[0-9]{1,10})\.(?P<pid>[1-9][0-9]{0,6})\.(?P<start>[0-9]{1,20})\.[0-9a-f]{8}"
 )
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -193,9 +195,12 @@ def _why(err: OSError) -> str:
     return err.strerror or str(err)
 
 
+_KEY_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
 def _safe_key(key: str) -> str:
     """A safe file-name part for a GPU key (its UUID): letters, digits, ``_`` and ``-`` only."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", key)
+    return "".join(c if c in _KEY_CHARACTERS else "_" for c in key)
 
 
 # -- the directory --------------------------------------------------------------------------------
@@ -471,7 +476,7 @@ def _stale_new_files(dfd: int, names: list[str], uid: int, table: ProcessTable) 
     for name in names:
         if not name.startswith(_NEW_PREFIX):
             continue
-        match = _NEW_NAME.fullmatch(name)
+        match = re.fullmatch(_NEW_NAME, name)
         if not match or int(match["uid"]) != uid or _ours_alive(table, match, uid):
             continue
         with contextlib.suppress(OSError):
@@ -658,17 +663,17 @@ def _scan(
         if safe not in found or name == own:
             continue
         if len(parts) != 5 or parts[4] != "lock" or not _is_number(parts[2]):
-            if len(parts) == 4 and parts[1] == mine and _OLD_NAME.fullmatch(name):
+            if len(parts) == 4 and parts[1] == mine and re.fullmatch(_OLD_NAME, name):
                 stale.extend(_if_mine(dfd, name, me, locked_is_stale=False))
             elif name != safe + ".lock":  # `<key>.lock`: an old version's, never anyone's claim now
                 not_claims[safe] = not_claims.get(safe, 0) + 1
             continue
         pid = int(parts[2])
         if not table.may_run(pid):  # no such process: a dead kernel's left-over (ours to remove)
-            if parts[1] == mine and _NAME.fullmatch(name):
+            if parts[1] == mine and re.fullmatch(_NAME, name):
                 stale.extend(_if_mine(dfd, name, me, locked_is_stale=True))
             continue
-        match = _NAME.fullmatch(name)
+        match = re.fullmatch(_NAME, name)
         if match is None:
             not_claims[safe] = not_claims.get(safe, 0) + 1
             continue

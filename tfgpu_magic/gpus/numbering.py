@@ -28,7 +28,7 @@ __all__ = [
     "visible_env_value",
 ]
 
-_INDEX = re.compile(r"[0-9]+", re.ASCII)  # never str.isdigit: it accepts '²', which int() refuses
+_INDEX = r"(?a)[0-9]+"  # for re.fullmatch (compiled at its first use); never str.isdigit: it accepts '²', which int() refuses
 MAX_INDEX_DIGITS = (
     9  # no machine has a billion GPUs: a longer index names none (and int() refuses 4,301 digits)
 )
@@ -144,7 +144,7 @@ def _read_entry(
     entry: str, nvml_uuids: Sequence[str | None] | None, mig: Sequence[MigInstance] | None
 ) -> tuple[int, MigInstance | None] | str | _Unknown:
     """(GPU, MIG instance or None) for a usable entry; why not (a str) for an invalid one."""
-    if _INDEX.fullmatch(entry):
+    if re.fullmatch(_INDEX, entry):
         index = index_value(entry)
         if nvml_uuids is None:
             return (index, None) if index is not None else "names no GPU"
@@ -179,7 +179,7 @@ def _legacy_mig(
         return found
     if mig is None:
         return found, None  # the GPU is known; its instances are not
-    ids = [index_value(p) if _INDEX.fullmatch(p) else None for p in parts[1:]]
+    ids = [index_value(p) if re.fullmatch(_INDEX, p) else None for p in parts[1:]]
     named = [
         m
         for m in mig

@@ -80,8 +80,9 @@ SHARE_VARIABLES = (
 )
 SHOWN_CHARS = 40  # an inherited value echoed back is cut to this (a neighbour may plant megabytes)
 
-_AMOUNT = re.compile(r"([0-9]{1,15})(?:\.([0-9]{1,6}))?\s*([kmgt]?)(i?b?)", re.ASCII | re.IGNORECASE)
-_NUMBER = re.compile(r"[0-9]{1,12}", re.ASCII)  # int() of a planted 5,000-digit value would raise
+# Patterns for re.fullmatch, compiled at their first use (re's own cache): most processes have no share to read.
+_AMOUNT = r"(?ai)([0-9]{1,15})(?:\.([0-9]{1,6}))?\s*([kmgt]?)(i?b?)"
+_NUMBER = r"(?a)[0-9]{1,12}"  # int() of a planted 5,000-digit value would raise
 _UNIT = {"": 1, "k": 1024, "m": MIB, "g": GIB, "t": 1024**4}
 
 
@@ -176,7 +177,7 @@ def may_grant_a_share(environ: Mapping[str, str | None], cuda_visible_devices: s
 def parse_amount(text: str, bare: int = 1) -> int | None:
     """``4g``, ``4096m``, ``6G``, ``1.5GiB``, ``512MB`` -> bytes (binary units); a bare number
     counts ``bare`` bytes each.  None for anything else (an inherited value is never trusted)."""
-    match = _AMOUNT.fullmatch(text.strip())
+    match = re.fullmatch(_AMOUNT, text.strip())
     if not match:
         return None
     whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3).lower()
@@ -250,7 +251,7 @@ def _per_device(value: str) -> dict[int | None, int] | None:
     for part in value.split(",")[:64]:
         device, _, amount = part.partition("=")
         size = parse_amount(amount)
-        if not _NUMBER.fullmatch(device.strip()) or size is None:
+        if not re.fullmatch(_NUMBER, device.strip()) or size is None:
             return None
         found[int(device.strip())] = size
     return found
@@ -393,7 +394,7 @@ def _aliyun(
     environ: Mapping[str, str | None], gpus: Sequence[GpuFacts], cuda: Sequence[int]
 ) -> list[PlatformShare]:
     granted = environ.get(ALIYUN_CONTAINER_ENV)
-    if not granted or not _NUMBER.fullmatch(granted.strip()):
+    if not granted or not re.fullmatch(_NUMBER, granted.strip()):
         return []
     device = environ.get(ALIYUN_DEVICE_ENV) or ""
     found = []
@@ -418,7 +419,7 @@ def _aliyun(
 def _aliyun_unit(device: str, granted: int) -> int:
     """GiB, unless the figures count MiB (``--memory-unit=MiB``): no GPU has 1024 GiB, so a device
     (or, without ``ALIYUN_COM_GPU_MEM_DEV``, a grant) of more than 1024 units counts MiB."""
-    figure = int(device) if _NUMBER.fullmatch(device) else granted
+    figure = int(device) if re.fullmatch(_NUMBER, device) else granted
     return MIB if figure > 1024 else GIB
 
 
@@ -437,7 +438,9 @@ def slurm_gpus(environ: Mapping[str, str | None]) -> SlurmGpus | None:
     if not value:
         return None
     entries = [e.strip() for e in value.split(",")[:1024]]
-    indices = tuple(sorted({int(e) for e in entries})) if all(_NUMBER.fullmatch(e) for e in entries) else None
+    indices = (
+        tuple(sorted({int(e) for e in entries})) if all(re.fullmatch(_NUMBER, e) for e in entries) else None
+    )
     return SlurmGpus(name, value, indices)
 
 
