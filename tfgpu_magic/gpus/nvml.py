@@ -403,8 +403,16 @@ class Nvml:
             try:
                 if handle is None:
                     handle = self._handle(index)
-                info = read_memory(handle) if version is None else read_memory(handle, version=version)
-                total, used = _bytes(info.total), _bytes(info.used)
+                info = read_memory(handle) if version is None else read_memory(handle, version)
+                total, used = info.total, info.used
+                # _bytes's check, inline for the ints a binding gives: ten times a second per GPU.
+                if not (
+                    type(total) is int
+                    and type(used) is int
+                    and 0 <= total <= MAX_BYTES
+                    and 0 <= used <= MAX_BYTES
+                ):
+                    total, used = _bytes(total), _bytes(used)
             except Exception as err:
                 if handle is None:  # the handle could not be had: _handle said why
                     found.append(err)

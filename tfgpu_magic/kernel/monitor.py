@@ -370,6 +370,7 @@ class Sampler:
         self._no_gpu_note = no_gpu_note
         self._clock = clock
         self._interval = checked_interval(interval)
+        self._per_hand_on = _readings_per_hand_on(self._interval)
         self._keep_s = _checked_keep(keep_s)
         self._lock = threading.Lock()  # guards history and listeners
         self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
@@ -414,6 +415,7 @@ class Sampler:
     @interval.setter
     def interval(self, seconds: float) -> None:
         self._interval = checked_interval(seconds)
+        self._per_hand_on = _readings_per_hand_on(self._interval)
         self._resize_history()
         self._wake_up()  # a long sleep should not delay a shorter new interval
 
@@ -531,7 +533,7 @@ class Sampler:
                         self._looping = False
                         return
             self._read()  # never raises
-            if self._hand_on_next or len(self._waiting) >= self._readings_per_hand_on():
+            if self._hand_on_next or len(self._waiting) >= self._per_hand_on:
                 self._hand_on_next = False
                 self._hand_on()
                 self._plan_now = self._plan_or_none()  # warm, for the next ticks
@@ -547,10 +549,6 @@ class Sampler:
             return self._make_plan()
         except Exception:
             return None
-
-    def _readings_per_hand_on(self) -> int:
-        """Ticks between two hand-ons: as many as fill ``HAND_ON_S`` (one a tick from that interval on)."""
-        return max(1, math.ceil(HAND_ON_S / self._interval - 1e-9))
 
     def _sleep_until(self, deadline: float) -> bool:
         """Sleep to ``deadline`` (monotonic); True when woken (a stop, a new interval).
@@ -592,7 +590,10 @@ class Sampler:
             if plan is None or self._figures_moved(plan):
                 plan = self._plan_now = self._make_plan()
             now = self._clock()
-            stored = self._stored(now, plan, *self._readings(plan, now), previous)
+            values, errors = self._readings(plan, now)
+            stored = _Stored.of(
+                now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, previous
+            )
             layout: tuple | None = stored.layout
         except Exception as err:
             stored, plan, layout = _Stored.pack(self._failed(err), previous), None, None
@@ -650,7 +651,10 @@ class Sampler:
         plan = self._make_plan()
         plan.rates, plan.sampled = frozenset(plan.indices), []
         now = self._clock()
-        return self._stored(now, plan, *self._readings(plan, now), None).unpack()
+        values, errors = self._readings(plan, now)
+        return _Stored.of(
+            now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, None
+        ).unpack()
 
     def _make_plan(self) -> _TickPlan:
         """What the ticks until the next hand-on read, from the sources as they are now: the
@@ -779,14 +783,6 @@ class Sampler:
             values += figure_values
         return values + plan.elsewhere, errors + plan.elsewhere_errors
 
-    @staticmethod
-    def _stored(
-        now: float, plan: _TickPlan, values: list[Any], errors: list[str | None], previous: _Stored | None
-    ) -> _Stored:
-        return _Stored.of(
-            now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, previous
-        )
-
     def _indices(self, count: int, visible: list[int] | None) -> tuple[int, ...]:
         """The NVML indices charted: every GPU this kernel sees (all when ``visible`` is None).
         Worked out again only when the count or the visible GPUs (re-read every
@@ -872,6 +868,11 @@ class Sampler:
             return f"gpu{index}", f"GPU {index}"
         self._names[index] = (f"gpu{index}", f"GPU {index} · {name}")
         return self._names[index]
+
+
+def _readings_per_hand_on(interval: float) -> int:
+    """Ticks between two hand-ons: as many as fill ``HAND_ON_S`` (one a tick from that interval on)."""
+    return max(1, math.ceil(HAND_ON_S / interval - 1e-9))
 
 
 def checked_interval(seconds: float) -> float:
