@@ -197,7 +197,7 @@ def monitor(table: Table, rounds: int, seconds: float) -> dict[str, Any]:
     if floor is not None:  # what any monitor in a kernel pays: read the two above against it
         table.add(
             "monitor",
-            "the floor, no tool: 16 NVML calls a tick and a sleep, % of a core",
+            "the floor, no tool: the calls a tick must make, a message per batch, % of a core",
             _spread(floor["percent_core"]),
             "jupyterlab-nvdashboard",
             _spread(theirs["percent_core"]),

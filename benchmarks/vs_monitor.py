@@ -13,10 +13,12 @@ users, real sleepers):
 - jupyterlab-nvdashboard: a real ``jupyter server`` with its extension, and a websocket on its
   ``gpu_resource`` handler (its "GPU Resources" chart: memory and utilization of every GPU) asking
   for an update every 100 ms; pausing it (its front end's pause message) ends it.
-- the floor, no contender: in the same kernel, a thread that only sleeps to a 100 ms deadline and
-  makes the NVML calls issue 32 names as what a tick must make, memory and utilization of every GPU
-  through ``pynvml`` (16 calls), with no chart and no message.  What any monitor in a kernel pays
-  at 10 Hz on this machine, to read the others against.
+- the floor, no contender: in the same kernel, a thread that sleeps to a 100 ms deadline and does
+  what issue 32 names as what a monitor must do: each tick, memory and utilization of every GPU
+  through ``pynvml`` (16 calls) and a GPU's process lists (compute and graphics) when its used memory
+  moved; every ``BATCH`` ticks (2 s, the batch ours sends) one comm message with the batch's numbers
+  as a binary buffer.  No chart, no history, no check of what a reading says.  What any monitor in
+  a kernel pays at 10 Hz on this machine, to read the others against.
 
 Each round has four windows of ``SECONDS``: ours sampling, nvdashboard sampling, the floor, and
 all idle (the order of the first three turning).  A contender's cost is its process's CPU (all threads,
@@ -43,28 +45,46 @@ import peers
 import standin
 from servers import BENCHMARKS, ROOT, JupyterServer
 
+from tfgpu_magic.kernel.monitor import HAND_ON_S
+
 GPUS = 8
 INTERVAL_S = 0.1
-FLOOR = "floor (16 NVML calls a tick, nothing else)"
+BATCH = round(HAND_ON_S / INTERVAL_S)  # ticks per comm message in the floor: the batch ours sends
+FLOOR = "floor (the calls a tick must make, a comm message per batch)"
 
 # Defined in the kernel: the floor's thread (see the module's docstring).
 FLOOR_CODE = """
 import threading as _threading, time as _time, pynvml as _pynvml
-def _bench_floor(stop, interval):
+from array import array as _array
+from comm import create_comm as _create_comm
+def _bench_floor(stop, interval, batch):
     handles = [_pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_pynvml.nvmlDeviceGetCount())]
+    channel = _create_comm(target_name="tfgpu-bench-floor")
+    used = [None] * len(handles)
+    readings, ticks = _array("q"), 0
     deadline = _time.monotonic()
     while not stop.is_set():
-        for handle in handles:
-            _pynvml.nvmlDeviceGetMemoryInfo(handle)
-            _pynvml.nvmlDeviceGetUtilizationRates(handle)
+        for n, handle in enumerate(handles):
+            memory = _pynvml.nvmlDeviceGetMemoryInfo(handle)
+            busy = _pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            if memory.used != used[n]:  # the process lists only when the memory moved
+                used[n] = memory.used
+                _pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                _pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+            readings.extend((memory.total, memory.used, busy))
+        ticks += 1
+        if ticks % batch == 0:
+            channel.send({"ticks": batch}, buffers=[memoryview(readings)])
+            readings = _array("q")
         deadline = max(deadline + interval, _time.monotonic())
         _time.sleep(deadline - _time.monotonic())
+    channel.close()
 _bench_floor_stop = _threading.Event()
 _bench_floor_stop.set()
-def _bench_floor_start(interval):
+def _bench_floor_start(interval, batch):
     global _bench_floor_stop
     _bench_floor_stop = _threading.Event()
-    _threading.Thread(target=_bench_floor, args=(_bench_floor_stop, interval), daemon=True).start()
+    _threading.Thread(target=_bench_floor, args=(_bench_floor_stop, interval, batch), daemon=True).start()
 """
 
 
@@ -224,9 +244,9 @@ def main() -> None:
                     ),
                     FLOOR: (
                         kernel.pid,
-                        lambda: kernel.run(f"_bench_floor_start({INTERVAL_S})"),
+                        lambda: kernel.run(f"_bench_floor_start({INTERVAL_S}, {BATCH})"),
                         lambda: kernel.run("_bench_floor_stop.set()"),
-                        lambda: 0,
+                        lambda: kernel.comm_messages,
                     ),
                 }
                 for round_ in range(rounds):
