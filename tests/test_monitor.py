@@ -235,6 +235,24 @@ def test_readers_see_each_reading_at_once_and_the_handed_on_ones_apart():
     assert len(s.snapshot(handed_on=True)) == 3 and handed == [1, 2]
 
 
+def test_readings_packed_later_are_each_of_their_own_tick():
+    """A tick keeps NVML's answers and the process listing it read by; they are packed into the
+    history later (by the first reader, or the hand-on), and each sample is its own tick's."""
+    server = shared_server(ME)
+    s = sampler(server, interval=0.1)
+    mine = server.gpus[1].processes[0]  # this kernel's process on GPU 1
+    readings = []
+    for step in range(3):
+        s._read()  # the thread's tick: nothing packed yet
+        readings.append(mine.used_mib)
+        mine.used_mib += 512  # used memory moved: the next tick lists GPU 1 again
+    assert len(s._taken) == 3 and len(s._history) == 0
+    packed = [by_key(sample)["gpu1"] for sample in s.snapshot()]
+    assert [d.mine_bytes for d in packed] == [mib * MIB for mib in readings]
+    assert packed[1].used_bytes - packed[0].used_bytes == 512 * MIB
+    assert len(s._taken) == 0 and len(s._waiting) == 3  # packed by the reader, still to hand on
+
+
 def test_a_panel_joining_a_running_sampler_gets_the_readings_at_once():
     s = sampler(interval=0.1)
     s.start()

@@ -15,10 +15,12 @@ Readings are bytes.  A reading that failed is ``None`` (drawn as a gap), never 0
 
 A tick reads each GPU's memory (utilization too where the driver keeps no samples of it); its
 process lists (for this kernel's share) only when its used memory moved since they were last
-read, or they are ``LISTING_MAX_AGE_S`` old; and packs the sample into the history.  Once every
-``HAND_ON_S`` the samples taken since get their utilization from the driver's sample buffer and
-are handed to the panels together, and the sources besides NVML (allocator figures, limits,
-visible GPUs) are read again for the next ticks.
+read, or they are ``LISTING_MAX_AGE_S`` old; and keeps what NVML answered, as it answered it.
+The readings are packed into the history's samples later, together, while the code is warm: by
+whoever reads the history first (:meth:`Sampler.latest`, :meth:`Sampler.snapshot`), or at the
+hand-on.  Once every ``HAND_ON_S`` the samples taken since get their utilization from the
+driver's sample buffer and are handed to the panels together, and the sources besides NVML
+(allocator figures, limits, visible GPUs) are read again for the next ticks.
 
 At most one sampler thread runs per kernel: a stop that finds the thread inside a slow
 reading (a hung NVML call) says so, and a new panel takes that thread back rather than start
@@ -157,6 +159,8 @@ _USED_AT = _READINGS.index("used_bytes")  # where a GPU's readings hold its used
 _UTILIZATION_AT = _READINGS.index("utilization_percent")  # and its utilization
 # A tick's plan (see Sampler._plan): the layout; per GPU (index, cap, figure values); the figure
 # values of the framework devices on no charted GPU.
+# A GPU's process listing: (clock time, its used bytes then, bytes this kernel holds or _GAP, note).
+_Listing = tuple[float, int, int, str | None]
 _Plan = tuple[tuple[tuple[str, str, tuple], ...], list[tuple[int, int, list]], list[list]]
 
 
@@ -372,8 +376,12 @@ class Sampler:
         self._interval = checked_interval(interval)
         self._per_hand_on = _readings_per_hand_on(self._interval)
         self._keep_s = _checked_keep(keep_s)
-        self._lock = threading.Lock()  # guards history and listeners
-        self.history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
+        self._lock = threading.Lock()  # guards the history, packing into it, and the listeners
+        self._history: deque[_Stored] = deque(maxlen=self._history_len())  # packed: see latest(), snapshot()
+        # The ticks' readings not yet packed into the history, oldest first, as (clock time, plan,
+        # NVML's answers, the process listings then): appended by the thread without the lock
+        # (a deque's append is atomic), packed under the lock by whoever reads first (_pack).
+        self._taken: deque[tuple[float, _TickPlan, list[Any], Mapping[int, _Listing]]] = deque()
         self._layout: tuple[tuple[str, str, tuple], ...] = ()  # the devices of the last good sample
         # (listener, packed): a packed listener is handed the _Stored sample, the others a Sample.
         self._listeners: list[tuple[Callable[[Any], None], bool]] = []
@@ -382,9 +390,10 @@ class Sampler:
         self._slow: tuple[float, tuple[Any, ...]] | None = None
         # Per GPU: its key and label, once NVML has named it (a name never changes).
         self._names: dict[int, tuple[str, str]] = {}
-        # Per GPU: the last good process listing, as (clock time, used bytes then, mine or _GAP, note).
-        self._listings: dict[int, tuple[float, int, int | None, str | None]] = {}
-        # Samples taken since the last hand-on, with the plan each was read by (None: it failed).
+        # Per GPU: the last process listing (see _list).  Replaced, never changed in place: a
+        # tick keeps the one it read by, for the packing.
+        self._listings: Mapping[int, _Listing] = {}
+        # Samples packed since the last hand-on, with the plan each was read by (None: it failed).
         self._waiting: list[tuple[_Stored, _TickPlan | None]] = []
         self._previous: _Stored | None = None  # the newest sample taken: the next one shares with it
         self._plan_now: _TickPlan | None = None  # what the ticks read until the next hand-on
@@ -429,8 +438,8 @@ class Sampler:
 
     def _resize_history(self) -> None:
         with self._lock:
-            if self.history.maxlen != self._history_len():
-                self.history = deque(self.history, maxlen=self._history_len())
+            if self._history.maxlen != self._history_len():
+                self._history = deque(self._history, maxlen=self._history_len())
 
     # -- listeners and history --------------------------------------------------------------
     def subscribe(self, listener: Callable[[Any], None], *, packed: bool = False) -> None:
@@ -444,12 +453,20 @@ class Sampler:
         with self._lock:
             self._listeners = [(f, packed) for f, packed in self._listeners if f != listener]
 
+    @property
+    def history(self) -> deque[_Stored]:
+        """Every sample kept, packed, oldest first (the readings not yet packed are, first)."""
+        with self._lock:
+            self._pack()
+            return self._history
+
     def snapshot(self, handed_on: bool = False) -> list[Sample]:
         """Every sample kept, oldest first; with ``handed_on``, those already handed to the
         listeners (the newest, up to ``HAND_ON_S`` of them, wait for the hand-on that fills
         their utilization from the driver's samples: a gap there until then)."""
         with self._lock:
-            stored = list(self.history)
+            self._pack()
+            stored = list(self._history)
             if handed_on and self._waiting:
                 stored = stored[: len(stored) - len(self._waiting)]
         return [s.unpack() for s in stored]
@@ -457,7 +474,8 @@ class Sampler:
     def latest(self) -> Sample | None:
         """The newest sample kept, or None before the first."""
         with self._lock:
-            stored = self.history[-1] if self.history else None
+            self._pack()
+            stored = self._history[-1] if self._history else None
         return None if stored is None else stored.unpack()
 
     # -- the thread -----------------------------------------------------------------------
@@ -533,7 +551,7 @@ class Sampler:
                         self._looping = False
                         return
             self._read()  # never raises
-            if self._hand_on_next or len(self._waiting) >= self._per_hand_on:
+            if self._hand_on_next or len(self._taken) + len(self._waiting) >= self._per_hand_on:
                 self._hand_on_next = False
                 self._hand_on()
                 self._plan_now = self._plan_or_none()  # warm, for the next ticks
@@ -578,31 +596,56 @@ class Sampler:
         return self._hand_on()[-1].unpack()
 
     def _read(self) -> None:
-        """One tick of the thread: NVML's readings of every charted GPU, packed into the history
-        at once (readers of :meth:`latest` and :meth:`snapshot` see it) and kept in ``_waiting``
-        for the listeners until :meth:`_hand_on`.  Never raises (a failure is kept as a sample).
+        """One tick of the thread: NVML's readings of every charted GPU, kept as NVML gave them
+        for :meth:`_pack` (a reader of the history packs them first, so it never lags).  Never
+        raises: a failure is kept as a sample.
 
         The plan is made again when the allocator figures' snapshot changed (a cell ended), so a
-        framework's device is charted from the next tick, not the next hand-on."""
-        previous = self._previous
+        framework's device is charted from the next tick, not the next hand-on.  Nothing else:
+        a tick comes after a sleep that left the caches cold, and it costs what it touches."""
         try:
             plan = self._plan_now
             if plan is None or self._figures_moved(plan):
                 plan = self._plan_now = self._make_plan()
             now = self._clock()
-            values, errors = self._readings(plan, now)
-            stored = _Stored.of(
-                now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, previous
-            )
-            layout: tuple | None = stored.layout
+            readings = self._measure(plan, now)
         except Exception as err:
-            stored, plan, layout = _Stored.pack(self._failed(err), previous), None, None
+            with self._lock:
+                self._pack()  # the readings before it, in order
+                self._keep(_Stored.pack(self._failed(err), self._previous), None)
+            return
+        self._taken.append((now, plan, readings, self._listings))
+
+    def _pack(self) -> None:
+        """The readings taken and not yet packed, packed into the history in order (the caller
+        holds ``_lock``).  Each sample shares with the one before it what did not change."""
+        taken = self._taken
+        while taken:
+            now, plan, readings, listings = taken.popleft()
+            try:
+                values, errors = self._values(plan, readings, listings)
+                stored = _Stored.of(
+                    now,
+                    plan.layout,
+                    values,
+                    errors,
+                    plan.status,
+                    plan.figures,
+                    plan.figures_at,
+                    self._previous,
+                )
+            except Exception as err:  # a reading nothing expected: a sample that says so
+                self._keep(_Stored.pack(self._failed(err), self._previous), None)
+                continue
+            self._keep(stored, plan)
+
+    def _keep(self, stored: _Stored, plan: _TickPlan | None) -> None:
+        """``stored`` into the history, and waiting for the hand-on (the caller holds ``_lock``)."""
         self._previous = stored
-        with self._lock:
-            self.history.append(stored)
-            if layout is not None:
-                self._layout = layout
-            self._waiting.append((stored, plan))
+        self._history.append(stored)
+        if plan is not None:
+            self._layout = stored.layout
+        self._waiting.append((stored, plan))
 
     def _figures_moved(self, plan: _TickPlan) -> bool:
         """A new snapshot of the allocator figures was published since ``plan`` was made.  A
@@ -617,9 +660,13 @@ class Sampler:
         samples, handed to the listeners (a packed listener takes them all in one call); the
         sources are read again for the next ticks.  Returns the samples handed on."""
         self._plan_now = None
-        self._fill_utilization(self._waiting)  # only this thread adds to it
+        with self._lock:
+            self._pack()
+            filling = list(self._waiting)
+        self._fill_utilization(filling)
         with self._lock:  # filled first: a reader of the handed-on samples never sees one unfilled
-            waiting, self._waiting = self._waiting, []
+            waiting = self._waiting[: len(filling)]  # a reader may have packed more meanwhile
+            del self._waiting[: len(filling)]
             listeners = list(self._listeners)
         handed = [stored for stored, _ in waiting]
         samples: list[Sample] | None = None
@@ -651,7 +698,7 @@ class Sampler:
         plan = self._make_plan()
         plan.rates, plan.sampled = frozenset(plan.indices), []
         now = self._clock()
-        values, errors = self._readings(plan, now)
+        values, errors = self._values(plan, self._measure(plan, now), self._listings)
         return _Stored.of(
             now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, None
         ).unpack()
@@ -749,36 +796,49 @@ class Sampler:
                 if newest >= 0 and now_us - times[newest] <= UTILIZATION_SAMPLE_MAX_AGE_S * 1e6:
                     values[offset + _UTILIZATION_AT] = percents[newest]
 
-    def _readings(self, plan: _TickPlan, now: float) -> tuple[list[Any], list[str | None]]:
-        """The readings of one tick, as the history packs them (``_GAP`` where missing), and the
-        note of each device.
+    def _measure(self, plan: _TickPlan, now: float) -> list[Any]:
+        """NVML's answers for one tick, per GPU read (a reading, or the error in its place), the
+        GPU's processes listed first where its used memory moved.
 
         Per GPU a tick makes one NVML call, its memory (utilization too where the driver keeps
         no samples of it: one :meth:`Nvml.memory_and_utilization_of` for all GPUs), and lists
-        the GPU's processes only when its used memory moved (see :meth:`_list`).  Nothing else:
-        a tick comes after a sleep that left the caches cold, and it costs what it touches.
+        the GPU's processes only when its used memory moved (see :meth:`_list`).
         """
-        values: list[Any] = []
-        errors: list[str | None] = []
-        readings: list[Any]
         try:
             readings = self.nvml.memory_and_utilization_of(plan.indices, plan.rates) if plan.indices else []
         except Exception as err:  # NVML stopped under us: every GPU's reading failed
             readings = [err] * len(plan.indices)
-        listings = self._listings
+        for index, reading in zip(plan.indices, readings, strict=True):
+            listed = self._listings.get(index)
+            if type(reading) is tuple:
+                # The last listing's answer stands while the GPU's used memory has not moved and
+                # it is younger than LISTING_MAX_AGE_S (or from a clock that went back: listed anew).
+                if (
+                    listed is None
+                    or listed[1] != reading[1]
+                    or not 0.0 <= now - listed[0] < LISTING_MAX_AGE_S
+                ):
+                    self._list(index, reading[1], now)
+            elif listed is not None:  # a GPU that answers again is listed afresh
+                self._listings = {i: v for i, v in self._listings.items() if i != index}
+        return readings
+
+    @staticmethod
+    def _values(
+        plan: _TickPlan, readings: list[Any], listings: Mapping[int, _Listing]
+    ) -> tuple[list[Any], list[str | None]]:
+        """One tick's readings as the history packs them (``_GAP`` where missing), and the note
+        of each device: NVML's answers, with this kernel's share from the listing of that tick."""
+        values: list[Any] = []
+        errors: list[str | None] = []
         for (index, cap, figure_values), reading in zip(plan.gpus, readings, strict=True):
             if type(reading) is tuple:
                 total, used, busy = reading
-                # The last listing's answer stands while the GPU's used memory has not moved and
-                # it is younger than LISTING_MAX_AGE_S (or from a clock that went back: listed anew).
-                listed = listings.get(index)
-                if listed is None or listed[1] != used or not 0.0 <= now - listed[0] < LISTING_MAX_AGE_S:
-                    listed = self._list(index, used, now)
+                listed = listings[index]  # a good reading always has one (_measure)
                 values += (total, used, listed[2], cap, _GAP if busy is None else busy)
                 errors.append(listed[3])
             else:
                 errors.append(_failure_note(index, reading))
-                listings.pop(index, None)  # a GPU that answers again is listed afresh
                 values += (_GAP, _GAP, _GAP, cap, _GAP)
             values += figure_values
         return values + plan.elsewhere, errors + plan.elsewhere_errors
@@ -839,24 +899,27 @@ class Sampler:
             self._slow = (now, (limits, limit_note, visible, found_note or None))
         return self._slow[1]
 
-    def _list(self, index: int, used: int, now: float) -> tuple[float, int, int, str | None]:
-        """The GPU's processes listed: (time, used bytes then, bytes this kernel's process holds
-        or ``_GAP`` when NVML cannot say, note), kept as the GPU's listing (see :meth:`_readings`).
-        A listing that failed is not kept: the next tick tries again."""
+    def _list(self, index: int, used: int, now: float) -> None:
+        """The GPU's processes listed: kept as the GPU's listing, (time, used bytes then, bytes
+        this kernel's process holds or ``_GAP`` when NVML cannot say, note).  A listing that
+        failed is kept with no time, so the next tick lists again."""
         try:
             processes = self.nvml.processes(index)
         except Exception as err:
-            self._listings.pop(index, None)
-            return now, used, _GAP, f"GPU {index}: process list failed ({err})"
-        held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
-        known = [b for b in held if b is not None]
-        listed: tuple[float, int, int, str | None]
-        if len(known) < len(held):
-            listed = (now, used, _GAP, f"GPU {index}: NVML cannot say how much this kernel holds")
+            listed: _Listing = (-math.inf, used, _GAP, f"GPU {index}: process list failed ({err})")
         else:
-            listed = (now, used, sum(known), None)  # not listed: this kernel holds nothing there, a true 0
-        self._listings[index] = listed
-        return listed
+            held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
+            known = [b for b in held if b is not None]
+            if len(known) < len(held):
+                listed = (now, used, _GAP, f"GPU {index}: NVML cannot say how much this kernel holds")
+            else:
+                listed = (
+                    now,
+                    used,
+                    sum(known),
+                    None,
+                )  # not listed: this kernel holds nothing there, a true 0
+        self._listings = {**self._listings, index: listed}
 
     def _name(self, index: int) -> tuple[str, str]:
         """The GPU's key and label; kept once NVML names it (a lost GPU is asked again next tick)."""
