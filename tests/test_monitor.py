@@ -242,7 +242,7 @@ def test_readings_packed_later_are_each_of_their_own_tick():
     s = sampler(server, interval=0.1)
     mine = server.gpus[1].processes[0]  # this kernel's process on GPU 1
     readings = []
-    for step in range(3):
+    for _ in range(3):
         s._read()  # the thread's tick: nothing packed yet
         readings.append(mine.used_mib)
         mine.used_mib += 512  # used memory moved: the next tick lists GPU 1 again
