@@ -253,6 +253,62 @@ def test_readings_packed_later_are_each_of_their_own_tick():
     assert len(s._taken) == 0 and len(s._waiting) == 3  # packed by the reader, still to hand on
 
 
+def _inside_a_listing(s: Sampler, other, failing_gpu: int) -> None:
+    """The interleaving of two readings on two threads, made deterministic: while ``s`` lists
+    GPU 3 (a ctypes call, the GIL released), ``other()`` runs, and in it GPU ``failing_gpu``'s
+    memory reading fails (its listing is dropped)."""
+    nvml = s.nvml
+    read_memory, list_processes = nvml.memory_and_utilization_of, nvml.processes
+    inside = {"now": False, "done": False}
+
+    def memory(indices, rates=None):
+        found = read_memory(indices, rates)
+        if inside["now"]:
+            found[failing_gpu] = RuntimeError(f"GPU {failing_gpu} stopped answering")
+        return found
+
+    def processes(index):
+        if index == 3 and not inside["done"]:
+            inside["done"] = inside["now"] = True
+            try:
+                other()
+            finally:
+                inside["now"] = False
+        return list_processes(index)
+
+    nvml.memory_and_utilization_of, nvml.processes = memory, processes
+
+
+def test_a_tick_and_a_read_on_another_thread_each_keep_their_own_listings():
+    """A tick's sample is packed with the listings its own reading made, whatever a read() on
+    the user's thread replaced them with meanwhile; and the other way round."""
+    ticks = itertools.count(1000)
+    s = sampler(interval=0.1, clock=lambda: float(next(ticks)))
+    _inside_a_listing(s, s.read, failing_gpu=1)  # read() runs inside the thread's tick
+    s._read()
+    s._read()
+    samples = s.snapshot()
+    assert [sample.status for sample in samples] == [None, None]  # no "sampling failed (KeyError: 1)"
+    assert [sample.time_s for sample in samples] == sorted(sample.time_s for sample in samples)
+    assert by_key(samples[0])["gpu1"].mine_bytes == 10240 * MIB
+
+    s = sampler(interval=0.1)
+    _inside_a_listing(s, s._read, failing_gpu=1)  # the thread ticks inside read()
+    assert by_key(s.read())["gpu1"].mine_bytes == 10240 * MIB  # no KeyError for the user
+
+
+def test_a_sample_that_fails_as_it_is_packed_keeps_its_ticks_time():
+    ticks = itertools.count(1000)
+    s = sampler(interval=0.1, clock=lambda: float(next(ticks)))
+    s._read()
+    s._read()
+    s._taken[0] = (*s._taken[0][:3], {})  # a tick whose listings say nothing: packing it fails
+    times = [entry[0] for entry in s._taken]
+    samples = s.snapshot()
+    assert [sample.time_s for sample in samples] == times
+    assert samples[0].status.startswith("sampling failed (KeyError") and samples[1].status is None
+
+
 def test_a_panel_joining_a_running_sampler_gets_the_readings_at_once():
     s = sampler(interval=0.1)
     s.start()

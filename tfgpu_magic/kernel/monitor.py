@@ -157,10 +157,10 @@ _readings_of = operator.attrgetter(*_READINGS)  # a DeviceSample's readings, as 
 _NO_READINGS = (_GAP,) * len(_READINGS)
 _USED_AT = _READINGS.index("used_bytes")  # where a GPU's readings hold its used memory
 _UTILIZATION_AT = _READINGS.index("utilization_percent")  # and its utilization
-# A tick's plan (see Sampler._plan): the layout; per GPU (index, cap, figure values); the figure
-# values of the framework devices on no charted GPU.
 # A GPU's process listing: (clock time, its used bytes then, bytes this kernel holds or _GAP, note).
 _Listing = tuple[float, int, int, str | None]
+# A tick's plan (see Sampler._plan): the layout; per GPU (index, cap, figure values); the figure
+# values of the framework devices on no charted GPU.
 _Plan = tuple[tuple[tuple[str, str, tuple], ...], list[tuple[int, int, list]], list[list]]
 
 
@@ -391,11 +391,11 @@ class Sampler:
         # Per GPU: its key and label, once NVML has named it (a name never changes).
         self._names: dict[int, tuple[str, str]] = {}
         # Per GPU: the last process listing (see _list).  Replaced, never changed in place: a
-        # tick keeps the one it read by, for the packing.
+        # tick keeps the mapping it read by, for the packing (see _measure).
         self._listings: Mapping[int, _Listing] = {}
         # Samples packed since the last hand-on, with the plan each was read by (None: it failed).
         self._waiting: list[tuple[_Stored, _TickPlan | None]] = []
-        self._previous: _Stored | None = None  # the newest sample taken: the next one shares with it
+        self._previous: _Stored | None = None  # the newest sample packed: the next one shares with it
         self._plan_now: _TickPlan | None = None  # what the ticks read until the next hand-on
         self._hand_on_next = False  # set by start(): the next reading is handed on at once
         # Per GPU: True while its utilization comes from the driver's samples, False when a tick
@@ -455,7 +455,8 @@ class Sampler:
 
     @property
     def history(self) -> deque[_Stored]:
-        """Every sample kept, packed, oldest first (the readings not yet packed are, first)."""
+        """Every sample kept, oldest first (the readings taken and not yet packed are packed
+        first).  The deque itself: it grows when a reader packs or at the hand-on, not at each tick."""
         with self._lock:
             self._pack()
             return self._history
@@ -542,6 +543,7 @@ class Sampler:
 
     def _run(self) -> None:
         deadline = time.monotonic()
+        ticks = 0  # since the last hand-on: counted here, as readers pack ticks on their own threads
         while True:
             if self._stopping.is_set():
                 self._hand_on()  # what was read reaches the history and the panels
@@ -551,8 +553,9 @@ class Sampler:
                         self._looping = False
                         return
             self._read()  # never raises
-            if self._hand_on_next or len(self._taken) + len(self._waiting) >= self._per_hand_on:
-                self._hand_on_next = False
+            ticks += 1
+            if self._hand_on_next or ticks >= self._per_hand_on:
+                self._hand_on_next, ticks = False, 0
                 self._hand_on()
                 self._plan_now = self._plan_or_none()  # warm, for the next ticks
             # Sleep to a deadline rather than for `interval`, so ticks do not drift by the
@@ -608,13 +611,14 @@ class Sampler:
             if plan is None or self._figures_moved(plan):
                 plan = self._plan_now = self._make_plan()
             now = self._clock()
-            readings = self._measure(plan, now)
+            readings, listings = self._measure(plan, now)
         except Exception as err:
+            failed = self._failed(err)  # outside the lock: it reads the clock
             with self._lock:
                 self._pack()  # the readings before it, in order
-                self._keep(_Stored.pack(self._failed(err), self._previous), None)
+                self._keep(_Stored.pack(failed, self._previous), None)
             return
-        self._taken.append((now, plan, readings, self._listings))
+        self._taken.append((now, plan, readings, listings))
 
     def _pack(self) -> None:
         """The readings taken and not yet packed, packed into the history in order (the caller
@@ -634,8 +638,8 @@ class Sampler:
                     plan.figures_at,
                     self._previous,
                 )
-            except Exception as err:  # a reading nothing expected: a sample that says so
-                self._keep(_Stored.pack(self._failed(err), self._previous), None)
+            except Exception as err:  # a reading nothing expected: a sample of its tick that says so
+                self._keep(_Stored.pack(self._failed(err, now), self._previous), None)
                 continue
             self._keep(stored, plan)
 
@@ -665,7 +669,8 @@ class Sampler:
             filling = list(self._waiting)
         self._fill_utilization(filling)
         with self._lock:  # filled first: a reader of the handed-on samples never sees one unfilled
-            waiting = self._waiting[: len(filling)]  # a reader may have packed more meanwhile
+            # Only those filled: a tick() on another thread may have packed more meanwhile.
+            waiting = self._waiting[: len(filling)]
             del self._waiting[: len(filling)]
             listeners = list(self._listeners)
         handed = [stored for stored, _ in waiting]
@@ -682,10 +687,11 @@ class Sampler:
                 pass
         return handed
 
-    def _failed(self, err: Exception) -> Sample:
+    def _failed(self, err: Exception, now: float | None = None) -> Sample:
+        """A sample of gaps that says why, at ``now`` (its tick's time), else the clock's."""
         note = f"sampling failed ({type(err).__name__}: {err}); trying again next tick"
         try:
-            now = float(self._clock())
+            now = float(self._clock() if now is None else now)
         except Exception:
             now = time.time()
         devices = tuple(DeviceSample(key=key, label=label, error=note) for key, label, _ in self._layout)
@@ -693,12 +699,13 @@ class Sampler:
 
     # -- one reading ------------------------------------------------------------------------
     def read(self) -> Sample:
-        """One reading of every device, its sources read afresh; kept nowhere.  Utilization is
-        read as it stands (no hand-on follows to fill it from the driver's samples)."""
+        """One reading of every device, its sources read afresh; kept nowhere (a GPU it lists is
+        kept as that GPU's listing, as a tick's is).  Utilization is read as it stands (no
+        hand-on follows to fill it from the driver's samples)."""
         plan = self._make_plan()
         plan.rates, plan.sampled = frozenset(plan.indices), []
         now = self._clock()
-        values, errors = self._values(plan, self._measure(plan, now), self._listings)
+        values, errors = self._values(plan, *self._measure(plan, now))
         return _Stored.of(
             now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, None
         ).unpack()
@@ -796,9 +803,11 @@ class Sampler:
                 if newest >= 0 and now_us - times[newest] <= UTILIZATION_SAMPLE_MAX_AGE_S * 1e6:
                     values[offset + _UTILIZATION_AT] = percents[newest]
 
-    def _measure(self, plan: _TickPlan, now: float) -> list[Any]:
-        """NVML's answers for one tick, per GPU read (a reading, or the error in its place), the
-        GPU's processes listed first where its used memory moved.
+    def _measure(self, plan: _TickPlan, now: float) -> tuple[list[Any], Mapping[int, _Listing]]:
+        """NVML's answers for one tick, per GPU read (a reading, or the error in its place), and
+        the process listings they are read by: a GPU's processes are listed first where its used
+        memory moved.  The listings returned are this tick's own, whatever another thread's
+        reading (:meth:`read`) does meanwhile: each good reading has one.
 
         Per GPU a tick makes one NVML call, its memory (utilization too where the driver keeps
         no samples of it: one :meth:`Nvml.memory_and_utilization_of` for all GPUs), and lists
@@ -808,8 +817,10 @@ class Sampler:
             readings = self.nvml.memory_and_utilization_of(plan.indices, plan.rates) if plan.indices else []
         except Exception as err:  # NVML stopped under us: every GPU's reading failed
             readings = [err] * len(plan.indices)
+        listings = self._listings
+        changed: dict[int, _Listing] | None = None  # a copy, made at the first change
         for index, reading in zip(plan.indices, readings, strict=True):
-            listed = self._listings.get(index)
+            listed = listings.get(index)
             if type(reading) is tuple:
                 # The last listing's answer stands while the GPU's used memory has not moved and
                 # it is younger than LISTING_MAX_AGE_S (or from a clock that went back: listed anew).
@@ -818,10 +829,14 @@ class Sampler:
                     or listed[1] != reading[1]
                     or not 0.0 <= now - listed[0] < LISTING_MAX_AGE_S
                 ):
-                    self._list(index, reading[1], now)
+                    changed = dict(listings) if changed is None else changed
+                    changed[index] = self._list(index, reading[1], now)
             elif listed is not None:  # a GPU that answers again is listed afresh
-                self._listings = {i: v for i, v in self._listings.items() if i != index}
-        return readings
+                changed = dict(listings) if changed is None else changed
+                del changed[index]
+        if changed is not None:
+            self._listings = listings = changed
+        return readings, listings
 
     @staticmethod
     def _values(
@@ -834,7 +849,7 @@ class Sampler:
         for (index, cap, figure_values), reading in zip(plan.gpus, readings, strict=True):
             if type(reading) is tuple:
                 total, used, busy = reading
-                listed = listings[index]  # a good reading always has one (_measure)
+                listed = listings[index]  # the tick's own: each good reading has one (_measure)
                 values += (total, used, listed[2], cap, _GAP if busy is None else busy)
                 errors.append(listed[3])
             else:
@@ -899,27 +914,19 @@ class Sampler:
             self._slow = (now, (limits, limit_note, visible, found_note or None))
         return self._slow[1]
 
-    def _list(self, index: int, used: int, now: float) -> None:
-        """The GPU's processes listed: kept as the GPU's listing, (time, used bytes then, bytes
-        this kernel's process holds or ``_GAP`` when NVML cannot say, note).  A listing that
-        failed is kept with no time, so the next tick lists again."""
+    def _list(self, index: int, used: int, now: float) -> _Listing:
+        """The GPU's processes listed: (time, used bytes then, bytes this kernel's process holds
+        or ``_GAP`` when NVML cannot say, note).  A listing that failed has no time, so the
+        next tick lists again."""
         try:
             processes = self.nvml.processes(index)
         except Exception as err:
-            listed: _Listing = (-math.inf, used, _GAP, f"GPU {index}: process list failed ({err})")
-        else:
-            held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
-            known = [b for b in held if b is not None]
-            if len(known) < len(held):
-                listed = (now, used, _GAP, f"GPU {index}: NVML cannot say how much this kernel holds")
-            else:
-                listed = (
-                    now,
-                    used,
-                    sum(known),
-                    None,
-                )  # not listed: this kernel holds nothing there, a true 0
-        self._listings = {**self._listings, index: listed}
+            return (-math.inf, used, _GAP, f"GPU {index}: process list failed ({err})")
+        held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
+        known = [b for b in held if b is not None]
+        if len(known) < len(held):
+            return (now, used, _GAP, f"GPU {index}: NVML cannot say how much this kernel holds")
+        return (now, used, sum(known), None)  # not listed: this kernel holds nothing there, a true 0
 
     def _name(self, index: int) -> tuple[str, str]:
         """The GPU's key and label; kept once NVML names it (a lost GPU is asked again next tick)."""
