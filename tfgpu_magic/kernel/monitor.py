@@ -627,17 +627,7 @@ class Sampler:
         while taken:
             now, plan, readings, listings = taken.popleft()
             try:
-                values, errors = self._values(plan, readings, listings)
-                stored = _Stored.of(
-                    now,
-                    plan.layout,
-                    values,
-                    errors,
-                    plan.status,
-                    plan.figures,
-                    plan.figures_at,
-                    self._previous,
-                )
+                stored = self._stored(now, plan, readings, listings, self._previous)
             except Exception as err:  # a reading nothing expected: a sample of its tick that says so
                 self._keep(_Stored.pack(self._failed(err, now), self._previous), None)
                 continue
@@ -705,10 +695,7 @@ class Sampler:
         plan = self._make_plan()
         plan.rates, plan.sampled = frozenset(plan.indices), []
         now = self._clock()
-        values, errors = self._values(plan, *self._measure(plan, now))
-        return _Stored.of(
-            now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, None
-        ).unpack()
+        return self._stored(now, plan, *self._measure(plan, now), None).unpack()
 
     def _make_plan(self) -> _TickPlan:
         """What the ticks until the next hand-on read, from the sources as they are now: the
@@ -839,11 +826,16 @@ class Sampler:
         return readings, listings
 
     @staticmethod
-    def _values(
-        plan: _TickPlan, readings: list[Any], listings: Mapping[int, _Listing]
-    ) -> tuple[list[Any], list[str | None]]:
-        """One tick's readings as the history packs them (``_GAP`` where missing), and the note
-        of each device: NVML's answers, with this kernel's share from the listing of that tick."""
+    def _stored(
+        now: float,
+        plan: _TickPlan,
+        readings: list[Any],
+        listings: Mapping[int, _Listing],
+        previous: _Stored | None,
+    ) -> _Stored:
+        """One tick's sample as the history keeps it (``_GAP`` where a reading is missing, a note
+        per device): NVML's answers, with this kernel's share from the listing of that tick,
+        sharing with ``previous`` what did not change."""
         values: list[Any] = []
         errors: list[str | None] = []
         for (index, cap, figure_values), reading in zip(plan.gpus, readings, strict=True):
@@ -856,7 +848,11 @@ class Sampler:
                 errors.append(_failure_note(index, reading))
                 values += (_GAP, _GAP, _GAP, cap, _GAP)
             values += figure_values
-        return values + plan.elsewhere, errors + plan.elsewhere_errors
+        values += plan.elsewhere
+        errors += plan.elsewhere_errors
+        return _Stored.of(
+            now, plan.layout, values, errors, plan.status, plan.figures, plan.figures_at, previous
+        )
 
     def _indices(self, count: int, visible: list[int] | None) -> tuple[int, ...]:
         """The NVML indices charted: every GPU this kernel sees (all when ``visible`` is None).
