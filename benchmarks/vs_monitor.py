@@ -13,12 +13,14 @@ users, real sleepers):
 - jupyterlab-nvdashboard: a real ``jupyter server`` with its extension, and a websocket on its
   ``gpu_resource`` handler (its "GPU Resources" chart: memory and utilization of every GPU) asking
   for an update every 100 ms; pausing it (its front end's pause message) ends it.
-- the floor, no contender: in the same kernel, a thread that sleeps to a 100 ms deadline and does
+- the floor, no contender: in the same kernel, a thread that takes its own NVML reference
+  (``nvmlInit``: it never leans on one left by ``%gpu``), sleeps to a 100 ms deadline and does
   what issue 32 names as what a monitor must do: each tick, memory and utilization of every GPU
   through ``pynvml`` (16 calls) and a GPU's process lists (compute and graphics) when its used memory
   moved; every ``BATCH`` ticks (2 s, the batch ours sends) one comm message with the batch's numbers
   as a binary buffer.  No chart, no history, no check of what a reading says.  What any monitor in
-  a kernel pays at 10 Hz on this machine, to read the others against.
+  a kernel pays at 10 Hz on this machine, to read the others against.  A floor whose thread
+  failed ends the benchmark with its error rather than measuring an idle kernel.
 
 Each round has four windows of ``SECONDS``: ours sampling, nvdashboard sampling, the floor, and
 all idle (the order of the first three turning).  A contender's cost is its process's CPU (all threads,
@@ -58,33 +60,50 @@ import threading as _threading, time as _time, pynvml as _pynvml
 from array import array as _array
 from comm import create_comm as _create_comm
 def _bench_floor(stop, interval, batch):
-    handles = [_pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_pynvml.nvmlDeviceGetCount())]
-    channel = _create_comm(target_name="tfgpu-bench-floor")
-    used = [None] * len(handles)
-    readings, ticks = _array("q"), 0
-    deadline = _time.monotonic()
-    while not stop.is_set():
-        for n, handle in enumerate(handles):
-            memory = _pynvml.nvmlDeviceGetMemoryInfo(handle)
-            busy = _pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
-            if memory.used != used[n]:  # the process lists only when the memory moved
-                used[n] = memory.used
-                _pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                _pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
-            readings.extend((memory.total, memory.used, busy))
-        ticks += 1
-        if ticks % batch == 0:
-            channel.send({"ticks": batch}, buffers=[memoryview(readings)])
-            readings = _array("q")
-        deadline = max(deadline + interval, _time.monotonic())
-        _time.sleep(deadline - _time.monotonic())
-    channel.close()
-_bench_floor_stop = _threading.Event()
-_bench_floor_stop.set()
+    _pynvml.nvmlInit()  # its own reference, as any monitor takes: never one left by another contender
+    try:
+        handles = [_pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_pynvml.nvmlDeviceGetCount())]
+        channel = _create_comm(target_name="tfgpu-bench-floor")
+        used = [None] * len(handles)
+        readings, ticks = _array("q"), 0
+        deadline = _time.monotonic()
+        while not stop.is_set():
+            for n, handle in enumerate(handles):
+                memory = _pynvml.nvmlDeviceGetMemoryInfo(handle)
+                busy = _pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                if memory.used != used[n]:  # the process lists only when the memory moved
+                    used[n] = memory.used
+                    _pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                    _pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+                readings.extend((memory.total, memory.used, busy))
+            ticks += 1
+            if ticks % batch == 0:
+                channel.send({"ticks": batch}, buffers=[memoryview(readings)])
+                readings = _array("q")
+            deadline = max(deadline + interval, _time.monotonic())
+            _time.sleep(deadline - _time.monotonic())
+        channel.close()
+    finally:
+        _pynvml.nvmlShutdown()
+_bench_floor_thread = None
+_bench_floor_failure = []
+def _bench_floor_run(stop, interval, batch):
+    try:
+        _bench_floor(stop, interval, batch)
+    except BaseException as err:  # said by _bench_floor_end: a floor that died measured nothing
+        _bench_floor_failure.append(err)
 def _bench_floor_start(interval, batch):
-    global _bench_floor_stop
+    global _bench_floor_stop, _bench_floor_thread
     _bench_floor_stop = _threading.Event()
-    _threading.Thread(target=_bench_floor, args=(_bench_floor_stop, interval, batch), daemon=True).start()
+    _bench_floor_thread = _threading.Thread(
+        target=_bench_floor_run, args=(_bench_floor_stop, interval, batch), daemon=True
+    )
+    _bench_floor_thread.start()
+def _bench_floor_end():
+    _bench_floor_stop.set()
+    _bench_floor_thread.join(10)
+    if _bench_floor_failure:
+        raise RuntimeError(f"the floor's thread failed: {_bench_floor_failure[-1]!r}")
 """
 
 
@@ -245,7 +264,7 @@ def main() -> None:
                     FLOOR: (
                         kernel.pid,
                         lambda: kernel.run(f"_bench_floor_start({INTERVAL_S}, {BATCH})"),
-                        lambda: kernel.run("_bench_floor_stop.set()"),
+                        lambda: kernel.run("_bench_floor_end()"),
                         lambda: kernel.comm_messages,
                     ),
                 }
