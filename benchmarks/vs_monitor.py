@@ -102,6 +102,8 @@ def _bench_floor_start(interval, batch):
 def _bench_floor_end():
     _bench_floor_stop.set()
     _bench_floor_thread.join(10)
+    if _bench_floor_thread.is_alive():  # still sampling: it would be measured in the next windows
+        raise RuntimeError("the floor's thread did not end within 10 s")
     if _bench_floor_failure:
         raise RuntimeError(f"the floor's thread failed: {_bench_floor_failure[-1]!r}")
 """
