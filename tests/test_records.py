@@ -181,3 +181,92 @@ def test_init_matches_the_dataclass_one(kinds, data):
         except TypeError as err:  # the same words, the class's name aside
             outcomes.append(str(err).replace(cls.__qualname__, "Record"))
     assert outcomes[0] == outcomes[1]
+
+
+# -- the dataclass, made at the first use of each class ----------------------------------------------
+def test_a_class_is_made_a_dataclass_at_its_first_use_and_not_before():
+    class Later(Record):
+        a: int
+        items: list[int] = field(default_factory=list)
+
+    assert type(vars(Later)["__dataclass_fields__"]).__name__ == "_Undeclared"  # nothing read yet
+    assert isinstance(vars(Later)["items"], dataclasses.Field)  # as declared: the dataclass not made
+    assert dataclasses.is_dataclass(Later)  # asking makes it
+    assert isinstance(vars(Later)["__dataclass_fields__"], dict) and "items" not in vars(Later)
+    assert [f.name for f in dataclasses.fields(Later)] == ["a", "items"] and Later(1).items == []
+
+
+def test_a_record_made_first_makes_its_class_a_dataclass():
+    class Made(Record):
+        a: int
+        b: str = "x"
+
+    assert dataclasses.asdict(Made(1)) == {"a": 1, "b": "x"}
+    assert dataclasses.replace(Made(1), b="y") == Made(1, "y")
+
+
+def test_a_subclass_of_a_record_not_yet_made():
+    class Base(Record):
+        a: int
+        b: int = 0
+
+    class Child(Base):
+        c: int = 1
+
+    assert [f.name for f in dataclasses.fields(Child)] == ["a", "b", "c"]
+    assert Child(1) == Child(1, 0, 1) and Base(2).b == 0
+    with pytest.raises(TypeError, match="non-default argument 'd' follows default argument"):
+
+        class Wrong(Base):  # the base's `b` has a default: checked when the class is defined
+            d: int
+
+
+def test_an_out_of_order_field_declared_with_field_is_refused_when_defined():
+    with pytest.raises(TypeError, match="non-default argument 'b' follows default argument"):
+
+        class Wrong(Record):
+            a: int = field(default=0)
+            b: int
+
+    class KeywordOnly(Record):  # keyword-only and init=False fields take no place in the order
+        a: int = field(default=0, kw_only=True)
+        hidden: int = field(default=0, init=False)
+        b: int = 0
+
+    assert KeywordOnly(b=2).b == 2 and KeywordOnly(a=1).a == 1
+
+
+def test_threads_making_one_class_at_once_agree():
+    import sys
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch within the making, as they may on a busy machine
+    try:
+        _race_first_uses(rounds=50)
+    finally:
+        sys.setswitchinterval(switching)
+
+
+def _race_first_uses(rounds: int) -> None:
+    import threading
+
+    def first_use(cls: type, barrier: threading.Barrier, seen: list[list[str]]) -> None:
+        barrier.wait()
+        seen.append(
+            [f"{f.name}:{f.default_factory is not dataclasses.MISSING}" for f in dataclasses.fields(cls)]
+        )
+
+    for _ in range(rounds):
+
+        class Raced(Record):
+            a: int
+            items: list[int] = field(default_factory=list)
+
+        barrier = threading.Barrier(4)
+        seen: list[list[str]] = []
+        threads = [threading.Thread(target=first_use, args=(Raced, barrier, seen)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert seen == [["a:False", "items:True"]] * 4 and Raced(1).items == []

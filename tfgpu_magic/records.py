@@ -14,8 +14,9 @@ Before Python 3.13, ``@dataclass(frozen=True)`` compiles source for each class i
 ``__init__``, a ``__repr__``, an ``__eq__`` and the frozen ``__setattr__`` and ``__delattr__``,
 about 0.06 ms each.  A fresh ``tfgpu --json`` defines some sixty record classes and uses about
 twenty, and that compiling was over half of its imports' time.  Here the frozen guards, equality,
-hash and repr are written once, on :class:`Record`, for every record; and a class's ``__init__`` is
-made the first time one of its records is made, so a class never instantiated costs nothing more.
+hash and repr are written once, on :class:`Record`, for every record; and a class is made a
+dataclass (its fields read: about 0.05 ms), and given its ``__init__``, the first time one of its
+records is made or its fields are asked for, so a class never used costs next to nothing.
 Most records have only positional fields, given or defaulted: their ``__init__`` is one compiled
 template per number of fields with the class's names put in.  The others (factories, keyword-only
 fields, ``__post_init__``) have theirs compiled from source, as the dataclass would.
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect  # imported by dataclasses already
 import sys
+import threading
 from collections.abc import Callable
 from operator import attrgetter
 from types import CodeType, FunctionType
@@ -59,9 +62,11 @@ class Record:
         super().__init_subclass__(**kwargs)
         if cls.__doc__ is None:
             cls.__doc__ = cls.__name__  # else the dataclass inspects a signature to write one
-        dataclasses.dataclass(cls, init=False, repr=False, eq=False)  # reads the fields; compiles nothing
-        fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-        _check_order(cls, fields)  # the mistake @dataclass reports when the class is defined
+        if any(_FIELDS in vars(base) for base in cls.__mro__[1:]):
+            _make_dataclass(cls)  # fields inherited from a record: its checks need them now (rare)
+        else:
+            _check_declared_order(cls)  # the mistake @dataclass reports when the class is defined
+            type.__setattr__(cls, _FIELDS, _Undeclared(cls))  # the dataclass made at first use
         if "__init__" not in cls.__dict__:
             type.__setattr__(cls, "__init__", _first_init(cls))
 
@@ -83,6 +88,59 @@ class Record:
     def __repr__(self) -> str:
         shown = _getters(self.__class__)[2]
         return f"{self.__class__.__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in shown)})"
+
+
+# -- the dataclass, made at the first use of each class -------------------------------------------
+_FIELDS = "__dataclass_fields__"  # what dataclasses.fields, is_dataclass, replace and asdict read
+# Held while a class is made a dataclass: two threads making the same class at once would each
+# take its factories' Field objects off the class, and the second would find the fields without
+# them.  Held only over the dataclasses module reading our own class (no user code runs); an
+# RLock, as making a record's class first makes its bases.
+_MAKING = threading.RLock()
+
+
+class _Undeclared:
+    """A record class's ``__dataclass_fields__`` until something reads it: the first read (a
+    record made, ``dataclasses.fields``, ``is_dataclass``...) makes the class a dataclass, which
+    puts the real fields in this one's place.  Making it costs some 0.05 ms a class, and a fresh
+    ``tfgpu --json`` defines some sixty record classes and makes records of about twenty."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+
+    def __get__(self, obj: object, owner: type | None = None) -> dict[str, dataclasses.Field[Any]]:
+        fields: dict[str, dataclasses.Field[Any]] = getattr(_make_dataclass(self.cls), _FIELDS)
+        return fields
+
+
+def _make_dataclass(cls: type) -> type:
+    """``cls`` made a dataclass (its fields read; nothing compiled), once."""
+    with _MAKING:
+        if isinstance(cls.__dict__.get(_FIELDS), _Undeclared) or _FIELDS not in cls.__dict__:
+            dataclasses.dataclass(cls, init=False, repr=False, eq=False)  # puts the fields in place
+            _check_order(cls, [f for f in dataclasses.fields(cls) if f.init])
+    return cls
+
+
+def _check_declared_order(cls: type) -> None:
+    """What :func:`_check_order` finds, from the class's own annotations and values without
+    making the dataclass: a field without a default after one with.  (Only for a class whose
+    bases have no fields; the dataclass, when made, checks again in full.)"""
+    defaulted = None
+    for name in inspect.get_annotations(cls):  # its own, in order
+        value = cls.__dict__.get(name, dataclasses.MISSING)
+        if isinstance(value, dataclasses.Field):
+            if value.kw_only is True or not value.init:
+                continue
+            has_default = _has_default(value)
+        else:
+            has_default = value is not dataclasses.MISSING
+        if has_default:
+            defaulted = name
+        elif defaulted is not None:
+            raise TypeError(f"{cls.__qualname__}: non-default argument {name!r} follows default argument")
 
 
 # -- __init__, compiled at the first record of each class --------------------------------------------
