@@ -63,6 +63,20 @@ def test_readings_follow_the_processes():
     assert after.used_bytes - before.used_bytes == 512 * MIB
 
 
+def test_sources_read_again_unchanged_keep_the_plan_and_a_new_limit_is_charted(monkeypatch):
+    """The limits and visible GPUs are read again every SLOW_SOURCES_S, each time a new dict or
+    list: one equal to the last stands for it, so the tick's plan is not worked out again."""
+    monkeypatch.setattr(monitor, "SLOW_SOURCES_S", 0.0)  # read the sources on every tick
+    caps = {1: 20 * GIB}
+    s = sampler(limits=lambda: dict(caps), visible=lambda: [0, 1, 2, 3])
+    s.tick()
+    plan = s._planned
+    s.tick()
+    assert s._planned is plan  # equal sources: the same plan
+    caps[1] = 10 * GIB
+    assert by_key(s.tick())["gpu1"].limit_bytes == 10 * GIB and s._planned is not plan
+
+
 def test_tensorflow_allocator_and_limit_join_their_gpu():
     s = sampler(
         figures=tf_figures(

@@ -907,6 +907,10 @@ class Sampler:
             limits, limit_note = _guarded(self._limits, "the configured limits", {})
             visible, _ = _guarded(self._visible, "the visible GPUs", None)  # unknown: show all
             found_note, _ = _guarded(self._no_gpu_note, "the frameworks' GPUs", None)
+            if self._slow is not None:  # unchanged: the same objects, so the plans made from them stand
+                kept = self._slow[1]
+                limits = kept[0] if limits == kept[0] else limits
+                visible = kept[2] if visible == kept[2] else visible
             self._slow = (now, (limits, limit_note, visible, found_note or None))
         return self._slow[1]
 
