@@ -383,15 +383,28 @@ def targets(table: Table, raw: dict[str, Any]) -> list[dict[str, Any]]:
             hooks_ms = modes[mode]["hooks_ms"][0]
             finder_ms = modes[mode]["finder_calls"] * finder_ns / 1e6
             total = hooks_ms + finder_ms
+            # The framework's own calls inside the hooks (torch's _lazy_call): the "or explained".
+            framework_ms = modes[mode].get("framework_ms", [0.0])[0]
+            ours_ms = modes[mode].get("ours_ms", [hooks_ms])[0] + finder_ms
+            if total < 1:
+                verdict = "MET"
+            elif mode == "built" and framework_ms and ours_ms < 1:
+                verdict = (
+                    f"EXPLAINED: {framework_ms:.2g} ms of it is torch's own _lazy_call (it records "
+                    f"the caller's stack); ours {ours_ms:.3g} ms"
+                )
+            else:
+                verdict = f"MISSED by {total - 1:.3g} ms" + (
+                    ": the session's build, once a kernel" if mode == "light" else ""
+                )
+            shown = f"{total:.3g} ms (hooks {hooks_ms:.3g}, finder {finder_ms:.2g}"
+            shown += f"; torch's _lazy_call {framework_ms:.2g})" if framework_ms else ")"
             found.append(
                 {
                     "target": f"import hooks, import {framework} ({what})",
-                    "ours": f"{total:.3g} ms (hooks {hooks_ms:.3g}, finder {finder_ms:.2g})",
+                    "ours": shown,
                     "limit": "< 1 ms",
-                    "verdict": "MET"
-                    if total < 1
-                    else f"MISSED by {total - 1:.3g} ms"
-                    + (": the session's build, once a kernel" if mode == "light" else ""),
+                    "verdict": verdict,
                 }
             )
     if "imports" not in raw:
