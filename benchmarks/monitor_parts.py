@@ -92,7 +92,7 @@ def main() -> None:
                     patch, (start, stop) = VARIANTS[name]
                     kernel.run(f"_parts_restore()\n{patch}")
                     used[name].append(
-                        window(kernel.pid, seconds, partial(kernel.run, start), partial(kernel.run, stop))
+                        window(kernel.pid, seconds, partial(kernel.run, start), partial(kernel.run, stop))[0]
                     )
                 kernel.run("_parts_restore()")
                 before = cpu_seconds(kernel.pid)

@@ -218,16 +218,23 @@ class DashboardSocket:
         self._thread.join(10)
 
 
-def window(pid: int, seconds: float, start: Callable[[], None], stop: Callable[[], None]) -> float:
-    """CPU seconds of ``pid`` while ``start()``..``stop()`` runs for ``seconds`` (the switching itself outside)."""
+def window(
+    pid: int,
+    seconds: float,
+    start: Callable[[], None],
+    stop: Callable[[], None],
+    messages: Callable[[], int] = lambda: 0,
+) -> tuple[float, int]:
+    """CPU seconds of ``pid`` while ``start()``..``stop()`` runs for ``seconds``, and the messages
+    sent meanwhile (``messages()``: a running count); the switching itself outside both."""
     start()
     time.sleep(0.5)  # the first sample's one-off work (names, the panel's description) left out
-    before = cpu_seconds(pid)
+    before, sent = cpu_seconds(pid), messages()
     time.sleep(seconds)
-    used = cpu_seconds(pid) - before
+    used, sent = cpu_seconds(pid) - before, messages() - sent
     stop()
     time.sleep(0.5)
-    return used
+    return used, sent
 
 
 def main() -> None:
@@ -273,9 +280,9 @@ def main() -> None:
                 for round_ in range(rounds):
                     for name in names[round_ % 3 :] + names[: round_ % 3]:
                         pid, start, stop, messages = switches[name]
-                        before = messages()
-                        runs[name].append(window(pid, seconds, start, stop))
-                        sent[name] += messages() - before
+                        used, in_window = window(pid, seconds, start, stop, messages)
+                        runs[name].append(used)
+                        sent[name] += in_window  # those of the measured time: not the start's or the stop's
                     kernel_before, server_before = cpu_seconds(kernel.pid), cpu_seconds(server.pid)
                     time.sleep(seconds)
                     idle["tfgpu_magic"].append(cpu_seconds(kernel.pid) - kernel_before)
