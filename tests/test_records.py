@@ -8,7 +8,8 @@ import copy
 import dataclasses
 import math
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
+from typing import ClassVar
 
 import pytest
 from hypothesis import given
@@ -184,16 +185,16 @@ def test_init_matches_the_dataclass_one(kinds, data):
 
 
 # -- the dataclass, made at the first use of each class ----------------------------------------------
-def test_a_class_is_made_a_dataclass_at_its_first_use_and_not_before():
+def test_a_plain_class_is_made_a_dataclass_at_its_first_use_and_not_before():
     class Later(Record):
         a: int
-        items: list[int] = field(default_factory=list)
+        b: str = "x"
 
     assert type(vars(Later)["__dataclass_fields__"]).__name__ == "_Undeclared"  # nothing read yet
-    assert isinstance(vars(Later)["items"], dataclasses.Field)  # as declared: the dataclass not made
+    assert "__match_args__" not in vars(Later)
     assert dataclasses.is_dataclass(Later)  # asking makes it
-    assert isinstance(vars(Later)["__dataclass_fields__"], dict) and "items" not in vars(Later)
-    assert [f.name for f in dataclasses.fields(Later)] == ["a", "items"] and Later(1).items == []
+    assert isinstance(vars(Later)["__dataclass_fields__"], dict) and Later.__match_args__ == ("a", "b")
+    assert [f.name for f in dataclasses.fields(Later)] == ["a", "b"] and Later(1).b == "x"
 
 
 def test_a_record_made_first_makes_its_class_a_dataclass():
@@ -205,7 +206,17 @@ def test_a_record_made_first_makes_its_class_a_dataclass():
     assert dataclasses.replace(Made(1), b="y") == Made(1, "y")
 
 
-def test_a_subclass_of_a_record_not_yet_made():
+def test_a_class_with_a_field_call_is_made_when_defined():
+    class Now(Record):
+        a: int
+        b: int = field(default=5)
+        items: list[int] = field(default_factory=list)
+
+    assert isinstance(vars(Now)["__dataclass_fields__"], dict)  # made: the defaults read as the dataclass's
+    assert Now.b == 5 and "items" not in vars(Now) and Now(1).items == []
+
+
+def test_a_subclass_of_a_record():
     class Base(Record):
         a: int
         b: int = 0
@@ -221,18 +232,42 @@ def test_a_subclass_of_a_record_not_yet_made():
             d: int
 
 
-def test_an_out_of_order_field_declared_with_field_is_refused_when_defined():
+def test_what_the_dataclass_refuses_is_refused_when_defined():
     with pytest.raises(TypeError, match="non-default argument 'b' follows default argument"):
 
-        class Wrong(Record):
+        class OutOfOrder(Record):
             a: int = field(default=0)
             b: int
+
+    with pytest.raises(ValueError, match="mutable default"):
+
+        class Mutable(Record):
+            items: list[int] = []  # noqa: RUF012  # the mistake refused
+
+    with pytest.raises(TypeError, match="is a field but has no type annotation"):
+
+        class Unannotated(Record):
+            a: int
+            b = field(default=0)
+
+
+def test_what_is_not_a_plain_field_is_accepted_as_the_dataclass_accepts_it():
+    class Marked(Record):
+        a: int = 0
+        _: KW_ONLY
+        b: int
+
+    class Shared(Record):
+        kind: ClassVar[str] = "k"
+        a: int
 
     class KeywordOnly(Record):  # keyword-only and init=False fields take no place in the order
         a: int = field(default=0, kw_only=True)
         hidden: int = field(default=0, init=False)
         b: int = 0
 
+    assert Marked(b=2) == Marked(0, b=2) and [f.name for f in dataclasses.fields(Shared)] == ["a"]
+    assert Shared(1).a == 1 and Shared.kind == "k"
     assert KeywordOnly(b=2).b == 2 and KeywordOnly(a=1).a == 1
 
 
@@ -250,23 +285,24 @@ def test_threads_making_one_class_at_once_agree():
 def _race_first_uses(rounds: int) -> None:
     import threading
 
-    def first_use(cls: type, barrier: threading.Barrier, seen: list[list[str]]) -> None:
+    def first_use(cls: type, barrier: threading.Barrier, seen: list[object]) -> None:
         barrier.wait()
-        seen.append(
-            [f"{f.name}:{f.default_factory is not dataclasses.MISSING}" for f in dataclasses.fields(cls)]
-        )
+        seen.append([(f.name, f.default) for f in dataclasses.fields(cls)])
+        seen.append(cls(1, "y"))
 
     for _ in range(rounds):
 
         class Raced(Record):
             a: int
-            items: list[int] = field(default_factory=list)
+            b: str = "x"
 
         barrier = threading.Barrier(4)
-        seen: list[list[str]] = []
+        seen: list[object] = []
         threads = [threading.Thread(target=first_use, args=(Raced, barrier, seen)) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert seen == [["a:False", "items:True"]] * 4 and Raced(1).items == []
+        fields = [[("a", dataclasses.MISSING), ("b", "x")]] * 4
+        assert [s for s in seen if isinstance(s, list)] == fields
+        assert [s for s in seen if isinstance(s, Raced)] == [Raced(1, "y")] * 4

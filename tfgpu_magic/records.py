@@ -14,9 +14,10 @@ Before Python 3.13, ``@dataclass(frozen=True)`` compiles source for each class i
 ``__init__``, a ``__repr__``, an ``__eq__`` and the frozen ``__setattr__`` and ``__delattr__``,
 about 0.06 ms each.  A fresh ``tfgpu --json`` defines some sixty record classes and uses about
 twenty, and that compiling was over half of its imports' time.  Here the frozen guards, equality,
-hash and repr are written once, on :class:`Record`, for every record; and a class is made a
-dataclass (its fields read: about 0.05 ms), and given its ``__init__``, the first time one of its
-records is made or its fields are asked for, so a class never used costs next to nothing.
+hash and repr are written once, on :class:`Record`, for every record; and a class of plain
+fields (see :func:`_plainly_declared`; any other is made when defined) is made a dataclass (its
+fields read: about 0.05 ms), and given its ``__init__``, the first time one of its records is made
+or its fields are asked for, so a class never used costs next to nothing.
 Most records have only positional fields, given or defaulted: their ``__init__`` is one compiled
 template per number of fields with the class's names put in.  The others (factories, keyword-only
 fields, ``__post_init__``) have theirs compiled from source, as the dataclass would.
@@ -62,11 +63,10 @@ class Record:
         super().__init_subclass__(**kwargs)
         if cls.__doc__ is None:
             cls.__doc__ = cls.__name__  # else the dataclass inspects a signature to write one
-        if any(_FIELDS in vars(base) for base in cls.__mro__[1:]):
-            _make_dataclass(cls)  # fields inherited from a record: its checks need them now (rare)
-        else:
-            _check_declared_order(cls)  # the mistake @dataclass reports when the class is defined
+        if _plainly_declared(cls):
             type.__setattr__(cls, _FIELDS, _Undeclared(cls))  # the dataclass made at first use
+        else:  # made now: the dataclass's own checks refuse a mistake when the class is defined
+            _make_dataclass(cls)
         if "__init__" not in cls.__dict__:
             type.__setattr__(cls, "__init__", _first_init(cls))
 
@@ -92,10 +92,10 @@ class Record:
 
 # -- the dataclass, made at the first use of each class -------------------------------------------
 _FIELDS = "__dataclass_fields__"  # what dataclasses.fields, is_dataclass, replace and asdict read
-# Held while a class is made a dataclass: two threads making the same class at once would each
-# take its factories' Field objects off the class, and the second would find the fields without
-# them.  Held only over the dataclasses module reading our own class (no user code runs); an
-# RLock, as making a record's class first makes its bases.
+# Held while a class is made a dataclass: two threads making one class at once fail (the
+# dataclasses module walks the class while the other thread sets its attributes: "dictionary
+# changed size during iteration").  Held only while that module reads our own class (no user
+# code runs); an RLock, as making a class makes its bases first.
 _MAKING = threading.RLock()
 
 
@@ -124,23 +124,38 @@ def _make_dataclass(cls: type) -> type:
     return cls
 
 
-def _check_declared_order(cls: type) -> None:
-    """What :func:`_check_order` finds, from the class's own annotations and values without
-    making the dataclass: a field without a default after one with.  (Only for a class whose
-    bases have no fields; the dataclass, when made, checks again in full.)"""
-    defaulted = None
-    for name in inspect.get_annotations(cls):  # its own, in order
+def _plainly_declared(cls: type) -> bool:
+    """Whether ``cls`` can wait to be made a dataclass: its fields are its own annotations, each
+    plain (no ``ClassVar``, ``InitVar`` or ``KW_ONLY``), in order (none without a default after
+    one with), with no ``field()`` and no default the dataclass refuses (a mutable one).  Any
+    other class is made when defined, so the dataclass's own checks, and :func:`_check_order`,
+    refuse its mistakes there as they did, and reading a ``field()``'s default on the class gives
+    the default.  What a class made later lacks until then: ``__match_args__`` (nothing here
+    matches records by position)."""
+    if any(_FIELDS in vars(base) for base in cls.__mro__[1:]):
+        return False  # fields inherited from a record
+    annotations = inspect.get_annotations(cls)  # its own, in order
+    defaulted = False
+    for name, value in cls.__dict__.items():
+        if isinstance(value, dataclasses.Field) and name not in annotations:
+            return False  # a field() without an annotation: the dataclass refuses it
+    for name, annotation in annotations.items():
+        shown = annotation if isinstance(annotation, str) else repr(annotation)
+        if any(word in shown for word in _NOT_PLAIN):
+            return False
         value = cls.__dict__.get(name, dataclasses.MISSING)
-        if isinstance(value, dataclasses.Field):
-            if value.kw_only is True or not value.init:
-                continue
-            has_default = _has_default(value)
-        else:
-            has_default = value is not dataclasses.MISSING
-        if has_default:
-            defaulted = name
-        elif defaulted is not None:
-            raise TypeError(f"{cls.__qualname__}: non-default argument {name!r} follows default argument")
+        if isinstance(value, dataclasses.Field) or (
+            value is not dataclasses.MISSING and type(value).__hash__ is None
+        ):
+            return False  # a field(), or a mutable default the dataclass refuses
+        if value is not dataclasses.MISSING:
+            defaulted = True
+        elif defaulted:
+            return False  # out of order: _check_order says so when the class is made, now
+    return True
+
+
+_NOT_PLAIN = ("ClassVar", "InitVar", "KW_ONLY")  # annotations that are not plain fields
 
 
 # -- __init__, compiled at the first record of each class --------------------------------------------
