@@ -249,6 +249,19 @@ def test_readers_see_each_reading_at_once_and_the_handed_on_ones_apart():
     assert len(s.snapshot(handed_on=True)) == 3 and handed == [1, 2]
 
 
+def test_a_history_shorter_than_a_hand_on_holds_nothing_handed_on_while_all_of_it_waits():
+    """With ``keep`` shorter than one hand-on, every kept sample may still wait for it: none of
+    them was handed on, so the handed-on snapshot is empty, not the oldest waiting ones."""
+    s = sampler(interval=0.1, keep_s=1.0)  # 12 samples kept, 20 readings a hand-on
+    s.tick()
+    for _ in range(15):
+        s._read()
+    assert len(s.history) == s.history.maxlen < len(s._waiting) == 15
+    assert s.snapshot(handed_on=True) == []
+    s._hand_on()
+    assert len(s.snapshot(handed_on=True)) == s.history.maxlen
+
+
 def test_readings_packed_later_are_each_of_their_own_tick():
     """A tick keeps NVML's answers and the process listing it read by; they are packed into the
     history later (by the first reader, or the hand-on), and each sample is its own tick's."""

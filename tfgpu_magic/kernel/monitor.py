@@ -468,8 +468,8 @@ class Sampler:
         with self._lock:
             self._pack()
             stored = list(self._history)
-            if handed_on and self._waiting:
-                stored = stored[: len(stored) - len(self._waiting)]
+            if handed_on and self._waiting:  # the newest wait; a short history may hold only those
+                stored = stored[: max(0, len(stored) - len(self._waiting))]
         return [s.unpack() for s in stored]
 
     def latest(self) -> Sample | None:
