@@ -285,7 +285,7 @@ def _inside_a_listing(s: Sampler, other, failing_gpu: int) -> None:
     GPU 3 (a ctypes call, the GIL released), ``other()`` runs, and in it GPU ``failing_gpu``'s
     memory reading fails (its listing is dropped)."""
     nvml = s.nvml
-    read_memory, list_processes = nvml.memory_and_utilization_of, nvml.processes
+    read_memory, held_by = nvml.memory_and_utilization_of, nvml.memory_of_process
     inside = {"now": False, "done": False}
 
     def memory(indices, rates=None):
@@ -294,16 +294,16 @@ def _inside_a_listing(s: Sampler, other, failing_gpu: int) -> None:
             found[failing_gpu] = RuntimeError(f"GPU {failing_gpu} stopped answering")
         return found
 
-    def processes(index):
+    def memory_of_process(index, pid):
         if index == 3 and not inside["done"]:
             inside["done"] = inside["now"] = True
             try:
                 other()
             finally:
                 inside["now"] = False
-        return list_processes(index)
+        return held_by(index, pid)
 
-    nvml.memory_and_utilization_of, nvml.processes = memory, processes
+    nvml.memory_and_utilization_of, nvml.memory_of_process = memory, memory_of_process
 
 
 def test_a_tick_and_a_read_on_another_thread_each_keep_their_own_listings():

@@ -38,16 +38,19 @@ pytestmark = pytest.mark.usefixtures("no_leaked_sampler")
 
 
 class CountingNvml(SimulatedNvml):
-    """The simulated server, counting its process listings (compute and graphics: two per GPU listed)."""
+    """The simulated server, counting the GPUs it lists (each listing starts with the compute
+    processes) and, apart, its graphics listings (read only where the compute listing does not
+    list this kernel)."""
 
     listings = 0
+    graphics_listings = 0
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         self.listings += 1
         return super().nvmlDeviceGetComputeRunningProcesses(handle)
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
-        self.listings += 1
+        self.graphics_listings += 1
         return super().nvmlDeviceGetGraphicsRunningProcesses(handle)
 
 
@@ -71,11 +74,13 @@ def mine(server: SimulatedNvml) -> SimulatedProcess:
 def test_the_first_tick_lists_every_gpu_and_an_unchanged_gpu_is_not_listed_again(fake):
     server, clock, s = fake
     first = tick(s, clock, 0)
-    assert server.listings == 2 * GPUS  # compute and graphics, every GPU
+    assert server.listings == GPUS  # every GPU
+    # Graphics too where the compute listing does not list this kernel: all but GPU 1.
+    assert server.graphics_listings == GPUS - 1
     assert first["gpu1"].mine_bytes == 10240 * MIB and first["gpu0"].mine_bytes == 0
     calls = server.calls
     again = tick(s, clock)
-    assert server.listings == 2 * GPUS
+    assert server.listings == GPUS and server.graphics_listings == GPUS - 1
     assert server.calls - calls == 2 * GPUS  # memory and utilization: names and handles are kept
     assert (
         again["gpu1"].mine_bytes == 10240 * MIB and again["gpu0"].mine_bytes == 0
@@ -87,11 +92,12 @@ def test_this_kernel_allocating_or_freeing_lists_that_gpu_at_once_and_its_share_
     tick(s, clock, 0)
     mine(server).used_mib += 512
     grown = tick(s, clock)
-    assert server.listings == 2 * GPUS + 2  # GPU 1 only
+    assert server.listings == GPUS + 1  # GPU 1 only
+    assert server.graphics_listings == GPUS - 1  # its compute listing lists this kernel
     assert grown["gpu1"].mine_bytes == (10240 + 512) * MIB
     mine(server).used_mib -= 2048
     freed = tick(s, clock)
-    assert server.listings == 2 * GPUS + 4
+    assert server.listings == GPUS + 2
     assert freed["gpu1"].mine_bytes == (10240 + 512 - 2048) * MIB
     assert freed["gpu1"].used_bytes == grown["gpu1"].used_bytes - 2048 * MIB
 
@@ -101,7 +107,7 @@ def test_another_process_changing_memory_lists_its_gpu_and_leaves_this_kernels_s
     tick(s, clock, 0)
     server.gpus[0].processes[0].used_mib += 1024  # alice's training on GPU 0
     after = tick(s, clock)
-    assert server.listings == 2 * GPUS + 2
+    assert server.listings == GPUS + 1 and server.graphics_listings == GPUS  # this kernel is not on GPU 0
     assert after["gpu0"].mine_bytes == 0 and after["gpu1"].mine_bytes == 10240 * MIB
 
 
@@ -112,9 +118,9 @@ def test_a_listing_as_old_as_the_bound_is_read_again_even_if_used_memory_did_not
     mine(server).used_mib += 512
     server.gpus[1].processes[2].used_mib -= 512
     stale = tick(s, clock, LISTING_MAX_AGE_S - 0.1)
-    assert server.listings == 2 * GPUS and stale["gpu1"].mine_bytes == 10240 * MIB
+    assert server.listings == GPUS and stale["gpu1"].mine_bytes == 10240 * MIB
     fresh = tick(s, clock, 0.1)  # the listing is LISTING_MAX_AGE_S old now
-    assert server.listings == 4 * GPUS  # every GPU's listing was as old
+    assert server.listings == 2 * GPUS  # every GPU's listing was as old
     assert fresh["gpu1"].mine_bytes == (10240 + 512) * MIB
 
 
@@ -122,7 +128,7 @@ def test_a_clock_that_went_back_lists_again(fake):
     server, clock, s = fake
     tick(s, clock, 0)
     tick(s, clock, -60)  # the wall clock was set back
-    assert server.listings == 4 * GPUS
+    assert server.listings == 2 * GPUS
 
 
 def test_a_failed_listing_says_so_and_is_tried_again_on_the_next_tick(fake):
@@ -138,7 +144,7 @@ def test_a_failed_listing_says_so_and_is_tried_again_on_the_next_tick(fake):
     del server.gpus[1].faults["compute_processes"]
     listings = server.listings
     back = tick(s, clock)["gpu1"]  # used memory as on the failed tick, and well within the bound
-    assert server.listings == listings + 2
+    assert server.listings == listings + 1
     assert back.mine_bytes == (10240 + 512) * MIB and back.error is None
 
 
@@ -148,7 +154,7 @@ def test_a_note_from_a_listing_stays_while_that_listing_stands():
     for _ in range(3):
         gpu = tick(s, clock)["gpu0"]
         assert gpu.mine_bytes is None and gpu.error == "GPU 0: NVML cannot say how much this kernel holds"
-    assert server.listings == 2  # listed once
+    assert server.listings == 1  # listed once
 
 
 def test_a_gpu_that_answers_again_is_listed_afresh(fake):
@@ -157,10 +163,10 @@ def test_a_gpu_that_answers_again_is_listed_afresh(fake):
     server.gpus[1].lost = True
     lost = tick(s, clock)["gpu1"]
     assert lost.mine_bytes is None and lost.error.startswith("GPU 1 stopped answering")
-    assert server.listings == 2 * GPUS  # no memory reading: no listing either
+    assert server.listings == GPUS  # no memory reading: no listing either
     server.gpus[1].lost = False
     back = tick(s, clock)["gpu1"]  # the same used memory as before it was lost
-    assert server.listings == 2 * GPUS + 2
+    assert server.listings == GPUS + 1
     assert back.mine_bytes == 10240 * MIB and back.error is None
 
 
@@ -448,7 +454,7 @@ def test_a_tick_makes_two_nvml_calls_a_gpu_and_one_message_a_hand_on_serves_ever
         mine(server).used_mib += 512  # this kernel allocates on GPU 1: that GPU alone is listed
         before = Counter(lib.calls)
         busy(server, sampler, clock, 1)
-        listings = {"nvmlDeviceGetComputeRunningProcesses": 1, "nvmlDeviceGetGraphicsRunningProcesses": 1}
+        listings = {"nvmlDeviceGetComputeRunningProcesses": 1}  # it lists this kernel: no graphics listing
         assert lib.calls - before == Counter({memory: GPUS, utilization: GPUS, **listings})
         for p in panels:
             p.sent.clear()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfgpu_magic.gpus.nvml import GpuLost, Nvml, NvmlUnavailable
-from tfgpu_magic.gpus.simulated import SimulatedNvml, shared_server
+from tfgpu_magic.gpus.simulated import SimulatedGpu, SimulatedNvml, SimulatedProcess, shared_server
 
 MIB = 1024 * 1024
 
@@ -168,3 +170,28 @@ def test_a_driver_without_version_2_is_found_once_then_asked_version_1_straight_
     calls = server.calls
     assert nvml.memory_and_utilization_of(range(4)) == first
     assert server.calls - calls == 2 * 4  # memory and utilization, no failed version-2 call first
+
+
+@given(
+    listed=st.lists(
+        st.tuples(
+            st.integers(1, 6),  # few pids: one listed twice, in one listing or both, is common
+            st.one_of(st.none(), st.integers(-1, 2**54)),  # no figure, or one out of range
+            st.sampled_from(["compute", "graphics"]),
+        ),
+        max_size=8,
+    )
+)
+@settings(max_examples=60)
+def test_one_processs_share_is_what_the_listing_says_for_it(listed):
+    """``memory_of_process`` (the monitor's question, asked without building the listing) gives
+    each pid the figure ``processes`` gives it, None where NVML has none, and 0 where it is not
+    listed: the compute listing's where both list it, whatever duplicates and figures NVML sends."""
+    server = SimulatedNvml([SimulatedGpu()])
+    server.gpus[0].processes = [
+        SimulatedProcess(pid, None if raw is None else raw / MIB, kind=kind) for pid, raw, kind in listed
+    ]
+    nvml = Nvml(lib=server)
+    figures = {p.pid: p.used_memory_bytes for p in nvml.processes(0)}
+    for pid in range(1, 8):
+        assert nvml.memory_of_process(0, pid) == figures.get(pid, 0), pid

@@ -210,6 +210,33 @@ def test_processes_raise_a_clean_error_never_an_empty_list(reading, kind):
     survived(server)
 
 
+@pytest.mark.parametrize("reading, kind", CASES)
+def test_one_processs_share_fails_as_the_listing_does_or_is_its_figure(reading, kind):
+    """``memory_of_process`` (the monitor's question) answers what ``processes`` lists for that
+    pid, and fails where it fails; the one difference: a pid the compute listing lists is
+    answered without the graphics listing, so that listing's fault cannot reach it."""
+    server = faulty_server(reading, kind)
+    nvml = Nvml(lib=server)
+    listed = {p.pid: p for p in clean().processes(FAULTY)}
+    for pid in (*listed, 999_999):  # this kernel, the others on that GPU, and a pid not listed
+        try:
+            expected: object = {p.pid: p.used_memory_bytes for p in nvml.processes(FAULTY)}.get(pid, 0)
+        except (GpuLost, ReadingFailed) as err:
+            expected = type(err)
+        in_compute = pid in listed and listed[pid].kind == "compute"
+        if isinstance(expected, type) and reading == "graphics_processes" and in_compute:
+            expected = listed[pid].used_memory_bytes
+        if isinstance(expected, type):
+            with pytest.raises(expected):
+                nvml.memory_of_process(FAULTY, pid)
+        else:
+            assert nvml.memory_of_process(FAULTY, pid) == expected, pid
+    nvml.gpu(FAULTY)  # a fault in a reading no listing makes gets its chance too
+    for other in OTHERS:
+        assert nvml.memory_of_process(other, ME) == clean().memory_of_process(other, ME)
+    survived(server)
+
+
 def test_a_lost_handle_comes_back_when_the_gpu_answers_again():
     server = faulty_server("handle", "gpu_is_lost")
     nvml = Nvml(lib=server)

@@ -32,8 +32,8 @@ The contract (what callers may rely on)
   utilization are read on every call.  MIG mode is read once per device handle (see
   :meth:`Nvml._mig_mode`): the driver changes it only while the GPU is idle, by unbinding or
   resetting it, which the handle does not outlive here.
-* :meth:`Nvml.memory` (the sampling path: one NVML call when the handle is known) and
-  :meth:`Nvml.processes` raise :class:`GpuLost` when the GPU stopped answering and
+* :meth:`Nvml.memory` (the sampling path: one NVML call when the handle is known),
+  :meth:`Nvml.processes` and :meth:`Nvml.memory_of_process` (one process's share) raise :class:`GpuLost` when the GPU stopped answering and
   :class:`ReadingFailed` for any other failure (``str()`` is the reason, ``.note`` is
   ``"<reading>: <reason>"``).  ``processes`` raises rather than returning ``[]`` because an
   unknown listing must not look like an idle GPU; only the graphics listing may fail quietly
@@ -609,15 +609,38 @@ class Nvml:
         refuse it), unless it finds the GPU lost.
         """
         lib = self._ensure_started()
+        return self._processes_of(index, lib, self._handle(index))
+
+    def memory_of_process(self, index: int, pid: int) -> int | None:
+        """The bytes process ``pid`` holds on GPU ``index``, as :meth:`processes` lists it: 0 when
+        it is not listed, None when NVML lists it without a figure.  Raises as :meth:`processes`.
+
+        The monitor asks this of a GPU whenever its used memory moved (every tick, on a GPU
+        where this kernel allocates), so it builds no listing, and reads the graphics listing
+        only when the compute one does not list ``pid`` (it is then the answer, as in
+        :meth:`processes`)."""
+        lib = self._ensure_started()
         handle = self._handle(index)
-        compute = self._read(index, PROCESSES, _listing, lib, handle, index, "compute")
+        for listed, used, _ in self._read(index, PROCESSES, _listing, lib, handle, "compute"):
+            if listed == pid:
+                return used
         try:
-            graphics = self._read(index, GRAPHICS_PROCESSES, _listing, lib, handle, index, "graphics")
+            graphics = self._read(index, GRAPHICS_PROCESSES, _listing, lib, handle, "graphics")
+        except ReadingFailed:
+            return 0
+        return next((used for listed, used, _ in graphics if listed == pid), 0)
+
+    def _processes_of(self, index: int, lib: Any, handle: Any) -> list[GpuProcess]:
+        """The processes of a GPU's (or a MIG instance's) ``handle``, as :meth:`processes` says."""
+        compute = self._read(index, PROCESSES, _listing, lib, handle, "compute")
+        try:
+            graphics = self._read(index, GRAPHICS_PROCESSES, _listing, lib, handle, "graphics")
         except ReadingFailed:
             graphics = []
         found: dict[int, GpuProcess] = {}
-        for proc in compute + graphics:
-            found.setdefault(proc.pid, proc)
+        for pid, used, kind in compute + graphics:
+            if pid not in found:
+                found[pid] = GpuProcess(pid, index, used, kind)
         return list(found.values())
 
     # -- MIG ------------------------------------------------------------------------------
@@ -680,15 +703,7 @@ class Nvml:
             lib,
             handle,
         )
-        compute = self._read(index, PROCESSES, _listing, lib, mig_handle, index, "compute")
-        try:
-            graphics = self._read(index, GRAPHICS_PROCESSES, _listing, lib, mig_handle, index, "graphics")
-        except ReadingFailed:
-            graphics = []
-        found: dict[int, GpuProcess] = {}
-        for proc in compute + graphics:
-            found.setdefault(proc.pid, proc)
-        return list(found.values())
+        return self._processes_of(index, lib, mig_handle)
 
     def _mig_mode(self, index: int, lib: Any, handle: Any) -> tuple[bool | None, str | None]:
         """The GPU's current MIG mode, and None; or (None, the note that says why) when it has no
@@ -877,7 +892,8 @@ def _mig_enabled(lib: Any, handle: Any) -> bool:
     return bool(lib.nvmlDeviceGetMigMode(handle)[0])
 
 
-def _listing(lib: Any, handle: Any, index: int, kind: str) -> list[GpuProcess]:
+def _listing(lib: Any, handle: Any, kind: str) -> list[tuple[int, int | None, str]]:
+    """One NVML process listing as (pid, bytes or None, kind), in NVML's order."""
     call = (
         lib.nvmlDeviceGetComputeRunningProcesses
         if kind == "compute"
@@ -888,7 +904,7 @@ def _listing(lib: Any, handle: Any, index: int, kind: str) -> list[GpuProcess]:
         used = getattr(proc, "usedGpuMemory", None)
         if used is not None and not 0 <= int(used) <= MAX_BYTES:
             used = None  # not a byte count: this process's memory is unknown, the others still listed
-        result.append(GpuProcess(int(proc.pid), index, None if used is None else int(used), kind))
+        result.append((int(proc.pid), None if used is None else int(used), kind))
     return result
 
 

@@ -919,14 +919,12 @@ class Sampler:
         or ``_GAP`` when NVML cannot say, note).  A listing that failed has no time, so the
         next tick lists again."""
         try:
-            processes = self.nvml.processes(index)
+            held = self.nvml.memory_of_process(index, self.my_pid)
         except Exception as err:
             return (-math.inf, used, _GAP, f"GPU {index}: process list failed ({err})")
-        held = [p.used_memory_bytes for p in processes if p.pid == self.my_pid]
-        known = [b for b in held if b is not None]
-        if len(known) < len(held):
+        if held is None:
             return (now, used, _GAP, f"GPU {index}: NVML cannot say how much this kernel holds")
-        return (now, used, sum(known), None)  # not listed: this kernel holds nothing there, a true 0
+        return (now, used, held, None)  # 0 when not listed: this kernel holds nothing there, a true 0
 
     def _name(self, index: int) -> tuple[str, str]:
         """The GPU's key and label; kept once NVML names it (a lost GPU is asked again next tick)."""
