@@ -48,11 +48,18 @@ _SYSTEM_ANSWERS: dict[str, Callable[..., Any]] = {
 
 
 class LiveServer(SimulatedNvml):
-    """A server whose GPUs are busy: utilization moves every 100 ms, and one process per GPU
-    grows or shrinks every 2 s (a training job's allocator at work), so a reader that sends
-    only what changed still has something to send, as on a GPU in use."""
+    """A server whose GPUs are busy: utilization moves with every sample the driver takes, and
+    one process per GPU grows or shrinks every 2 s (a training job's allocator at work), so a
+    reader that sends only what changed still has something to send, as on a GPU in use.
 
-    sample_period_us = 100_000  # the driver's utilization samples: one each time it moves
+    The driver samples utilization once every 1/6 s to 1 s, by product (NVML's reference,
+    ``nvmlUtilization_t``); ``nvmlDeviceGetUtilizationRates`` answers the newest sample and
+    ``nvmlDeviceGetSamples`` the buffer of them.  The stand-in takes the fastest period, the
+    most samples for a reader of the buffer and the most changes for any reader.  (Until
+    2026-11-28 it sampled every 100 ms, faster than any GPU: docs/performance.md has both.)
+    """
+
+    sample_period_us = 166_667  # the driver's utilization samples: one each time it moves
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
         reading = super().nvmlDeviceGetUtilizationRates(handle)

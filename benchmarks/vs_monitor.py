@@ -2,9 +2,9 @@
 
 Run by ``compare.py`` as a child process (``python benchmarks/vs_monitor.py ROUNDS SECONDS``),
 which prints one JSON line.  Both run as their users run them, in real processes, on the same
-stand-in NVML (``standin.LiveServer``: 8 busy GPUs whose utilization moves every 100 ms and where
-one process per GPU grows or shrinks every 2 s; on each GPU the kernel and two processes of other
-users, real sleepers):
+stand-in NVML (``standin.LiveServer``: 8 busy GPUs whose utilization moves with each of the
+driver's samples, six a second, and where one process per GPU grows or shrinks every 2 s; on each
+GPU the kernel and two processes of other users, real sleepers):
 
 - ours: a real ``python3`` kernel (jupyter_client) running ``%gpu monitor --interval 0.1``: the
   sampler thread reads memory, utilization and this kernel's share on every GPU and the panel
