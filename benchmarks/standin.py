@@ -54,12 +54,11 @@ class LiveServer(SimulatedNvml):
 
     The driver samples utilization once every 1/6 s to 1 s, by product (NVML's reference,
     ``nvmlUtilization_t``); ``nvmlDeviceGetUtilizationRates`` answers the newest sample and
-    ``nvmlDeviceGetSamples`` the buffer of them.  The stand-in takes the fastest period, the
-    most samples for a reader of the buffer and the most changes for any reader.  (Until
-    2026-11-28 it sampled every 100 ms, faster than any GPU: docs/performance.md has both.)
+    ``nvmlDeviceGetSamples`` the buffer of them.  The stand-in keeps the simulated server's
+    period (``SimulatedNvml.sample_period_us``, 1/6 s), the fastest: the most samples for a
+    reader of the buffer and the most changes for any reader.  (Until 2026-11-28 it sampled
+    every 100 ms, faster than any GPU: docs/performance.md has both.)
     """
-
-    sample_period_us = 166_667  # the driver's utilization samples: one each time it moves
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
         reading = super().nvmlDeviceGetUtilizationRates(handle)
