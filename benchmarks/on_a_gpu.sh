@@ -4,8 +4,11 @@
 #   1. the `gpu`-marked tests (PyTorch's and JAX's settings seen by the driver, numbering, the CLI);
 #   2. how JAX reports its start on that GPU (what the adapter records, and what jax.devices() says);
 #   3. MPS and per-process utilization as the driver gives them (nvidia-smi pmon beside NVML);
-#   4. `tfgpu --json` beside `nvidia-smi` on the real driver (wall time of whole commands).
-# IPython and its dependencies travel as wheels in .whl/ (see the README's Development section).
+#   4. `tfgpu --json` beside `nvidia-smi` on the real driver (wall time of whole commands);
+#   5. a status refresh beside nvitop on the real driver (real_refresh.py; nvitop travels as a wheel too).
+# What the tests import beyond that (IPython, ipywidgets, jupyter_server, jsonschema and their
+# dependencies) and nvitop travel as wheels in .whl/ on a machine that reaches no package index
+# (`pip download --no-deps --only-binary=:all: --python-version 3.X -d .whl NAME==VERSION` elsewhere).
 # Results go to $OUT (the device tool's folder) or ./build/on-a-gpu.
 set -u
 cd "$(dirname "$0")/.."
@@ -76,6 +79,11 @@ busy.wait()
 EOF
 } 2>&1 | tee "$OUT/utilization.txt"
 
+# From compiled bytecode, as an installed package runs (pip compiles at install): on a machine
+# whose tree or image holds no .pyc, each fresh process would otherwise compile its sources again
+# (measured 2026-11-28 on a lent H100: 217 of 314 ms of one `tfgpu --json` was `compile`).
+python3 -m compileall -q tfgpu_magic "$(python3 -c 'import pynvml; print(pynvml.__file__)')" >/dev/null
+
 echo "== 4. tfgpu --json beside nvidia-smi (wall seconds, 7 runs each, interleaved)"
 timeout 120 python3 - <<'EOF' 2>&1 | tee "$OUT/cli-timing.txt"
 import statistics, subprocess, sys, time
@@ -88,3 +96,10 @@ for _ in range(7):
 for name, times in runs.items():
     print(f"{name}: median {statistics.median(times) * 1000:.0f} ms (min {min(times) * 1000:.0f})")
 EOF
+
+echo "== 5. a status refresh on the real driver: tfgpu_magic against nvitop (one process holding 1 GiB)"
+python3 -c "import torch, time; x = torch.empty(2**28, device='cuda'); print('holding', flush=True); time.sleep(90)" &
+holder=$!
+sleep 10
+timeout 120 python3 benchmarks/real_refresh.py 60 2>&1 | tee "$OUT/refresh.json"
+kill "$holder" 2>/dev/null

@@ -58,8 +58,11 @@ def ours() -> tuple[Callable[[], Any], Callable[[], Any]]:
     return refresh, forget
 
 
-def nvitop() -> tuple[Callable[[], Any], Callable[[], Any]]:
-    standin.point_nvitop_at_pynvml()
+def nvitop(stand_in: bool = True) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(refresh, forget), as nvitop's users run it; ``stand_in`` False: on the real driver
+    (``real_refresh.py``), nvitop's own ctypes calls left as they are."""
+    if stand_in:
+        standin.point_nvitop_at_pynvml()
     from nvitop import Device, GpuProcess, HostProcess
 
     devices = Device.all()
